@@ -1,0 +1,191 @@
+"""The engine's interface: what the server submits and what comes back.
+
+Pure data and a Protocol; nothing here touches MLX, so the server, the planner and
+the fake engine used by fast tests all share these types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+FinishReason = Literal["stop", "length", "cancelled", "shed", "error"]
+RequestState = Literal["queued", "prefill", "decode", "done"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Every sampling knob the spec names; defaults mean 'off'."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    top_n_sigma: float = 0.0
+    p_less: bool = False
+    typical_p: float = 1.0
+    repetition_penalty: float = 1.0
+    repetition_context_size: int = 20
+    presence_penalty: float = 0.0
+    presence_context_size: int = 20
+    frequency_penalty: float = 0.0
+    frequency_context_size: int = 20
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass(frozen=True)
+class ThinkingControl:
+    """Where the model's thinking block starts/ends, and how many tokens it may spend there."""
+
+    budget: int | None = None
+    open_tag: str = "<think>"
+    close_tag: str = "</think>"
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One neutral generation request: protocols convert into this, never into each other."""
+
+    request_id: str
+    prompt_tokens: Sequence[int]
+    max_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: Sequence[str] = ()
+    top_logprobs: int = 0
+    logprobs: bool = False
+    thinking: ThinkingControl | None = None
+    # True when the rendered prompt already opened a thinking block (template with enable_thinking).
+    starts_in_thinking: bool = False
+
+
+@dataclass(frozen=True)
+class Timings:
+    prompt_tokens: int
+    generated: int
+    prefill_s: float
+    decode_s: float
+    ttft_s: float | None
+
+    @property
+    def prefill_tok_s(self) -> float:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
+
+    @property
+    def decode_tok_s(self) -> float:
+        # The first token comes from prefill; decode speed counts the tokens after it.
+        n = max(self.generated - 1, 0)
+        return n / self.decode_s if self.decode_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One generated token (or the final event). `text` may be empty while UTF-8 is incomplete."""
+
+    text: str
+    token_id: int | None
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] = ()
+    finish_reason: FinishReason | None = None
+    stop_string: str | None = None
+    error: str | None = None
+    timings: Timings | None = None
+
+
+@dataclass(frozen=True)
+class RequestRow:
+    """A live request as the metrics snapshot shows it."""
+
+    request_id: str
+    state: RequestState
+    prompt_tokens: int
+    generated: int
+    max_tokens: int
+    elapsed_s: float
+    ttft_s: float | None
+    decode_tok_s: float | None
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    decode_batch: int
+    in_flight: int
+    waiting: int
+    rows: tuple[RequestRow, ...] = ()
+
+
+class RequestHandle(Protocol):
+    """What `Engine.submit` returns: iterate it on the event loop that submitted it."""
+
+    request_id: str
+
+    def __aiter__(self) -> AsyncIterator[TokenEvent]: ...
+
+    def cancel(self) -> None: ...
+
+
+class Engine(Protocol):
+    """One resident model. Real engines do all MLX work on one thread of their own."""
+
+    model_id: str
+
+    def submit(self, request: GenerationRequest) -> RequestHandle: ...
+
+    def stats(self) -> EngineStats: ...
+
+    def close(self) -> None: ...
+
+
+class Tokenizer(Protocol):
+    """Text <-> token ids, built from GGUF metadata alone."""
+
+    vocab_size: int
+    bos_id: int | None
+    eos_ids: frozenset[int]
+    add_bos: bool
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+class ChatTemplate(Protocol):
+    """A model's chat template, rendered the way transformers' apply_chat_template does."""
+
+    source: str  # "gguf", "config", or "family:<name>" for a fallback template
+    variables: frozenset[str]  # undeclared variables the template reads (enable_thinking, tools, ...)
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, object]],
+        tools: Sequence[Mapping[str, object]] | None = None,
+        add_generation_prompt: bool = True,
+        **variables: object,
+    ) -> str: ...
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the server needs to know about a loaded model, without touching MLX."""
+
+    model_id: str
+    path: str
+    architecture: str
+    family: str  # llama, qwen, gemma, ... (selects intents and fallback templates)
+    context_length: int
+    trained_context_length: int
+    n_layers: int
+    n_kv_heads: int
+    head_dim: int
+    sliding_window: int | None
+    weights_layout: str  # "packed" or "dense": what the device runs faster
+    weights_bytes: int
+    load_s: float
+    tensor_types: Mapping[str, str] = field(default_factory=dict)  # GGUF type -> what it became
