@@ -134,7 +134,9 @@ class RequestHandle(Protocol):
 class Engine(Protocol):
     """One resident model. Real engines do all MLX work on one thread of their own."""
 
-    model_id: str
+    info: ModelInfo
+    tokenizer: Tokenizer
+    template: ChatTemplate
 
     def submit(self, request: GenerationRequest) -> RequestHandle: ...
 
