@@ -1,0 +1,91 @@
+"""Load a GGUF file into an mlx-vlm text model class, with its tokenizer and chat template."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import mlx.core as mx
+
+from gmlx_plan.gguf_header import GGUFHeader, ggml_type_name, read_header
+from gmlx_server.engine.arch import ArchSpec, arch_spec, vocab_size
+from gmlx_server.engine.blas import current_blas
+from gmlx_server.engine.chat_template import JinjaChatTemplate
+from gmlx_server.engine.gguf_tensors import LoadReport, load_gguf_tensors
+from gmlx_server.engine.tokenizer import GGUFTokenizer
+from gmlx_server.engine.types import ModelInfo
+from gmlx_server.engine.weights import install_weights
+
+log = logging.getLogger("gmlx.engine")
+
+LayoutChoice = Literal["auto", "packed", "dense"]
+
+
+@dataclass
+class LoadedModel:
+    model: Any  # an mlx_vlm.models.<arch>.language.LanguageModel
+    header: GGUFHeader
+    spec: ArchSpec
+    info: ModelInfo
+    tokenizer: GGUFTokenizer
+    template: JinjaChatTemplate
+    report: LoadReport
+
+
+def choose_layout(requested: LayoutChoice) -> tuple[str, str]:
+    """Packed affine weights on Metal; dense fp32 on CPU when an optimized BLAS runs the matmuls."""
+    if requested != "auto":
+        return requested, "configured"
+    if mx.default_device() == mx.gpu:
+        return "packed", "GPU: quantized kernels are fastest"
+    blas = current_blas()
+    if blas.name == "openblas":
+        return "dense", "CPU with OpenBLAS: dense fp32 sgemm beats MLX's CPU quantized matmul"
+    return "packed", f"CPU without OpenBLAS ({blas.note}): packed weights use less memory"
+
+
+def load_gguf_model(path: str | Path, model_id: str | None = None, layout: LayoutChoice = "auto",
+                    max_kv_size: int | None = None, chat_template: str | None = None) -> LoadedModel:
+    start = time.perf_counter()
+    header = read_header(path)
+    spec = arch_spec(header)
+    params = spec.build_config(header, vocab_size(header))
+    model = spec.model_class()(spec.make_config(params))
+    chosen, why = choose_layout(layout)
+    tensors, report = load_gguf_tensors(path, header.tensors, chosen)  # type: ignore[arg-type]
+    install_weights(model, spec, tensors)
+    tokenizer = GGUFTokenizer.from_metadata(header.metadata)
+    template = JinjaChatTemplate.from_metadata(header.metadata, spec.family, chat_template)
+    trained = int(header.arch_value("context_length", 4096))
+    info = ModelInfo(
+        model_id=model_id or Path(path).stem, path=str(path), architecture=header.architecture,
+        family=spec.family, context_length=min(trained, max_kv_size) if max_kv_size else trained,
+        trained_context_length=trained, n_layers=params["num_hidden_layers"],
+        n_kv_heads=params["num_key_value_heads"], head_dim=params.get("head_dim") or
+        params["hidden_size"] // params["num_attention_heads"],
+        sliding_window=params.get("sliding_window"), weights_layout=chosen,
+        weights_bytes=report.total_bytes, load_s=time.perf_counter() - start,
+        tensor_types={src: became for (src, became) in report.by_type},
+    )
+    _log_load(info, report, why, template.source)
+    return LoadedModel(model, header, spec, info, tokenizer, template, report)
+
+
+def _log_load(info: ModelInfo, report: LoadReport, why: str, template_source: str) -> None:
+    log.info("loaded %s (%s, %s) in %.2f s: %d layers, context %d, weights %s (%s), %.1f MB; BLAS %s",
+             info.model_id, info.architecture, info.path, info.load_s, info.n_layers, info.context_length,
+             info.weights_layout, why, info.weights_bytes / 1e6, current_blas().name)
+    for line in report.lines():
+        log.info("  tensors: %s", line)
+    log.info("  chat template: %s", template_source)
+
+
+def describe_types(header: GGUFHeader) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for t in header.tensors:
+        name = ggml_type_name(t.ggml_type)
+        counts[name] = counts.get(name, 0) + 1
+    return counts

@@ -1,0 +1,96 @@
+"""Per-request sampling on top of mlx-vlm's filters and logits processors.
+
+mlx-vlm's `make_sampler` draws from the global random state (and its seed is lost once
+min_p is set), so each request here owns a PRNG key and splits it per token: a seed
+reproduces a request whatever else the engine is running.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import mlx.core as mx
+from mlx_vlm import sample_utils as su
+
+from gmlx_server.engine.types import SamplingParams
+
+Filter = Callable[[mx.array], mx.array]
+Processor = Callable[[mx.array, mx.array], mx.array]
+
+
+def _filters(p: SamplingParams, special_ids: list[int]) -> list[Filter]:
+    """The same chain, in the same order, as mlx_vlm.sample_utils.make_sampler."""
+    temp = su.clamp_temperature(p.temperature)
+    out: list[Filter] = []
+    if p.top_n_sigma > 0.0:
+        out.append(lambda x: su.apply_top_n_sigma(x, p.top_n_sigma))
+    if p.p_less:
+        out.append(lambda x: su.apply_p_less(x, temp))
+    if 0.0 < p.typical_p < 1.0:
+        out.append(lambda x: su.apply_typical_p(x, p.typical_p))
+    if 0.0 < p.top_p < 1.0:
+        out.append(lambda x: su.apply_top_p(x, p.top_p))
+    if p.min_p > 0.0:
+        out.append(lambda x: su.apply_min_p(x, p.min_p, 1))
+    if p.xtc_probability > 0.0:
+        out.append(lambda x: su.apply_xtc(x, p.xtc_probability, p.xtc_threshold, special_ids))
+    if p.top_k > 0:
+        out.append(lambda x: su.apply_top_k(x, p.top_k))
+    return out
+
+
+def _processors(p: SamplingParams) -> list[Processor]:
+    procs: list[Processor] = su.make_logits_processors(
+        logit_bias=dict(p.logit_bias) or None,
+        repetition_penalty=p.repetition_penalty if p.repetition_penalty != 1.0 else None,
+        repetition_context_size=p.repetition_context_size,
+        presence_penalty=p.presence_penalty or None,
+        presence_context_size=p.presence_context_size,
+        frequency_penalty=p.frequency_penalty or None,
+        frequency_context_size=p.frequency_context_size,
+    )
+    return procs
+
+
+@dataclass
+class Draw:
+    token: mx.array  # shape (1,), int
+    logprobs: mx.array  # shape (1, V): the model's log-softmax after processors, before filters
+
+
+class RequestSampler:
+    def __init__(self, params: SamplingParams, special_ids: list[int]) -> None:
+        self.params = params
+        self._filters = _filters(params, special_ids) if not params.greedy else []
+        self._procs = _processors(params)
+        seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(4), "little")
+        self._key = mx.random.key(seed)
+        self._temp = su.clamp_temperature(params.temperature)
+
+    @property
+    def needs_history(self) -> bool:
+        return bool(self._procs)
+
+    def __call__(self, logits: mx.array, history: mx.array | None) -> Draw:
+        """logits: (1, V) float; history: 1-D token ids for penalties (prompt + generated)."""
+        logits = logits.astype(mx.float32)
+        for proc in self._procs:
+            logits = proc(history if history is not None else mx.array([], mx.int32), logits)
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        if self.params.greedy:
+            return Draw(mx.argmax(logprobs, axis=-1), logprobs)
+        filtered = logprobs
+        for f in self._filters:
+            filtered = f(filtered)
+        self._key, sub = mx.random.split(self._key)
+        token = mx.random.categorical(filtered * (1.0 / self._temp), key=sub)
+        return Draw(token, logprobs)
+
+
+def top_alternatives(logprobs: mx.array, n: int) -> mx.array:
+    """Indices of the n most likely tokens, most likely first (lazy; caller evaluates)."""
+    part = mx.argpartition(-logprobs, kth=n - 1, axis=-1)[..., :n]
+    order = mx.argsort(-mx.take_along_axis(logprobs, part, axis=-1), axis=-1)
+    return mx.take_along_axis(part, order, axis=-1)

@@ -1,0 +1,76 @@
+"""Put converted GGUF tensors into an mlx-vlm model: names, quantized modules, tied heads, RoPE factors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from gmlx_server.engine.arch import ArchSpec
+from gmlx_server.engine.gguf_tensors import ConvertedTensor
+
+
+def install_weights(model: Any, spec: ArchSpec, tensors: dict[str, ConvertedTensor]) -> None:
+    weights: dict[str, mx.array] = {}
+    quant: dict[str, tuple[int, int]] = {}
+    rope_freqs = None
+    for gguf_name, t in tensors.items():
+        if gguf_name == "rope_freqs.weight":
+            rope_freqs = t.arrays["weight"]
+            continue
+        name = spec.hf_name(gguf_name)
+        if name is None:
+            raise ValueError(f"tensor {gguf_name} ({t.source_type}) has no place in the {spec.module} model")
+        base = name.rsplit(".", 1)[0]
+        for part, arr in t.arrays.items():
+            if part == "weight" and spec.norm_offset and base.endswith("norm"):
+                arr = arr + spec.norm_offset
+            weights[f"{base}.{part}" if len(t.arrays) > 1 or part != "weight" else name] = arr
+        if t.bits is not None and t.group_size is not None:
+            quant[base] = (t.group_size, t.bits)
+    if "lm_head.weight" not in weights and hasattr(model, "lm_head"):
+        _tie_head(weights, quant)  # the class has a head slot but the file shares the embedding
+    if quant:
+        nn.quantize(model, class_predicate=lambda p, m: _qparams(quant, p))  # type: ignore[arg-type,return-value]
+    model.load_weights(list(weights.items()), strict=True)
+    if rope_freqs is not None:
+        _apply_rope_freqs(model, rope_freqs)
+    mx.eval(model.parameters())
+
+
+def _qparams(quant: dict[str, tuple[int, int]], path: str) -> dict[str, int] | bool:
+    if path not in quant:
+        return False
+    group, bits = quant[path]
+    return {"group_size": group, "bits": bits}
+
+
+def _tie_head(weights: dict[str, mx.array], quant: dict[str, tuple[int, int]]) -> None:
+    for part in ("weight", "scales", "biases"):
+        if f"model.embed_tokens.{part}" in weights:
+            weights[f"lm_head.{part}"] = weights[f"model.embed_tokens.{part}"]  # shared, not copied
+    if "model.embed_tokens" in quant:
+        quant["lm_head"] = quant["model.embed_tokens"]
+
+
+class _FreqRoPE(nn.Module):
+    """Llama-3 GGUFs carry per-frequency factors (rope_freqs.weight) instead of a scaling config."""
+
+    def __init__(self, dims: int, base: float, factors: mx.array, traditional: bool) -> None:
+        super().__init__()
+        self._dims, self._traditional = dims, traditional
+        inv = base ** (mx.arange(0, dims, 2, dtype=mx.float32) / dims)
+        self._freqs = inv * factors.astype(mx.float32)
+
+    def __call__(self, x: mx.array, offset: int = 0) -> mx.array:
+        return mx.fast.rope(x, self._dims, traditional=self._traditional, base=None, scale=1.0,
+                            offset=offset, freqs=self._freqs)
+
+
+def _apply_rope_freqs(model: Any, factors: mx.array) -> None:
+    args = model.args
+    for layer in model.model.layers:
+        attn = layer.self_attn
+        dims = attn.rope.dims if hasattr(attn.rope, "dims") else factors.shape[0] * 2
+        attn.rope = _FreqRoPE(dims, args.rope_theta, factors, args.rope_traditional)
