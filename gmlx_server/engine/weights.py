@@ -74,3 +74,58 @@ def _apply_rope_freqs(model: Any, factors: mx.array) -> None:
         attn = layer.self_attn
         dims = attn.rope.dims if hasattr(attn.rope, "dims") else factors.shape[0] * 2
         attn.rope = _FreqRoPE(dims, args.rope_theta, factors, args.rope_traditional)
+
+
+class TransposedLinear(nn.Module):
+    """A dense Linear that stores W^T: OpenBLAS's sgemm at one row is ~1.5x faster without the transpose."""
+
+    def __init__(self, weight_t: mx.array, bias: mx.array | None) -> None:
+        super().__init__()
+        self.weight_t = weight_t
+        if bias is not None:
+            self.bias = bias
+
+    def __call__(self, x: mx.array) -> mx.array:
+        y = x @ self.weight_t
+        return y + self.bias if "bias" in self else y
+
+
+class TransposedEmbedding(nn.Module):
+    """An embedding kept as W^T so a tied output head reads it without a transpose and without a copy."""
+
+    def __init__(self, weight_t: mx.array) -> None:
+        super().__init__()
+        self.weight_t = weight_t
+
+    def __call__(self, ids: mx.array) -> mx.array:
+        return mx.moveaxis(mx.take(self.weight_t, ids, axis=1), 0, -1)
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        return x @ self.weight_t
+
+
+def transpose_dense_linears(model: nn.Module) -> int:
+    """Swap dense Linear/Embedding modules for transposed ones (CPU dense layout only); returns how many.
+
+    A tied head and its embedding share one transposed array (keyed by the source array's identity).
+    """
+    shared: dict[int, mx.array] = {}
+
+    def t(w: mx.array) -> mx.array:
+        if id(w) not in shared:
+            shared[id(w)] = mx.contiguous(w.T)
+        return shared[id(w)]
+
+    swaps = [(path, m) for path, m in model.named_modules() if type(m) in (nn.Linear, nn.Embedding)]
+    for path, m in swaps:
+        new = (TransposedEmbedding(t(m.weight)) if isinstance(m, nn.Embedding)
+               else TransposedLinear(t(m.weight), m.get("bias")))
+        _set_module(model, path, new)
+    mx.eval(model.parameters())
+    return len(swaps)
+def _set_module(root: nn.Module, path: str, new: nn.Module) -> None:
+    parent: Any = root
+    parts = path.split(".")
+    for p in parts[:-1]:
+        parent = parent[int(p)] if p.isdigit() else getattr(parent, p)
+    setattr(parent, parts[-1], new)
