@@ -17,7 +17,7 @@ from gmlx_server.engine.chat_template import JinjaChatTemplate
 from gmlx_server.engine.gguf_tensors import LoadReport, load_gguf_tensors
 from gmlx_server.engine.tokenizer import GGUFTokenizer
 from gmlx_server.engine.types import ModelInfo
-from gmlx_server.engine.weights import install_weights
+from gmlx_server.engine.weights import install_weights, transpose_dense_linears
 
 log = logging.getLogger("gmlx.engine")
 
@@ -57,6 +57,9 @@ def load_gguf_model(path: str | Path, model_id: str | None = None, layout: Layou
     chosen, why = choose_layout(layout)
     tensors, report = load_gguf_tensors(path, header.tensors, chosen)  # type: ignore[arg-type]
     install_weights(model, spec, tensors)
+    del tensors  # the model holds the arrays now; dropping the dict lets transposed copies replace them
+    if chosen == "dense":
+        transpose_dense_linears(model)
     tokenizer = GGUFTokenizer.from_metadata(header.metadata)
     template = JinjaChatTemplate.from_metadata(header.metadata, spec.family, chat_template)
     trained = int(header.arch_value("context_length", 4096))
