@@ -20,14 +20,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import gmlx_server.engine  # noqa: E402,F401  (OpenBLAS before mlx)
-import mlx.core as mx  # noqa: E402
+import mlx.core as mx
 
-from gmlx_server.engine.blas import current_blas  # noqa: E402
-from gmlx_server.engine.loader import load_gguf_model  # noqa: E402
-from gmlx_server.engine.mlx_engine import MLXEngine  # noqa: E402
-from gmlx_server.engine.types import GenerationRequest, SamplingParams, TokenEvent  # noqa: E402
-from tests.conftest import gemma_path, smollm2_path  # noqa: E402
+import gmlx_server.engine  # noqa: F401  (OpenBLAS before mlx)
+from gmlx_server.engine.blas import current_blas
+from gmlx_server.engine.loader import load_gguf_model
+from gmlx_server.engine.mlx_engine import MLXEngine
+from gmlx_server.engine.types import GenerationRequest, SamplingParams, TokenEvent
+from tests.conftest import gemma_path, smollm2_path
 
 
 def _prompt(engine: MLXEngine, n: int) -> list[int]:

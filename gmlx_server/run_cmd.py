@@ -52,10 +52,7 @@ def _resolve(args: argparse.Namespace) -> tuple[ServerConfig, Address]:
         raise ConfigError("command line", "", "give a GGUF path or --config, not both")
     cfg = load_config(args.config, model=path, env=read_env())
     cat = Catalog.from_config(cfg)
-    if path:
-        model = next(iter(cfg.models)) + (f"@{rest}" if rest else "")
-    else:
-        model = rest
+    model = next(iter(cfg.models)) + (f"@{rest}" if rest else "") if path else rest
     return cfg, resolve_address(model, args.profile, cat)
 
 

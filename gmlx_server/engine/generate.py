@@ -13,7 +13,7 @@ from gmlx_server.engine.detokenizer import IncrementalDetokenizer
 from gmlx_server.engine.sampling import Draw, RequestSampler, top_alternatives
 from gmlx_server.engine.stream import TextStream
 from gmlx_server.engine.thinking import ThinkingBudget
-from gmlx_server.engine.types import GenerationRequest, RequestState, TokenEvent, Timings
+from gmlx_server.engine.types import GenerationRequest, RequestState, Timings, TokenEvent
 
 PREFILL_CHUNK = 512
 
@@ -84,7 +84,7 @@ class Runner:
         forced: int | None = None
         t_decode = time.perf_counter()
         while True:
-            token = forced if forced is not None else int(draw.token.item())
+            token = forced if forced is not None else int(draw.token.item())  # type: ignore[arg-type]
             if progress.first_token is None:
                 progress.first_token = time.perf_counter()
             lp, tops = self._logprobs(draw, token, req) if forced is None else (None, ())
@@ -120,7 +120,7 @@ class Runner:
         if not (req.logprobs or req.top_logprobs):
             return None, ()
         row = draw.logprobs[0]
-        lp = float(row[token].item())
+        lp = float(row[token].item())  # type: ignore[arg-type]
         if req.top_logprobs <= 0:
             return lp, ()
         idx = top_alternatives(row, req.top_logprobs)

@@ -32,7 +32,7 @@ def install_weights(model: Any, spec: ArchSpec, tensors: dict[str, ConvertedTens
     if "lm_head.weight" not in weights and hasattr(model, "lm_head"):
         _tie_head(weights, quant)  # the class has a head slot but the file shares the embedding
     if quant:
-        nn.quantize(model, class_predicate=lambda p, m: _qparams(quant, p))  # type: ignore[arg-type,return-value]
+        nn.quantize(model, class_predicate=lambda p, m: _qparams(quant, p))
     model.load_weights(list(weights.items()), strict=True)
     if rope_freqs is not None:
         _apply_rope_freqs(model, rope_freqs)

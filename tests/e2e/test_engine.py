@@ -155,15 +155,15 @@ def test_cancel_ends_a_request_with_cancelled(smol: MLXEngine) -> None:
 def test_bad_files_fail_with_the_file_and_the_reason(tmp_path: Path) -> None:
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"not a gguf file at all, just some bytes" * 4)
-    with pytest.raises(GGUFFormatError, match="junk.gguf.*not a GGUF file"):
+    with pytest.raises(GGUFFormatError, match=r"junk.gguf.*not a GGUF file"):
         load_gguf_model(junk)
     real = Path(smollm2_path()).read_bytes()
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(real[: len(real) // 2])
-    with pytest.raises(GGUFFormatError, match="cut.gguf.*truncated"):
+    with pytest.raises(GGUFFormatError, match=r"cut.gguf.*truncated"):
         load_gguf_model(cut)
     odd = tmp_path / "odd.gguf"
     write_gguf(odd, [FakeTensor("token_embd.weight", np.zeros((8, 32), np.float32), GGMLQuantizationType.F32)],
                arch="mamba")
-    with pytest.raises(UnsupportedArchitecture, match="odd.gguf.*'mamba'"):
+    with pytest.raises(UnsupportedArchitecture, match=r"odd.gguf.*'mamba'"):
         load_gguf_model(odd)

@@ -1,0 +1,72 @@
+"""create_app: the one place that wires routes, middleware, the error mapper and the lifespan."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import falcon
+import falcon.asgi
+import falcon.inspect
+
+from gmlx_server.config import ServerConfig
+from gmlx_server.errors import GmlxError
+from gmlx_server.routes.common import ApiKeyMiddleware, GmlxRequest, JsonBodyMiddleware
+from gmlx_server.routes.errors import handle_error
+from gmlx_server.routes.generation import ChatCompletions, Completions
+from gmlx_server.routes.health import Health
+from gmlx_server.routes.models import Model, Models
+from gmlx_server.service.host import EngineFactory, ModelHost
+
+GmlxApp = falcon.asgi.App[GmlxRequest, falcon.asgi.Response]
+
+
+class Lifespan:
+    """Closes every engine when the ASGI server shuts down."""
+
+    def __init__(self, host: ModelHost) -> None:
+        self.host = host
+
+    async def process_shutdown(self, scope: dict[str, Any], event: dict[str, Any]) -> None:
+        self.host.close()
+
+
+def _routes(host: ModelHost) -> list[tuple[str, object]]:
+    models = Models(host)
+    return [
+        ("/v1/chat/completions", ChatCompletions(host)),
+        ("/v1/completions", Completions(host)),
+        ("/v1/models", models),
+        ("/models", models),
+        ("/v1/models/{model_id:path}", Model(host)),
+        ("/health", Health(host)),
+    ]
+
+
+def create_app(
+    config: ServerConfig,
+    engine_factory: EngineFactory | None = None,
+    *,
+    host: ModelHost | None = None,
+) -> GmlxApp:
+    """The ASGI app. Engines are created lazily, on a model's first request, by `engine_factory`
+    (default: gmlx_server.engine.factory.create_engine). Pass `host` to share or inspect it."""
+    host = host if host is not None else ModelHost(config, engine_factory)
+    middleware: list[Any] = [Lifespan(host), JsonBodyMiddleware(config.env.max_body_bytes)]
+    if config.server.api_key:
+        middleware.insert(0, ApiKeyMiddleware(config.server.api_key))
+    app = falcon.asgi.App(middleware=middleware, request_type=GmlxRequest)
+    for path, resource in _routes(host):
+        app.add_route(path, resource)
+    for exc in (Exception, falcon.HTTPError, GmlxError):
+        app.add_error_handler(exc, handle_error)
+    return app
+
+
+def route_table(app: GmlxApp) -> list[tuple[str, str]]:
+    """(method, path) for every responder the app serves, so tests can walk all routes."""
+    out = []
+    for route in falcon.inspect.inspect_routes(app):
+        for method in route.methods:
+            if not method.internal:
+                out.append((method.method, route.path))
+    return out

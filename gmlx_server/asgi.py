@@ -1,0 +1,24 @@
+"""The ASGI target: `uvicorn gmlx_server.asgi:app` or `gunicorn -k uvicorn_worker.UvicornWorker ...`.
+
+Config comes from the environment (GMLX_CONFIG, else GMLX_MODEL, else the embedded default).
+Importing is cheap: engines load on a model's first request. Run one worker per model host:
+each worker would load its own copy of every model and its own KV memory.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from gmlx_server.app import GmlxApp, create_app
+from gmlx_server.config import ConfigError, load_config_from_env
+
+
+def _build() -> GmlxApp:
+    try:
+        return create_app(load_config_from_env())
+    except ConfigError as e:
+        print(f"gmlx: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+app = _build()

@@ -1,0 +1,148 @@
+"""Typed errors the server raises; one mapper (routes.errors) renders them per protocol.
+
+No falcon here: services and protocol converters raise these, routes turn them into responses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+
+class GmlxError(Exception):
+    """Base: an HTTP status, a protocol error type, the offending field and extra body fields."""
+
+    status: int = 500
+    type: str = "server_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        extra: Mapping[str, object] | None = None,
+        status: int | None = None,
+        type: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if status is not None:
+            self.status = status
+        if type is not None:
+            self.type = type
+        self.code = code if code is not None else self.type
+        self.headers: dict[str, str] = dict(headers or {})
+        # Extra fields rendered beside message/type (available_models, valid_profiles, ...).
+        self.extra: dict[str, object] = dict(extra or {})
+
+
+class InvalidRequest(GmlxError):
+    status, type = 400, "invalid_request_error"
+
+
+class UnsupportedFeature(GmlxError):
+    """A request feature the spec names that this build does not implement yet."""
+
+    status, type = 400, "unsupported_feature"
+
+
+class ModelNotFound(GmlxError):
+    status, type = 404, "model_not_found"
+
+    def __init__(self, model: str, available: Sequence[str]) -> None:
+        names = ", ".join(available) or "none"
+        super().__init__(
+            f"model '{model}' not found; available models: {names}",
+            param="model",
+            extra={"available_models": list(available)},
+        )
+
+
+class UnknownProfile(GmlxError):
+    status, type = 400, "unknown_profile"
+
+    def __init__(self, profile: str, valid: Sequence[str]) -> None:
+        super().__init__(
+            f"unknown profile '{profile}'; valid profiles: {', '.join(valid)}",
+            param="profile",
+            extra={"valid_profiles": list(valid)},
+        )
+
+
+class ContextOverflow(GmlxError):
+    """Prompt + output cap over the context window. Agent clients match the exact message prefix."""
+
+    status, type = 400, "invalid_request_error"
+
+    def __init__(self, prompt_tokens: int, max_tokens: int, budget: int, model: str) -> None:
+        super().__init__(
+            f"prompt is too long: {prompt_tokens} prompt tokens + {max_tokens} max_tokens = "
+            f"{prompt_tokens + max_tokens} tokens exceeds the context window of {budget} tokens "
+            f"of model '{model}'",
+            param="messages",
+            code="context_length_exceeded",
+            extra={"prompt_tokens": prompt_tokens, "max_tokens": max_tokens, "context_budget": budget},
+        )
+
+
+class PayloadTooLarge(GmlxError):
+    status, type = 413, "request_too_large"
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"request body exceeds the limit of {limit} bytes (GMLX_MAX_BODY_BYTES)")
+
+
+class Unauthorized(GmlxError):
+    status, type = 401, "authentication_error"
+
+    def __init__(self, message: str = "missing or invalid API key") -> None:
+        super().__init__(message, code="invalid_api_key")
+
+
+class HFAccessDisabled(GmlxError):
+    status, type = 403, "hf_access_disabled"
+
+
+def _retry(seconds: float) -> dict[str, str]:
+    return {"Retry-After": str(max(1, round(seconds)))}
+
+
+class ServerOverloaded(GmlxError):
+    status, type = 503, "server_overloaded"
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message, headers=_retry(retry_after_s))
+
+
+class ModelLoadDeferred(GmlxError):
+    status, type = 503, "model_load_deferred"
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message, headers=_retry(retry_after_s))
+
+
+class Shed(GmlxError):
+    """The governor ended this request to free memory (finish_reason `shed`)."""
+
+    status, type = 503, "server_overloaded_shed"
+
+    def __init__(self, message: str = "request shed by the memory governor", retry_after_s: float = 5.0,
+                 ) -> None:
+        super().__init__(message, headers=_retry(retry_after_s))
+
+
+class EngineFailure(GmlxError):
+    """The engine ended a request with an error after it was admitted."""
+
+    status, type = 500, "engine_error"
+
+
+class InternalError(GmlxError):
+    """An unexpected exception; the body never carries the traceback."""
+
+    status, type = 500, "server_error"
+
+    def __init__(self, message: str = "internal server error") -> None:
+        super().__init__(message)

@@ -1,0 +1,197 @@
+"""The spec's parameter table and the field validators every protocol parser shares.
+
+Each parameter is honored or ignored per route exactly as the spec's "Parameter support" table
+says; a request that sets ignored ones gets one warning line naming them all (logger gmlx.params).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from gmlx_server.errors import InvalidRequest
+
+Route = Literal["chat", "responses", "messages", "completions"]
+ROUTES: tuple[Route, ...] = ("chat", "responses", "messages", "completions")
+_H, _I = "honored", "ignored"
+_CHECKED = "checked"  # validated and never warned about (completions rejects n > 1 and best_of > 1)
+
+# The spec's table; /v1/completions has no column there, so its entries follow the completions
+# paragraph: standard sampling, seed, stop, stream, stream_options and profile; no template, no logprobs.
+#                         chat responses messages completions
+PARAMETER_TABLE: Mapping[str, tuple[str, str, str, str]] = {
+    "max_completion_tokens": (_H, _I, _I, _I),
+    "n": (_I, _I, _I, _CHECKED),
+    "user": (_I, _I, _I, _I),
+    "parallel_tool_calls": (_I, _I, _I, _I),
+    "tool_choice": (_H, _H, _H, _I),
+    "metadata": (_I, _I, _I, _I),
+    "output_config": (_I, _I, _H, _I),
+    "logit_bias": (_H, _H, _H, _H),
+    "seed": (_H, _H, _H, _H),
+    "stream_options": (_H, _I, _I, _H),
+    "timings_per_token": (_H, _I, _I, _I),
+    "response_format": (_H, _H, _H, _I),
+    "logprobs": (_H, _I, _I, _I),
+    "top_logprobs": (_H, _I, _I, _I),
+    "stop": (_H, _I, _I, _H),
+    "stop_sequences": (_I, _I, _H, _I),
+    "chat_template_kwargs": (_H, _H, _H, _I),
+    "profile": (_H, _H, _H, _H),
+    "xtc_probability": (_H, _H, _H, _H),
+    # Standard parameters: honored by every generation route. Thinking controls act on the chat
+    # template, which /v1/completions does not use, so they are ignored there.
+    **{k: (_H, _H, _H, _H) for k in (
+        "max_tokens", "max_output_tokens", "temperature", "top_p", "top_k", "min_p", "top_n_sigma", "p_less",
+        "typical_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "repetition_context_size",
+        "presence_context_size", "frequency_context_size", "xtc_threshold")},
+    **{k: (_H, _H, _H, _I) for k in ("enable_thinking", "thinking_budget", "reasoning", "reasoning_effort")},
+}
+
+log = logging.getLogger("gmlx.params")
+
+
+def ignored_params(route: Route, body: Mapping[str, Any]) -> list[str]:
+    """Table parameters this route ignores that the body sets (present and not null)."""
+    col = ROUTES.index(route)
+    return [k for k, row in PARAMETER_TABLE.items() if row[col] == _I and body.get(k) is not None]
+
+
+def warn_ignored(route: Route, path: str, body: Mapping[str, Any]) -> tuple[str, ...]:
+    names = ignored_params(route, body)
+    if names:
+        log.warning("%s: ignored parameters: %s", path, ", ".join(names))
+    return tuple(names)
+
+
+# --- field validators: each returns the value (None when absent) or raises InvalidRequest ----------
+
+def _bad(name: str, what: str) -> InvalidRequest:
+    return InvalidRequest(f"'{name}': {what}", param=name)
+
+
+def number(body: Mapping[str, Any], name: str, lo: float, hi: float, lo_open: bool = False) -> float | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise _bad(name, f"expected a number, got {json_type(v)}")
+    if v < lo or v > hi or (lo_open and v == lo):
+        raise _bad(name, f"must be {'>' if lo_open else '>='} {lo} and <= {hi}, got {v}")
+    return float(v)
+
+
+def integer(body: Mapping[str, Any], name: str, lo: int, hi: int = 2**63 - 1) -> int | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)  # some clients send 256.0
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise _bad(name, f"expected an integer, got {json_type(v)}")
+    if v < lo or v > hi:
+        raise _bad(name, f"must be between {lo} and {hi}, got {v}")
+    return v
+
+
+def boolean(body: Mapping[str, Any], name: str) -> bool | None:
+    v = body.get(name)
+    if v is None or isinstance(v, bool):
+        return v
+    raise _bad(name, f"expected a boolean, got {json_type(v)}")
+
+
+def string(body: Mapping[str, Any], name: str, choices: Sequence[str] | None = None) -> str | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if not isinstance(v, str):
+        raise _bad(name, f"expected a string, got {json_type(v)}")
+    if choices is not None and v not in choices:
+        raise _bad(name, f"expected one of {', '.join(choices)}, got {v!r}")
+    return v
+
+
+def obj(body: Mapping[str, Any], name: str) -> dict[str, Any] | None:
+    v = body.get(name)
+    if v is None or isinstance(v, dict):
+        return v
+    raise _bad(name, f"expected an object, got {json_type(v)}")
+
+
+def json_type(v: object) -> str:
+    names = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object"}
+    return "null" if v is None else names.get(type(v), type(v).__name__)
+
+
+# Sampling fields: (kind, lo, hi). Ranges follow OpenAI where it defines one, else what is meaningful.
+SAMPLING_FIELDS: Mapping[str, tuple[str, float, float]] = {
+    "temperature": ("number", 0.0, 2.0),
+    "top_p": ("number", 0.0, 1.0),
+    "top_k": ("integer", -1, 2**31 - 1),
+    "min_p": ("number", 0.0, 1.0),
+    "top_n_sigma": ("number", 0.0, 1e6),
+    "p_less": ("boolean", 0, 0),
+    "typical_p": ("number", 0.0, 1.0),
+    "repetition_penalty": ("number", 0.0, 10.0),
+    "presence_penalty": ("number", -2.0, 2.0),
+    "frequency_penalty": ("number", -2.0, 2.0),
+    "repetition_context_size": ("integer", 0, 2**31 - 1),
+    "presence_context_size": ("integer", 0, 2**31 - 1),
+    "frequency_context_size": ("integer", 0, 2**31 - 1),
+    "xtc_probability": ("number", 0.0, 1.0),
+    "xtc_threshold": ("number", 0.0, 1.0),
+    "seed": ("integer", -(2**63), 2**64 - 1),
+}
+
+
+def sampling(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The sampling fields the request sets explicitly (they override any profile value)."""
+    out: dict[str, Any] = {}
+    for name, (kind, lo, hi) in SAMPLING_FIELDS.items():
+        if kind == "number":
+            v: Any = number(body, name, lo, hi, lo_open=name == "repetition_penalty")
+        elif kind == "integer":
+            v = integer(body, name, int(lo), int(hi))
+        else:
+            v = boolean(body, name)
+        if v is not None:
+            out[name] = v
+    if out.get("top_k") == -1:
+        out["top_k"] = 0  # -1 means "off" in llama.cpp-style clients
+    return out
+
+
+def logit_bias(body: Mapping[str, Any]) -> dict[int, float]:
+    """Keys are token ids (strings in JSON); values -100..100 as in OpenAI."""
+    raw = obj(body, "logit_bias") or {}
+    out: dict[int, float] = {}
+    for k, v in raw.items():
+        try:
+            tid = int(k)
+        except ValueError:
+            raise _bad("logit_bias", f"keys must be token ids, got {k!r}") from None
+        if tid < 0:
+            raise _bad("logit_bias", f"token ids must not be negative, got {k!r}")
+        out[tid] = number({"logit_bias": v}, "logit_bias", -100.0, 100.0) or 0.0
+    return out
+
+
+def stop(body: Mapping[str, Any]) -> tuple[str, ...]:
+    v = body.get("stop")
+    if v is None:
+        return ()
+    items = [v] if isinstance(v, str) else v
+    if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
+        raise _bad("stop", "expected a string or an array of strings")
+    if len(items) > 16:
+        raise _bad("stop", f"at most 16 stop strings, got {len(items)}")
+    return tuple(s for s in items if s)
+
+
+def max_tokens(body: Mapping[str, Any], names: Sequence[str]) -> int | None:
+    """The first of `names` the body sets (validated >= 1); the order encodes which spelling wins."""
+    values = [integer(body, n, 1) for n in names]
+    return next((v for v in values if v is not None), None)

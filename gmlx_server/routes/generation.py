@@ -1,0 +1,51 @@
+"""POST /v1/chat/completions and POST /v1/completions: parse -> start -> stream or collect."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import falcon.asgi
+
+from gmlx_server.protocol.openai import GenerationParams, parse_chat, parse_completion
+from gmlx_server.protocol.openai_out import OpenAIEncoder, ResponseMeta
+from gmlx_server.routes.common import GmlxRequest, body_of
+from gmlx_server.routes.streaming import collect, openai_sse
+from gmlx_server.service.generate import start_generation
+from gmlx_server.service.host import ModelHost
+
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+async def respond(req: GmlxRequest, resp: falcon.asgi.Response, host: ModelHost, params: GenerationParams,
+                  kind: str) -> None:
+    chat = kind == "chat"
+    rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+    started = await start_generation(host, params, rid)
+    meta = ResponseMeta(rid, started.model_id, int(time.time()), started.prompt_tokens,
+                        "chat" if chat else "completion", params.include_usage, params.timings_per_token,
+                        params.logprobs)
+    tokenizer = started.tokenizer
+    encoder = OpenAIEncoder(meta, lambda tid: tokenizer.decode([tid]))
+    if params.stream:
+        resp.content_type = "text/event-stream"
+        resp.set_headers(_SSE_HEADERS)
+        resp.stream = openai_sse(started.handle, encoder, req.asgi_receive, host.env.sse_keepalive_s)
+    else:
+        resp.media = await collect(started.handle, encoder, req.asgi_receive)
+
+
+class ChatCompletions:
+    def __init__(self, host: ModelHost) -> None:
+        self.host = host
+
+    async def on_post(self, req: GmlxRequest, resp: falcon.asgi.Response) -> None:
+        await respond(req, resp, self.host, parse_chat(body_of(req), req.path), "chat")
+
+
+class Completions:
+    def __init__(self, host: ModelHost) -> None:
+        self.host = host
+
+    async def on_post(self, req: GmlxRequest, resp: falcon.asgi.Response) -> None:
+        await respond(req, resp, self.host, parse_completion(body_of(req), req.path), "completion")

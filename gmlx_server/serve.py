@@ -1,0 +1,72 @@
+"""`gmlx serve [MODEL.gguf] [--config FILE] [--host] [--port] [--api-key]`: the app under uvicorn.
+
+One worker: every worker would hold its own copy of each model, so one process is one model host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from gmlx_server.config import ConfigError, ServerConfig, load_config, read_env
+
+log = logging.getLogger("gmlx.serve")
+
+
+def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "serve", help="serve GGUF models over the OpenAI and Anthropic HTTP APIs",
+        description="Serve one GGUF model, the models of a config file, or the embedded SmolLM2 default.")
+    p.add_argument("model", nargs="?", help="a GGUF file to serve (default: the embedded SmolLM2)")
+    p.add_argument("--config", help="a gmlx YAML config file (models, profiles, aliases)")
+    p.add_argument("--host", help="address to bind (default 127.0.0.1, or GMLX_HOST)")
+    p.add_argument("--port", type=int, help="port to bind (default 8080, or GMLX_PORT)")
+    p.add_argument("--api-key", help="require this key on every route but /health (or GMLX_API_KEY)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=run_serve)
+    return p
+
+
+def _config(args: argparse.Namespace) -> ServerConfig:
+    if args.config and args.model:
+        raise ConfigError("command line", "", "give a MODEL or --config, not both")
+    return load_config(args.config, model=args.model, env=read_env(), host=args.host, port=args.port,
+                       api_key=args.api_key)
+
+
+def _describe(config: ServerConfig, model_arg: str | None) -> None:
+    if config.source is not None:
+        log.info("config %s: %d models (%s)", config.source, len(config.models), ", ".join(config.models))
+        return
+    entry = next(iter(config.models.values()))
+    what = "the embedded default model" if model_arg is None else "model"
+    log.info("serving %s %s from %s", what, entry.id, entry.path)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    level = getattr(logging, str(args.log_level).upper(), logging.INFO)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = _config(args)
+    except ConfigError as e:
+        print(f"gmlx serve: {e}", file=sys.stderr)
+        return 2
+    _describe(config, args.model)
+    try:
+        from gmlx_server.engine.factory import create_engine
+    except ImportError as e:
+        print(f"gmlx serve: the MLX engine is not available: {e}", file=sys.stderr)
+        return 1
+
+    import uvicorn
+
+    from gmlx_server.app import create_app
+
+    app = create_app(config, create_engine)
+    s = config.server
+    log.info("listening on http://%s:%d%s", s.host, s.port, " (API key required)" if s.api_key else "")
+    uvicorn.run(app, host=s.host, port=s.port, workers=1, lifespan="on", log_level=args.log_level,
+                timeout_graceful_shutdown=5)
+    return 0

@@ -1,0 +1,172 @@
+"""Start one generation: address -> engine -> template -> tokens -> context check -> submit.
+
+Rendering and tokenizing are pure Python and run on the event loop (long prompts off it);
+nothing here calls MLX. The input is any object with GenerationInput's fields (the protocol
+layer's GenerationParams satisfies it structurally; protocol and service never import each other).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from gmlx_server.engine.types import (
+    ChatTemplate,
+    Engine,
+    GenerationRequest,
+    RequestHandle,
+    SamplingParams,
+    ThinkingControl,
+    Tokenizer,
+)
+from gmlx_server.errors import ContextOverflow, InvalidRequest
+from gmlx_server.service.addressing import Settings, merge_sampling, resolve_address, resolve_settings
+from gmlx_server.service.host import ModelHost
+
+_LONG_PROMPT_CHARS = 32_768  # above this, tokenize off the loop so /health never waits
+
+
+class GenerationInput(Protocol):
+    @property
+    def model(self) -> str: ...
+    @property
+    def profile(self) -> str | None: ...
+    @property
+    def messages(self) -> tuple[dict[str, Any], ...]: ...
+    @property
+    def prompt(self) -> str | None: ...
+    @property
+    def tools(self) -> tuple[dict[str, Any], ...] | None: ...
+    @property
+    def tool_choice(self) -> str | dict[str, Any] | None: ...
+    @property
+    def sampling(self) -> Mapping[str, Any]: ...
+    @property
+    def logit_bias(self) -> Mapping[int, float]: ...
+    @property
+    def max_tokens(self) -> int | None: ...
+    @property
+    def stop(self) -> tuple[str, ...]: ...
+    @property
+    def logprobs(self) -> bool: ...
+    @property
+    def top_logprobs(self) -> int: ...
+    @property
+    def template_kwargs(self) -> Mapping[str, Any]: ...
+    @property
+    def enable_thinking(self) -> bool | None: ...
+    @property
+    def thinking_budget(self) -> int | None: ...
+    @property
+    def reasoning_effort(self) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class Started:
+    """A submitted request: iterate `handle` for TokenEvents; `cancel()` it if the client leaves."""
+
+    handle: RequestHandle
+    model_id: str
+    profile: str | None
+    prompt_tokens: int
+    max_tokens: int
+    tokenizer: Tokenizer
+
+
+def thinking_variables(inp: GenerationInput, variables: frozenset[str]) -> dict[str, Any]:
+    """enable_thinking / reasoning_effort / thinking_budget, only where the template reads them."""
+    enable, effort, budget = inp.enable_thinking, inp.reasoning_effort, inp.thinking_budget
+    if enable is None and effort is not None:
+        enable = effort not in ("none", "minimal")
+    if enable is None and budget == 0:
+        enable = False
+    values = {"enable_thinking": enable, "reasoning_effort": effort, "thinking_budget": budget}
+    return {k: v for k, v in values.items() if v is not None and k in variables}
+
+
+def template_variables(inp: GenerationInput, settings: Settings, template: ChatTemplate) -> dict[str, Any]:
+    """Profile kwargs < request chat_template_kwargs < the dedicated thinking/tool fields."""
+    values = dict(settings.template_kwargs)
+    values.update(inp.template_kwargs)
+    values.update(thinking_variables(inp, template.variables))
+    forced = isinstance(inp.tool_choice, dict) or inp.tool_choice == "required"
+    if forced and "tool_choice" in template.variables:
+        values["tool_choice"] = inp.tool_choice
+    for reserved in ("messages", "tools", "add_generation_prompt"):
+        values.pop(reserved, None)  # these are render()'s own arguments
+    return values
+
+
+def render_chat(inp: GenerationInput, settings: Settings, template: ChatTemplate) -> str:
+    messages = list(inp.messages)
+    if settings.system and (not messages or messages[0].get("role") != "system"):
+        messages.insert(0, {"role": "system", "content": settings.system})  # a request's own system wins
+    tools = None if inp.tool_choice == "none" else inp.tools  # `none` is enforced by stripping the tools
+    try:
+        return template.render(messages, tools=list(tools) if tools else None, add_generation_prompt=True,
+                               **template_variables(inp, settings, template))
+    except Exception as exc:  # template raise_exception(...) and jinja errors are about the request
+        raise InvalidRequest(f"the chat template rejected the request: {exc}", param="messages") from exc
+
+
+def fit_context(prompt_tokens: int, explicit: int | None, profile_cap: int | None, budget: int,
+                model: str) -> int:
+    """The output cap: an explicit one must fit the window; otherwise use what is left of it."""
+    if explicit is not None:
+        if prompt_tokens + explicit > budget:
+            raise ContextOverflow(prompt_tokens, explicit, budget, model)
+        return explicit
+    room = budget - prompt_tokens
+    if room < 1:
+        raise ContextOverflow(prompt_tokens, 1, budget, model)
+    return min(room, profile_cap) if profile_cap is not None else room
+
+
+def build_sampling(settings: Settings, inp: GenerationInput, vocab_size: int) -> SamplingParams:
+    bad = [t for t in inp.logit_bias if t >= vocab_size]
+    if bad:
+        raise InvalidRequest(f"'logit_bias': token id {bad[0]} is outside the vocabulary (size {vocab_size})",
+                             param="logit_bias")
+    fields = merge_sampling(settings, inp.sampling)
+    return SamplingParams(**fields, logit_bias=dict(inp.logit_bias))
+
+
+async def _encode(tokenizer: Tokenizer, text: str, add_special: bool) -> list[int]:
+    if len(text) > _LONG_PROMPT_CHARS:
+        return await asyncio.to_thread(tokenizer.encode, text, add_special)
+    return tokenizer.encode(text, add_special)
+
+
+async def start_generation(host: ModelHost, inp: GenerationInput, request_id: str) -> Started:
+    """Everything that can refuse the request happens here, before a byte of response is sent."""
+    addr = resolve_address(inp.model, inp.profile, host.catalog)
+    engine: Engine = await host.engine(addr.model_id)
+    settings = resolve_settings(addr, engine.info.family, host.catalog)
+    raw = inp.prompt is not None
+    text = inp.prompt if inp.prompt is not None else render_chat(inp, settings, engine.template)
+    # A rendered chat template carries its own BOS; a raw completion prompt gets the tokenizer's.
+    ids = await _encode(engine.tokenizer, text, raw)
+    if not ids:
+        raise InvalidRequest("the prompt is empty", param="prompt" if raw else "messages")
+    max_tokens = fit_context(len(ids), inp.max_tokens, settings.max_tokens, engine.info.context_length,
+                             addr.model_id)
+    thinking = thinking_control(inp, text)
+    opened = thinking is not None and text.rstrip().endswith(thinking.open_tag)
+    request = GenerationRequest(
+        request_id=request_id, prompt_tokens=ids, max_tokens=max_tokens,
+        sampling=build_sampling(settings, inp, engine.tokenizer.vocab_size), stop=inp.stop,
+        logprobs=inp.logprobs, top_logprobs=min(inp.top_logprobs, host.env.top_logprobs_k),
+        thinking=thinking, starts_in_thinking=opened,
+    )
+    handle = engine.submit(request)
+    return Started(handle, addr.model_id, settings.profile, len(ids), max_tokens, engine.tokenizer)
+
+
+def thinking_control(inp: GenerationInput, text: str) -> ThinkingControl | None:
+    """A budget, or a prompt that already opened a thinking block, makes the engine track thinking."""
+    control = ThinkingControl(budget=inp.thinking_budget)
+    if inp.thinking_budget is not None or (inp.prompt is None and text.rstrip().endswith(control.open_tag)):
+        return control
+    return None

@@ -1,0 +1,80 @@
+"""A real `gmlx serve` process on a free loopback port, for end-to-end tests over real HTTP."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class LiveServer:
+    base_url: str  # http://127.0.0.1:PORT
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def v1(self) -> str:
+        return self.base_url + "/v1"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@contextmanager
+def gmlx_serve(args: Sequence[str], log_dir: Path, env: dict[str, str] | None = None,
+               timeout_s: float = 180.0) -> Iterator[LiveServer]:
+    """Start `gmlx serve ARGS --port P`, wait for /health, yield, then stop it (SIGINT, then kill)."""
+    port = free_port()
+    log_path = log_dir / f"gmlx-serve-{port}.log"
+    full_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "gmlx_server.cli", "serve", *args, "--host", "127.0.0.1", "--port", str(port)]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT)
+    server = LiveServer(f"http://127.0.0.1:{port}", proc, log_path)
+    try:
+        _wait_healthy(server, timeout_s)
+        yield server
+    finally:
+        _stop(proc)
+
+
+def _wait_healthy(server: LiveServer, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"gmlx serve exited with {server.proc.returncode}:\n{server.log()[-4000:]}")
+        try:
+            if httpx.get(server.base_url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"gmlx serve not healthy after {timeout_s} s:\n{server.log()[-4000:]}")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)

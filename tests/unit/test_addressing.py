@@ -1,0 +1,92 @@
+"""Model addressing (spec: "Addressing a model in a request"), with hypothesis properties."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from gmlx_server.config import BUILTIN_INTENTS, Profile
+from gmlx_server.errors import InvalidRequest, ModelNotFound, UnknownProfile
+from gmlx_server.service.addressing import Address, Catalog, resolve_address, resolve_settings
+from gmlx_server.service.intents import SAMPLING_TABLE, table_family
+
+names = st.text(st.characters(min_codepoint=33, max_codepoint=126), min_size=1, max_size=12)
+USER = {"qwen-coder": Profile("qwen-coder", intent="coding", sampling={"temperature": 0.25}, max_tokens=99)}
+
+
+def cat(ids: tuple[str, ...] = ("m",), **kw: object) -> Catalog:
+    return Catalog(model_ids=ids, profiles=kw.pop("profiles", USER), **kw)  # type: ignore[arg-type]
+
+
+@given(mid=names, prof=st.sampled_from([*BUILTIN_INTENTS, *USER]))
+def test_id_at_known_profile_splits_on_the_last_at(mid: str, prof: str) -> None:
+    assume(not mid.endswith("@" + prof))
+    c = cat((mid,))
+    assert resolve_address(f"{mid}@{prof}", None, c) == Address(mid, prof)
+
+
+@given(mid=names, suffix=names)
+def test_an_id_containing_at_stays_intact(mid: str, suffix: str) -> None:
+    whole = f"{mid}@{suffix}"
+    c = cat((whole,))
+    assert resolve_address(whole, None, c) == Address(whole)  # even when the suffix names a profile
+
+
+@given(mid=names, suffix=names)
+def test_unknown_suffix_means_the_whole_string_is_the_id(mid: str, suffix: str) -> None:
+    assume(suffix not in BUILTIN_INTENTS and suffix not in USER and "@" not in suffix)
+    c = cat((mid,))
+    with pytest.raises(ModelNotFound) as e:
+        resolve_address(f"{mid}@{suffix}", None, c)
+    assert e.value.extra["available_models"] == [mid] and e.value.status == 404
+
+
+@given(alias=names, prof=st.sampled_from([None, *BUILTIN_INTENTS, *USER]))
+def test_aliases_to_ids_and_profiles(alias: str, prof: str | None) -> None:
+    assume(alias != "m" and "@" not in alias)
+    target = "m" if prof is None else f"m@{prof}"
+    c = cat(("m",), aliases={alias: target})
+    assert resolve_address(alias, None, c) == Address("m", prof, alias)
+    # the profile field beats the alias's profile; a suffix on the alias does too
+    assert resolve_address(alias, "precise", c).profile == "precise"
+    assert resolve_address(f"{alias}@creative", None, c).profile == "creative"
+
+
+@given(ids=st.lists(names, min_size=1, max_size=4, unique=True), default=st.booleans())
+def test_empty_model(ids: list[str], default: bool) -> None:
+    c = cat(tuple(ids), default_model=ids[-1] if default else None)
+    if default or len(ids) == 1:
+        assert resolve_address("", None, c).model_id == ids[-1]
+        assert resolve_address(None, None, c).model_id == ids[-1]
+    else:
+        with pytest.raises(InvalidRequest):
+            resolve_address("", None, c)
+
+
+@given(prof=names)
+def test_unknown_profile_field_lists_valid_ones(prof: str) -> None:
+    assume(prof not in BUILTIN_INTENTS and prof not in USER)
+    with pytest.raises(UnknownProfile) as e:
+        resolve_address("m", prof, cat())
+    assert e.value.extra["valid_profiles"] == sorted([*BUILTIN_INTENTS, *USER])
+
+
+def test_at_profile_alone_addresses_the_default() -> None:
+    assert resolve_address("@coding", None, cat(("a",))) == Address("a", "coding")
+
+
+def test_settings_layering() -> None:
+    c = cat(("m",), model_profiles={"m": "creative"})
+    assert resolve_settings(Address("m"), "qwen3", c).sampling == dict(
+        SAMPLING_TABLE["qwen"]["base"], **SAMPLING_TABLE["qwen"]["creative"])
+    s = resolve_settings(Address("m", "qwen-coder"), "qwen3", c)  # inline profile overrides model.profile
+    assert s.sampling["temperature"] == 0.25 and s.sampling["top_k"] == 20 and s.max_tokens == 99
+    assert resolve_settings(Address("m"), "llama", cat()).sampling == SAMPLING_TABLE["llama"]["base"]
+
+
+@pytest.mark.parametrize("family, row", [("qwen2", "qwen"), ("gemma3_text", "gemma"), ("llama", "llama"),
+                                         ("mistral3", "mistral"), ("phi3", "default")])
+def test_family_rows(family: str, row: str) -> None:
+    assert table_family(family) == row
+    assert set(SAMPLING_TABLE[row]) == {"base", *BUILTIN_INTENTS}

