@@ -1,0 +1,102 @@
+"""Server overhead: decode tok/s through HTTP streaming beside the engine alone, and /health latency under load.
+
+    .venv/bin/python bench/serve.py [--gen 128] [--runs 3]
+
+1. The engine alone (in this process) decodes the chat prompt greedily: decode tok/s (median of runs).
+2. A real `gmlx serve` streams the same request over HTTP; decode tok/s is measured at the client from
+   the first to the last content chunk. The ratio is the HTTP path's cost.
+3. While a stream decodes, /health is polled every 20 ms: p50/p99 latency (it must never wait on the engine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import httpx
+
+import gmlx_server.engine  # noqa: F401  (OpenBLAS before mlx)
+from gmlx_server.engine.loader import load_gguf_model
+from gmlx_server.engine.mlx_engine import MLXEngine
+from gmlx_server.engine.types import GenerationRequest, SamplingParams, TokenEvent
+from tests.conftest import smollm2_path
+from tests.e2e.server import gmlx_serve
+
+MESSAGES = [{"role": "user", "content": "Write a long story about a lighthouse keeper and the sea."}]
+
+
+def engine_decode(gen: int, runs: int) -> tuple[float, list[int]]:
+    engine = MLXEngine(lambda: load_gguf_model(smollm2_path(), "smollm2"))
+    try:
+        text = engine.template.render(MESSAGES, add_generation_prompt=True)
+        ids = engine.tokenizer.encode(text, add_special_tokens=False)
+        bias = {t: -1e9 for t in engine.tokenizer.eos_ids}  # decode exactly `gen` tokens
+        rates = []
+        for i in range(runs + 1):
+            final: list[TokenEvent] = []
+            req = GenerationRequest(f"e{i}", ids, gen, SamplingParams(temperature=0.0, logit_bias=bias))
+            engine.generate_sync(req, lambda ev, out=final: out.append(ev) if ev.finish_reason else None)  # type: ignore[misc]
+            if i and final[0].timings:  # the first run warms up
+                rates.append(final[0].timings.decode_tok_s)
+        return statistics.median(rates), sorted(engine.tokenizer.eos_ids)
+    finally:
+        engine.close()
+
+
+def http_decode(base: str, gen: int, eos_ids: list[int]) -> float:
+    body = {"model": "smollm2", "messages": MESSAGES, "max_tokens": gen, "temperature": 0, "stream": True,
+            "logit_bias": {str(t): -100 for t in eos_ids}, "timings_per_token": True}
+    stamps: list[float] = []
+    with httpx.stream("POST", base + "/v1/chat/completions", json=body, timeout=600) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                chunk = json.loads(line[6:])
+                if chunk.get("choices") and chunk["choices"][0]["delta"].get("content") is not None:
+                    stamps.append(time.perf_counter())
+    n = len(stamps)
+    return (n - 1) / (stamps[-1] - stamps[0]) if n > 1 else 0.0
+
+
+def health_latency(base: str, stop: threading.Event, out: list[float]) -> None:
+    with httpx.Client(timeout=10) as c:
+        while not stop.is_set():
+            t = time.perf_counter()
+            c.get(base + "/health")
+            out.append(time.perf_counter() - t)
+            time.sleep(0.02)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gen", type=int, default=128)
+    ap.add_argument("--runs", type=int, default=3)
+    args = ap.parse_args()
+    eng, eos = engine_decode(args.gen, args.runs)
+    print(f"engine alone      decode {eng:6.1f} tok/s  (median of {args.runs}, {args.gen} tokens)")
+    with tempfile.TemporaryDirectory() as d, gmlx_serve([], Path(d)) as server:
+        http_decode(server.base_url, 8, eos)  # load + warm up
+        rates, lat = [], []
+        for _ in range(args.runs):
+            stop = threading.Event()
+            poller = threading.Thread(target=health_latency, args=(server.base_url, stop, lat))
+            poller.start()
+            rates.append(http_decode(server.base_url, args.gen, eos))
+            stop.set()
+            poller.join()
+    http = statistics.median(rates)
+    q = statistics.quantiles(lat, n=100)
+    print(f"HTTP streaming    decode {http:6.1f} tok/s  -> HTTP/engine {http / eng:.3f} "
+          f"(HTTP path costs {100 * (1 - http / eng):+.1f}%)")
+    print(f"/health during decode: p50 {q[49] * 1000:.1f} ms  p99 {q[98] * 1000:.1f} ms  ({len(lat)} probes)")
+
+
+if __name__ == "__main__":
+    main()
