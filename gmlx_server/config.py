@@ -6,6 +6,7 @@ Precedence for host, port, api_key and decode width: CLI flag > environment > YA
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import re
@@ -416,6 +417,8 @@ def load_config(
         idle_timeout_s=s.idle_timeout_s, decode_batch=env.decode_batch or s.decode_batch,
         memory_budget=s.memory_budget,
     )
+    # Engines see only RuntimeEnv: give them the effective width (env > YAML > default).
+    env = dataclasses.replace(env, decode_batch=merged.decode_batch)
     return ServerConfig(merged, cfg.models, cfg.profiles, cfg.aliases, cfg.services, env, cfg.source)
 
 

@@ -142,7 +142,7 @@ _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 class JinjaChatTemplate:
     """A compiled chat template; satisfies `types.ChatTemplate`."""
 
-    def __init__(self, source_text: str, source: str, bos_token: str = "", eos_token: str = "") -> None:
+    def __init__(self, source_text: str, source: str, special_tokens: Mapping[str, str] | None = None) -> None:
         env = _environment()
         try:
             self._template = env.from_string(source_text)
@@ -152,22 +152,26 @@ class JinjaChatTemplate:
         self.text = source_text
         self.source = source
         self.variables = frozenset(variables)
-        self.bos_token = bos_token
-        self.eos_token = eos_token
+        # bos_token/eos_token (and unk/pad where the GGUF names them), as transformers passes its special tokens.
+        self.special_tokens = {"bos_token": "", "eos_token": "", **(special_tokens or {})}
 
     @classmethod
     def from_metadata(
         cls, metadata: Mapping[str, Any], family: str, override: str | None = None
     ) -> JinjaChatTemplate:
-        bos, eos = _token_text(metadata, "bos"), _token_text(metadata, "eos")
+        special = _special_tokens(metadata)
         if override:
-            return cls(_read_override(override), "config", bos, eos)
+            return cls(_read_override(override), "config", special)
         gguf = metadata.get("tokenizer.chat_template")
-        if isinstance(gguf, str) and gguf.strip():
-            return cls(gguf, "gguf", bos, eos)
         name = fallback_family(family, metadata.get("tokenizer.ggml.tokens") or ())
-        log.info("chat template: the GGUF has none; using the built-in %r template (family %r)", name, family)
-        return cls(FAMILY_TEMPLATES[name], f"family:{name}", bos, eos)
+        if isinstance(gguf, str) and gguf.strip():
+            try:
+                return cls(gguf, "gguf", special)
+            except TemplateError as e:  # a broken GGUF template should not keep the model from loading
+                log.warning("%s; using the built-in %r template instead", e, name)
+        else:
+            log.info("chat template: the GGUF has none; using the built-in %r template (family %r)", name, family)
+        return cls(FAMILY_TEMPLATES[name], f"family:{name}", special)
 
     def render(
         self,
@@ -176,8 +180,7 @@ class JinjaChatTemplate:
         add_generation_prompt: bool = True,
         **variables: object,
     ) -> str:
-        context: dict[str, Any] = {"bos_token": self.bos_token, "eos_token": self.eos_token}
-        context["documents"] = None
+        context: dict[str, Any] = {**self.special_tokens, "documents": None}
         context.update(_plain(dict(variables)))
         context.update(
             messages=[_message(m) for m in messages],
@@ -207,10 +210,14 @@ def fallback_family(family: str, tokens: Sequence[str]) -> str:
     return "gemma" if "<start_of_turn>" in vocab else "chatml"
 
 
-def _token_text(metadata: Mapping[str, Any], name: str) -> str:
+def _special_tokens(metadata: Mapping[str, Any]) -> dict[str, str]:
     tokens = metadata.get("tokenizer.ggml.tokens") or ()
-    index = metadata.get(f"tokenizer.ggml.{name}_token_id")
-    return str(tokens[index]) if isinstance(index, int) and 0 <= index < len(tokens) else ""
+    found = {}
+    for name, key in (("bos", "bos"), ("eos", "eos"), ("unk", "unknown"), ("pad", "padding")):
+        index = metadata.get(f"tokenizer.ggml.{key}_token_id")
+        if isinstance(index, int) and 0 <= index < len(tokens):
+            found[f"{name}_token"] = str(tokens[index])
+    return found
 
 
 def _read_override(override: str) -> str:

@@ -31,11 +31,9 @@ class IncrementalDetokenizer:
         self._strip_pending = tokenizer.strip_leading_space
         self._parts: list[str] = []
         self._text: str | None = ""
-        self.token_count = 0
 
     def add(self, token_id: int) -> str:
         """The text this token completes ('' while a multi-byte character is still partial)."""
-        self.token_count += 1
         if token_id in self._skip:
             return ""
         return self._emit(self._decoder.decode(self._tokenizer.token_bytes(token_id)))

@@ -16,6 +16,4 @@ def create_engine(entry: ModelEntry, env: RuntimeEnv) -> MLXEngine:
         return load_gguf_model(entry.path, model_id=entry.id, layout=entry.weights,
                                max_kv_size=entry.max_kv_size, chat_template=entry.chat_template)
 
-    # The engine runs one stream at a time until continuous batching lands (issue 6); it reports width 1
-    # so /health?ready=1 and the queue figures stay true.
-    return MLXEngine(load, decode_batch=1)
+    return MLXEngine(load, decode_batch=env.decode_batch or 1)

@@ -12,21 +12,13 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from gmlx_server.engine.generate import Progress, Runner
+from gmlx_server.engine.scheduler import Job as _Job
+from gmlx_server.engine.scheduler import Scheduler
 from gmlx_server.engine.types import EngineStats, GenerationRequest, RequestRow, TokenEvent
 
 log = logging.getLogger("gmlx.engine")
-
-
-@dataclass
-class _Job:
-    request: GenerationRequest
-    emit: Callable[[TokenEvent], None]
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    progress: Progress = field(default_factory=Progress)
 
 
 class Handle:
@@ -55,14 +47,13 @@ class Handle:
 
 
 class MLXEngine:
-    """Runs one model's requests on its own thread. Batch width 1 for now; continuous batching plugs in here."""
+    """Runs one model's requests on its own thread, decoding up to `decode_batch` of them together."""
 
     def __init__(self, loader: Callable[[], Any], decode_batch: int = 1) -> None:
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
-        self._active: dict[str, _Job] = {}
-        self._waiting: dict[str, _Job] = {}
+        self._live: dict[str, _Job] = {}
         self._lock = threading.Lock()
-        self._decode_batch = decode_batch
+        self._decode_batch = max(1, decode_batch)
         self._ready = threading.Event()
         self._load_error: BaseException | None = None
         self._thread = threading.Thread(target=self._main, args=(loader,), name="gmlx-engine", daemon=True)
@@ -76,31 +67,17 @@ class MLXEngine:
     def _main(self, loader: Callable[[], Any]) -> None:
         try:
             self._loaded = loader()  # the load itself runs on this thread: its arrays live on this stream
-            self._runner = Runner(self._loaded.model, self._loaded.tokenizer)
         except BaseException as e:  # surfaced to the constructor's caller
             self._load_error = e
             self._ready.set()
             return
         self._ready.set()
-        while (job := self._jobs.get()) is not None:
-            self._run(job)
+        Scheduler(self._loaded.model, self._loaded.tokenizer, self._decode_batch, self._jobs,
+                  self._forget).run()
 
-    def _run(self, job: _Job) -> None:
-        rid = job.request.request_id
+    def _forget(self, job: _Job) -> None:
         with self._lock:
-            self._waiting.pop(rid, None)
-            self._active[rid] = job
-        try:
-            if job.cancelled.is_set():
-                job.emit(TokenEvent("", None, finish_reason="cancelled"))
-            else:
-                self._runner.run(job.request, job.emit, job.cancelled.is_set, job.progress)
-        except Exception as e:  # one request's failure must not take the engine down
-            log.exception("request %s failed", rid)
-            job.emit(TokenEvent("", None, finish_reason="error", error=f"{type(e).__name__}: {e}"))
-        finally:
-            with self._lock:
-                self._active.pop(rid, None)
+            self._live.pop(job.request.request_id, None)
 
     def submit(self, request: GenerationRequest) -> Handle:
         loop = asyncio.get_running_loop()
@@ -112,7 +89,7 @@ class MLXEngine:
 
         job = _Job(request, emit, cancelled)
         with self._lock:
-            self._waiting[request.request_id] = job
+            self._live[request.request_id] = job
         self._jobs.put(job)
         return handle
 
@@ -126,7 +103,7 @@ class MLXEngine:
                 done.set()
 
         with self._lock:
-            self._waiting[request.request_id] = (job := _Job(request, emit))
+            self._live[request.request_id] = (job := _Job(request, emit))
         self._jobs.put(job)
         try:
             while not done.wait(0.1):
@@ -138,13 +115,16 @@ class MLXEngine:
     def stats(self) -> EngineStats:
         now = time.perf_counter()
         with self._lock:
-            jobs = list(self._waiting.values()) + list(self._active.values())
+            jobs = list(self._live.values())
         rows = tuple(_row(j, now) for j in jobs)
-        return EngineStats(self._decode_batch, len(self._active), len(self._waiting), rows)
+        queued = sum(1 for r in rows if r.state == "queued")
+        # Queued rows first, as the metrics snapshot lists them.
+        rows = tuple(sorted(rows, key=lambda r: r.state != "queued"))
+        return EngineStats(self._decode_batch, len(rows) - queued, queued, rows)
 
     def close(self) -> None:
         with self._lock:
-            for job in list(self._waiting.values()) + list(self._active.values()):
+            for job in self._live.values():
                 job.cancelled.set()
         self._jobs.put(None)
         self._thread.join(timeout=30)

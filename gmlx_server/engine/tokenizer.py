@@ -63,6 +63,7 @@ _GPT2_PRES = frozenset({"gpt2", "gpt-2", "default", "mpt", "olmo", "jais", "tril
 _EOG_NAMES = ("<end_of_turn>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<|return|>", "<|call|>")
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 _HASH_MUL = 0x100000001B3  # odd, so it is invertible mod 2**64 (suffix hashes need the inverse)
+_SLOT_MUL = 0x9E3779B97F4A7C15
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -103,8 +104,9 @@ class _Vocab:
         if spelled:
             vocab = dict(vocab)
             for i, text in spelled.items():
-                del vocab[self.tokens[i]]
-                vocab[text] = i
+                if vocab.get(self.tokens[i]) == i:
+                    del vocab[self.tokens[i]]
+                vocab.setdefault(text, i)  # a normal token already spelled so keeps its id: the merges make it
         return vocab
 
 
@@ -327,13 +329,21 @@ def derive_merges(
     right = index.find(target, cut, lens[target])
     found = right >= 0
     target, cut, left, right = target[found], cut[found], left[found], right[found]
-    rank = np.lexsort((target, -cut, -score[target]))
+    # transformers' order as one int key: best score, longer left, longer right; ties stay in id order.
+    _, score_rank = np.unique(-score, return_inverse=True)
+    width = int(lens.max()) + 1
+    key = (score_rank[target] * width + width - cut) * width + width - (lens[target] - cut)
+    rank = np.argsort(key, kind="stable")
     pick = spelled.__getitem__
     return list(zip(map(pick, left[rank].tolist()), map(pick, right[rank].tolist()), strict=True))
 
 
 class _SubstringIndex:
-    """Looks up `token[start:stop]` among a set of tokens by hash, for many tokens at once."""
+    """Looks up `token[start:stop]` among a set of tokens by hash, for many tokens at once.
+
+    Substring hashes come from prefix sums over one UTF-32 buffer; members sit in an
+    open-addressing table (linear probing), probed for all queries together.
+    """
 
     def __init__(self, spelled: Sequence[str], lens: NDArray[np.int64], members: NDArray[np.int64]) -> None:
         codes = np.frombuffer("".join(spelled).encode("utf-32-le"), dtype=np.uint32)
@@ -349,13 +359,33 @@ class _SubstringIndex:
             np.cumprod(inverse, out=inverse)
             np.cumsum(codes.astype(np.uint64) * powers[:-1], out=self.prefix[1:])
         self.inverse = inverse
-        full = self._hash(self.offsets[members], self.offsets[members + 1])
-        order = np.argsort(full)
-        self.members, self.table = members[order], full[order]
+        self.bits = max(int(members.size).bit_length() + 1, 4)  # load factor <= 1/2
+        self.keys = np.zeros(1 << self.bits, dtype=np.uint64)
+        self.ids = np.full(1 << self.bits, -1, dtype=np.int64)
+        self._insert(self._hash(self.offsets[members], self.offsets[members + 1]), members)
 
     def _hash(self, a: NDArray[np.int64], b: NDArray[np.int64]) -> NDArray[np.uint64]:
         with np.errstate(over="ignore"):
             return (self.prefix[b] - self.prefix[a]) * self.inverse[a]
+
+    def _slot(self, hashes: NDArray[np.uint64]) -> NDArray[np.int64]:
+        # Fibonacci hashing: short strings have small hashes, so mix before taking the top bits.
+        with np.errstate(over="ignore"):
+            return ((hashes * np.uint64(_SLOT_MUL)) >> np.uint64(64 - self.bits)).astype(np.int64)
+
+    def _insert(self, hashes: NDArray[np.uint64], members: NDArray[np.int64]) -> None:
+        mask = self.ids.size - 1
+        slot, todo = self._slot(hashes), np.arange(members.size)
+        while todo.size:
+            s = slot[todo]
+            free = self.ids[s] < 0
+            taken, first = np.unique(s[free], return_index=True)  # one winner per free slot
+            won = todo[free][first]
+            self.keys[taken], self.ids[taken] = hashes[won], members[won]
+            placed = np.zeros(members.size, dtype=bool)
+            placed[won] = True
+            todo = todo[~placed[todo]]
+            slot[todo] = (slot[todo] + 1) & mask
 
     def find(
         self, tokens: NDArray[np.int64], start: int | NDArray[np.int64], stop: NDArray[np.int64]
@@ -363,9 +393,16 @@ class _SubstringIndex:
         """Member id equal to each `tokens[k][start:stop]`, or -1 (equal lengths too: collision guard)."""
         base = self.offsets[tokens]
         hashes = self._hash(base + start, base + stop)
-        if self.table.size == 0:
-            return np.full(hashes.shape, -1, dtype=np.int64)
-        pos = np.minimum(np.searchsorted(self.table, hashes), self.table.size - 1)
-        ids = self.members[pos]
-        ok = (self.table[pos] == hashes) & (self.lens[ids] == stop - start)
-        return np.where(ok, ids, -1)
+        found = np.full(hashes.size, -1, dtype=np.int64)
+        mask = self.ids.size - 1
+        slot, todo = self._slot(hashes), np.arange(hashes.size)
+        while todo.size:
+            s = slot[todo]
+            ids = self.ids[s]
+            hit = (ids >= 0) & (self.keys[s] == hashes[todo])
+            found[todo[hit]] = ids[hit]
+            more = (ids >= 0) & ~hit
+            todo = todo[more]
+            slot[todo] = (s[more] + 1) & mask
+        ok = (found >= 0) & (self.lens[np.maximum(found, 0)] == stop - start)
+        return np.where(ok, found, -1)

@@ -183,3 +183,18 @@ def test_add_generation_prompt_and_bos_eos_defaults(gemma_meta: dict[str, Any]) 
     tpl = JinjaChatTemplate.from_metadata(gemma_meta, "gemma", source)
     assert tpl.render([]) == "<bos><eos>True"
     assert tpl.render([], add_generation_prompt=False, bos_token="") == "<eos>False"
+
+
+def test_unk_and_pad_tokens_are_available(gemma_meta: dict[str, Any]) -> None:
+    tpl = JinjaChatTemplate.from_metadata(gemma_meta, "gemma", "{{ unk_token }}{{ pad_token }}")
+    assert tpl.render([]) == "<unk><pad>"
+
+
+def test_broken_gguf_template_falls_back(caplog: pytest.LogCaptureFixture) -> None:
+    meta = {"tokenizer.chat_template": "{% if %}", "tokenizer.ggml.tokens": ["<|im_start|>"]}
+    with caplog.at_level(logging.WARNING, logger="gmlx.engine"):
+        tpl = JinjaChatTemplate.from_metadata(meta, "qwen2")
+    assert tpl.source == "family:chatml"
+    assert any("does not compile" in r.getMessage() for r in caplog.records)
+    with pytest.raises(TemplateError):  # an explicit override that is broken is an error, not a fallback
+        JinjaChatTemplate.from_metadata(meta, "qwen2", "{% if %}")

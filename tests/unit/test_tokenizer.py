@@ -14,13 +14,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from gmlx_plan.gguf_header import read_header
 from gmlx_server.engine.detokenizer import IncrementalDetokenizer
-from gmlx_server.engine.tokenizer import GGUFTokenizer, bytes_to_unicode
+from gmlx_server.engine.tokenizer import GGUFTokenizer, bytes_to_unicode, derive_merges
 
 ROUND_TRIP = [
     "Hello world!",
@@ -136,11 +137,16 @@ def test_round_trip(tok: GGUFTokenizer, text: str) -> None:
 
 
 def _representable(tok: GGUFTokenizer, text: str) -> bool:
-    """SmolLM2's byte alphabet lacks a few bytes (0xF1, ...); HF drops them, so skip such text."""
+    """Text the vocabulary can spell: SentencePiece reads a literal '▁' as a space, and SmolLM2's
+    byte alphabet lacks a few bytes (0xF1, ...) that HF then drops."""
     if not tok.byte_level:
-        return True
+        return "▁" not in text
     spell = bytes_to_unicode()
     return all(tok.token_to_id(spell[b]) is not None for b in set(text.encode("utf-8")))
+
+
+def test_spm_reads_a_literal_metaspace_as_space(gemma: GGUFTokenizer) -> None:
+    assert gemma.decode(gemma.encode("a▁b", add_special_tokens=False)) == "a b"  # as llama.cpp and HF do
 
 
 def test_bytes_missing_from_the_vocabulary_are_dropped(smollm: GGUFTokenizer) -> None:
@@ -325,3 +331,28 @@ def test_detokenizer_matches_decode_on_any_ids(name: str, data: st.DataObject) -
     tok = _load(name)[1]
     ids = data.draw(st.lists(st.integers(0, tok.vocab_size - 1), max_size=20))
     assert "".join(_stream(tok, ids)) == tok.decode(ids)
+
+
+# ---------------------------------------------------------------- merge derivation
+
+
+def _generate_merges(tokens: Sequence[str], scores: Sequence[float]) -> list[tuple[str, str]]:
+    """transformers' `generate_merges(vocab, vocab_scores)`, transcribed (all tokens normal)."""
+    vocab = {t: i for i, t in enumerate(tokens)}
+    merges: list[tuple[str, str, float]] = []
+    for merge, score in zip(tokens, scores, strict=True):
+        splits = [(merge[:i], merge[i:]) for i in range(1, len(merge))]
+        local = [(a, b, score) for a, b in splits if a in vocab and b in vocab]
+        merges += sorted(local, key=lambda x: (vocab[x[0]], vocab[x[1]]))
+    merges.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
+    return [(a, b) for a, b, _ in merges]
+
+
+@_FAST
+@given(vocab=st.lists(st.text("ab▁c", min_size=1, max_size=5), min_size=1, max_size=40, unique=True),
+       data=st.data())
+def test_derive_merges_matches_transformers(vocab: list[str], data: st.DataObject) -> None:
+    scores = data.draw(st.lists(st.integers(-3, 0), min_size=len(vocab), max_size=len(vocab)))  # many ties
+    types = np.full(len(vocab), 1, dtype=np.int64)
+    got = derive_merges(vocab, types, np.asarray(scores, dtype=np.float64))
+    assert got == _generate_merges(vocab, [float(s) for s in scores])

@@ -1,0 +1,261 @@
+"""Grammar-constrained decoding with llguidance: `response_format` json_schema / json_object.
+
+Three pieces, each owned by its caller:
+- `compile_response_format` checks a request's format before generation (typed 400 on failure);
+- `GrammarTokenizerCache` builds llguidance's view of a model's vocabulary once per tokenizer;
+- `GrammarConstraint` is a per-request logits processor that masks every token the grammar forbids.
+
+mlx-vlm applies the llguidance mask with a Metal kernel, which fails on a CPU device ("No Metal
+back-end"); `apply_token_bitmask` does the same with portable MLX ops, and the Metal kernel is kept
+where Metal is the default device.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+import llguidance as llg
+import llguidance.numpy as llg_numpy
+import mlx.core as mx
+import numpy as np
+
+log = logging.getLogger("gmlx.engine")
+
+# One-line JSON with readable separators (as mlx-vlm does): no whitespace runs for a small model to loop in.
+_JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
+
+
+class StructuredOutputError(ValueError):
+    """A response_format that cannot be enforced (unknown type, malformed schema, speculative model)."""
+
+    def __init__(self, message: str, param: str = "response_format") -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class GrammarViolation(RuntimeError):
+    """The matcher rejected a token mid-generation (a bug or a processor that undid the mask)."""
+
+
+class ByteVocab(Protocol):
+    """What llguidance needs from a tokenizer; `GGUFTokenizer` satisfies it."""
+
+    vocab_size: int
+    bos_id: int | None
+    eos_ids: frozenset[int]
+    special_ids: frozenset[int]
+
+    def token_bytes(self, token_id: int) -> bytes: ...
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+
+@dataclass(frozen=True)
+class CompiledGrammar:
+    """A checked llguidance grammar; build one `GrammarConstraint` from it per request."""
+
+    kind: Literal["json_schema", "json_object"]
+    schema: Mapping[str, Any]
+    grammar: str  # llguidance's grammar text
+
+
+def compile_response_format(fmt: Mapping[str, Any]) -> CompiledGrammar | None:
+    """Check an OpenAI `response_format` (or Anthropic `output_config.format`); None means plain text.
+
+    Raises StructuredOutputError before any generation starts.
+    """
+    kind = fmt.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return CompiledGrammar("json_object", _OBJECT_SCHEMA, _grammar(_OBJECT_SCHEMA))
+    if kind == "json_schema":
+        schema = _schema_of(fmt)
+        return CompiledGrammar("json_schema", schema, _grammar(schema))
+    raise StructuredOutputError(
+        f"response_format type {kind!r} is not supported; use 'json_schema', 'json_object' or 'text'",
+        param="response_format.type",
+    )
+
+
+def _schema_of(fmt: Mapping[str, Any]) -> dict[str, Any]:
+    # OpenAI nests it under json_schema.schema; Anthropic's output_config.format has it at the top.
+    holder = fmt.get("json_schema", fmt)
+    schema = holder.get("schema") if isinstance(holder, Mapping) else None
+    if isinstance(schema, bool):
+        schema = {} if schema else {"not": {}}
+    if not isinstance(schema, dict):
+        raise StructuredOutputError("response_format json_schema needs an object at json_schema.schema",
+                                    param="response_format.json_schema.schema")
+    _check_draft(schema)
+    return schema
+
+
+def _check_draft(schema: dict[str, Any]) -> None:
+    """The JSON Schema meta-schema check (jsonschema is optional: llguidance's own check still runs)."""
+    try:
+        from jsonschema import exceptions, validators
+    except ImportError:
+        return
+    try:
+        validators.validator_for(schema).check_schema(schema)
+    except exceptions.SchemaError as e:
+        raise StructuredOutputError(f"malformed JSON schema: {e.message}",
+                                    param="response_format.json_schema.schema") from e
+
+
+def _grammar(schema: Mapping[str, Any]) -> str:
+    try:
+        grammar = llg.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=_JSON_OPTIONS)  # type: ignore[arg-type]
+    except ValueError as e:
+        raise StructuredOutputError(f"malformed JSON schema: {e}") from e
+    failed, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar)
+    if failed:
+        raise StructuredOutputError(f"JSON schema cannot be enforced: {_first_line(messages[0])}",
+                                    param="response_format.json_schema.schema")
+    return grammar
+
+
+def ensure_constrainable(*, drafts: bool) -> None:
+    """A speculative engine verifies drafted tokens in bulk, which a per-token mask cannot follow."""
+    if drafts:
+        raise StructuredOutputError("response_format needs request-level logits processors, "
+                                    "which a model with a speculative drafter cannot take")
+
+
+class _VocabView:
+    """The duck-typed tokenizer `llguidance.TokenizerWrapper` reads (tokens as bytes, an encode callback)."""
+
+    def __init__(self, tokenizer: ByteVocab, n_vocab: int) -> None:
+        self._tokenizer = tokenizer
+        eos = sorted(tokenizer.eos_ids)
+        self.eos_token_id = eos[0] if eos else None
+        self.bos_token_id = tokenizer.bos_id
+        # Ids past the tokenizer (padded embedding rows) get no bytes: llguidance never allows them.
+        self.tokens = [tokenizer.token_bytes(i) for i in range(n_vocab)]
+        self.special_token_ids = sorted(tokenizer.special_ids)
+
+    def __call__(self, text: bytes | str) -> list[int]:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", errors="replace")
+        return self._tokenizer.encode(text, add_special_tokens=False)
+
+
+def build_llg_tokenizer(tokenizer: ByteVocab, n_vocab: int | None = None) -> llg.LLTokenizer:
+    """llguidance's tokenizer for a model whose logits have `n_vocab` columns (default: the vocabulary)."""
+    n = max(n_vocab or 0, tokenizer.vocab_size)
+    start = time.perf_counter()
+    view = _VocabView(tokenizer, n)
+    built = llg.LLTokenizer(llg.TokenizerWrapper(view), n_vocab=n, eos_token=sorted(tokenizer.eos_ids) or None)
+    log.info("structured output: llguidance tokenizer built in %.2f s (%d tokens, eos %s)",
+             time.perf_counter() - start, n, sorted(tokenizer.eos_ids))
+    return built
+
+
+class GrammarTokenizerCache:
+    """llguidance tokenizers by tokenizer object (weakly) and logits width; one per engine is enough."""
+
+    def __init__(self) -> None:
+        self._built: weakref.WeakKeyDictionary[ByteVocab, dict[int, llg.LLTokenizer]] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def get(self, tokenizer: ByteVocab, n_vocab: int | None = None) -> llg.LLTokenizer:
+        key = max(n_vocab or 0, tokenizer.vocab_size)
+        with self._lock:  # a build takes ~0.5-1.5 s: two first requests must not both pay it
+            by_width = self._built.setdefault(tokenizer, {})
+            if key not in by_width:
+                by_width[key] = build_llg_tokenizer(tokenizer, key)
+            return by_width[key]
+
+
+def apply_token_bitmask(logits: mx.array, bitmask: mx.array) -> mx.array:
+    """Portable: keep logits whose bit is set in llguidance's packed mask, -inf elsewhere.
+
+    logits (B, V) float; bitmask (B, W) int32, bit j of word w is token 32*w + j. Tokens past 32*W are masked.
+    """
+    vocab, words = logits.shape[-1], bitmask.shape[-1]
+    ids = mx.arange(vocab, dtype=mx.uint32)
+    word = ids >> 5
+    gathered = mx.take(bitmask.view(mx.uint32), mx.minimum(word, words - 1).astype(mx.int32), axis=-1)
+    allowed = (((gathered >> (ids & 31)) & 1) == 1) & (word < words)
+    return mx.where(allowed, logits, mx.array(-mx.inf, dtype=logits.dtype))
+
+
+def metal_mask_available() -> bool:
+    """Metal is the default device (Apple Silicon): mlx-vlm's kernel applies the mask there."""
+    return bool(mx.default_device() == mx.gpu and mx.metal.is_available())
+
+
+def _metal_apply(logits: mx.array, bitmask: mx.array) -> mx.array:
+    from mlx_vlm.structured import _apply_llguidance_mask  # imported here: it builds a Metal kernel
+
+    out: mx.array = _apply_llguidance_mask(logits, bitmask)
+    return out
+
+
+class GrammarConstraint:
+    """Per-request llguidance matcher as a logits processor: `processor(history, logits) -> logits`.
+
+    Each call after the first advances the matcher with history[-1] (the token sampled last), unless
+    `consume` already did; then it masks the logits. Once `is_finished`, only EOS stays allowed.
+    """
+
+    def __init__(self, compiled: CompiledGrammar, tokenizer: llg.LLTokenizer, *, metal: bool | None = None) -> None:
+        self.compiled = compiled
+        self._matcher = llg.LLMatcher(tokenizer, compiled.grammar, log_level=0)
+        if self._matcher.is_error():
+            raise StructuredOutputError(f"JSON schema cannot be enforced: {self.error}")
+        self._mask = llg_numpy.allocate_token_bitmask(1, tokenizer.vocab_size)
+        self._apply = _metal_apply if (metal_mask_available() if metal is None else metal) else apply_token_bitmask
+        self._started = False
+        self._advanced = False
+
+    @property
+    def is_finished(self) -> bool:
+        """The grammar is complete: nothing but EOS may follow (the engine can stop now)."""
+        return bool(self._matcher.is_stopped())
+
+    @property
+    def is_accepting(self) -> bool:
+        """The output so far is a complete document (EOS is allowed), though it could go on."""
+        return bool(self._matcher.is_accepting())
+
+    @property
+    def error(self) -> str | None:
+        message = self._matcher.get_error()
+        return _first_line(message) if message else None
+
+    def consume(self, token_id: int) -> None:
+        """Advance with a sampled token (the engine may call this right after sampling, to test is_finished)."""
+        self._advanced = True
+        if not self._matcher.consume_token(token_id):
+            raise GrammarViolation(f"structured output: token {token_id} rejected: {self.error}")
+
+    def __call__(self, history: mx.array, logits: mx.array) -> mx.array:
+        if self._started and not self._advanced:
+            if history.size == 0:
+                raise GrammarViolation("structured output needs the token history (sampler needs_history)")
+            self.consume(int(history.reshape(-1)[-1].item()))
+        self._started, self._advanced = True, False
+        return self.mask(logits)
+
+    def mask(self, logits: mx.array) -> mx.array:
+        """Mask (V,) or (1, V) logits with the matcher's current allowed set."""
+        llg_numpy.fill_next_token_bitmask(self._matcher, self._mask, 0)
+        if self._matcher.is_error():
+            raise GrammarViolation(f"structured output: {self.error}")
+        flat = logits.ndim == 1
+        out = self._apply(logits[None] if flat else logits, mx.array(self._mask))
+        return out[0] if flat else out
+
+
+def _first_line(message: str) -> str:
+    return message.strip().splitlines()[0] if message.strip() else message
