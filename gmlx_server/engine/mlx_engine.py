@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from gmlx_server.engine.scheduler import Job as _Job
-from gmlx_server.engine.scheduler import Scheduler
+from gmlx_server.engine.scheduler import MemorySnapshot, Scheduler
 from gmlx_server.engine.types import EngineStats, GenerationRequest, RequestRow, TokenEvent
 
 log = logging.getLogger("gmlx.engine")
@@ -56,6 +56,7 @@ class MLXEngine:
         self._decode_batch = max(1, decode_batch)
         self._ready = threading.Event()
         self._load_error: BaseException | None = None
+        self.memory = MemorySnapshot()
         self._thread = threading.Thread(target=self._main, args=(loader,), name="gmlx-engine", daemon=True)
         self._thread.start()
         self._ready.wait()
@@ -73,7 +74,7 @@ class MLXEngine:
             return
         self._ready.set()
         Scheduler(self._loaded.model, self._loaded.tokenizer, self._decode_batch, self._jobs,
-                  self._forget).run()
+                  self._forget, self.memory).run()
 
     def _forget(self, job: _Job) -> None:
         with self._lock:
@@ -121,6 +122,15 @@ class MLXEngine:
         # Queued rows first, as the metrics snapshot lists them.
         rows = tuple(sorted(rows, key=lambda r: r.state != "queued"))
         return EngineStats(self._decode_batch, len(rows) - queued, queued, rows)
+
+    def shed(self, request_id: str, reason: str) -> bool:
+        """Ask the engine thread to end a decoding request with finish_reason "shed" (memory governor)."""
+        with self._lock:
+            job = self._live.get(request_id)
+        if job is None:
+            return False
+        job.shed_reason = reason
+        return True
 
     def close(self) -> None:
         with self._lock:

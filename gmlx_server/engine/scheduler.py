@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import mlx.core as mx
+
 from gmlx_server.engine.batch import BatchDecoder
 from gmlx_server.engine.generate import Progress, Sequence
 from gmlx_server.engine.types import GenerationRequest, TokenEvent
@@ -26,13 +28,23 @@ class Job:
     emit: Callable[[TokenEvent], None]
     cancelled: threading.Event = field(default_factory=threading.Event)
     progress: Progress = field(default_factory=Progress)
+    shed_reason: str | None = None  # set by another thread; the engine thread ends the request with "shed"
+
+
+@dataclass
+class MemorySnapshot:
+    """MLX allocator figures, refreshed by the engine thread (other threads must not call MLX)."""
+
+    active_bytes: int = 0
+    cache_bytes: int = 0
+    peak_bytes: int = 0
 
 
 class Scheduler:
     def __init__(self, model: Any, tokenizer: Any, width: int, inbox: queue.Queue[Job | None],
-                 forget: Callable[[Job], None]) -> None:
+                 forget: Callable[[Job], None], memory: MemorySnapshot) -> None:
         self.model, self.tokenizer, self.width = model, tokenizer, width
-        self.inbox, self.forget = inbox, forget
+        self.inbox, self.forget, self.memory = inbox, forget, memory
         self.waiting: deque[Job] = deque()
         self.prefilling: tuple[Job, Sequence] | None = None
         self.batch = BatchDecoder(model)
@@ -44,7 +56,13 @@ class Scheduler:
             self._start_prefill()
             self._prefill_chunk()
             self._decode_step()
+            self._measure()
         self._shutdown()
+
+    def _measure(self) -> None:
+        m = self.memory
+        m.active_bytes, m.cache_bytes, m.peak_bytes = (
+            mx.get_active_memory(), mx.get_cache_memory(), mx.get_peak_memory())
 
     def _admit(self) -> bool:
         """Move new jobs to `waiting`; block only when there is nothing else to do. False on shutdown."""
@@ -93,6 +111,10 @@ class Scheduler:
             return
         before = list(self.batch.rows)
         try:
+            for i, seq in reversed(list(enumerate(self.batch.rows))):
+                reason = self._jobs[id(seq)].shed_reason
+                if reason is not None:
+                    self.batch.shed(i, reason)
             self.batch.cancel_requested()
             if len(self.batch):
                 self.batch.step()
