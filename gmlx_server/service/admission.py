@@ -1,0 +1,58 @@
+"""Queue-cap admission: refuse with 503 + Retry-After (the drain estimate) when too many requests wait.
+
+The cap follows the decode width unless GMLX_QUEUE_DEPTH_CAP sets it. The drain estimate is what a
+load balancer or client waits before retrying: tokens still to generate over the recent decode rate.
+"""
+
+from __future__ import annotations
+
+import math
+
+from gmlx_server.config import RuntimeEnv
+from gmlx_server.engine.types import EngineStats
+from gmlx_server.errors import ServerOverloaded
+from gmlx_server.service.telemetry import ModelRates, Telemetry
+
+QUEUE_PER_SLOT = 2  # waiting requests allowed per decode slot when no cap is configured
+FALLBACK_DECODE_TOK_S = 5.0  # per stream, before any request has finished (CPU-class figure)
+FALLBACK_PREFILL_TOK_S = 100.0
+FALLBACK_OUTPUT_TOKENS = 256  # expected length of an uncapped answer before any has finished
+RETRY_MIN_S, RETRY_MAX_S = 2, 60
+
+
+def queue_cap(env: RuntimeEnv, stats: EngineStats) -> int:
+    return env.queue_depth_cap if env.queue_depth_cap is not None else QUEUE_PER_SLOT * stats.decode_batch
+
+
+def drain_eta_s(stats: EngineStats, rates: ModelRates | None) -> float:
+    """Seconds until the engine has worked off what is running and waiting now."""
+    per_stream = (rates.decode_tok_s_recent if rates else None) or FALLBACK_DECODE_TOK_S
+    prefill = (rates.prefill_tok_s_recent if rates else None) or FALLBACK_PREFILL_TOK_S
+    expected = (rates.mean_generated if rates else None) or FALLBACK_OUTPUT_TOKENS
+    tokens_left = sum(max(min(r.max_tokens, expected) - r.generated, 1.0) for r in stats.rows)
+    prompt_left = sum(r.prompt_tokens for r in stats.rows if r.state in ("queued", "prefill"))
+    width = max(1, min(stats.decode_batch, len(stats.rows)))
+    return tokens_left / (per_stream * width) + prompt_left / prefill
+
+
+def retry_after_s(eta_s: float) -> int:
+    return int(min(RETRY_MAX_S, max(RETRY_MIN_S, math.ceil(eta_s))))
+
+
+class Admission:
+    def __init__(self, env: RuntimeEnv, telemetry: Telemetry) -> None:
+        self.env, self.telemetry = env, telemetry
+
+    def eta_s(self, model_id: str, stats: EngineStats) -> float:
+        return drain_eta_s(stats, self.telemetry.models.get(model_id))
+
+    def admit(self, model_id: str, stats: EngineStats) -> None:
+        """Raise ServerOverloaded when the queue is at its cap; count the rejection."""
+        cap = queue_cap(self.env, stats)
+        if stats.waiting < cap:
+            return
+        retry = retry_after_s(self.eta_s(model_id, stats))
+        self.telemetry.record_reject("queue_full")
+        raise ServerOverloaded(
+            f"server overloaded: {stats.waiting} requests wait for model '{model_id}' (queue cap {cap}, "
+            f"{stats.in_flight}/{stats.decode_batch} decoding); retry after {retry} s", retry)

@@ -1,0 +1,132 @@
+"""Request telemetry: recent and lifetime rates per model, latency histograms, rejections and sheds.
+
+Fed by the generation service as requests finish; read by /v1/metrics (JSON and Prometheus) and by
+admission's drain estimate. Plain Python, updated on the event loop only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+from gmlx_server.engine.types import RequestHandle, TokenEvent
+
+RECENT = 8  # the spec's "recent" means: the last eight requests
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+@dataclass
+class Histogram:
+    buckets: tuple[float, ...] = LATENCY_BUCKETS
+    counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
+    total: float = 0.0
+    count: int = 0
+
+    def observe(self, value: float) -> None:
+        i = next((k for k, b in enumerate(self.buckets) if value <= b), len(self.buckets))
+        self.counts[i] += 1
+        self.total += value
+        self.count += 1
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        """(upper bound, cumulative count) pairs ending with +Inf, as Prometheus wants them."""
+        out, run = [], 0
+        for bound, n in zip((*self.buckets, float("inf")), self.counts, strict=True):
+            run += n
+            out.append((bound, run))
+        return out
+
+
+@dataclass
+class ModelRates:
+    recent_prefill: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))
+    recent_decode: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))
+    recent_generated: deque[int] = field(default_factory=lambda: deque(maxlen=RECENT))
+    decode_tokens: int = 0
+    decode_seconds: float = 0.0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    finished: Counter[str] = field(default_factory=Counter)
+
+    @staticmethod
+    def _mean(values: deque[float] | deque[int]) -> float | None:
+        return sum(values) / len(values) if values else None
+
+    @property
+    def prefill_tok_s_recent(self) -> float | None:
+        return self._mean(self.recent_prefill)
+
+    @property
+    def decode_tok_s_recent(self) -> float | None:
+        return self._mean(self.recent_decode)
+
+    @property
+    def decode_tok_s_lifetime(self) -> float | None:
+        return self.decode_tokens / self.decode_seconds if self.decode_seconds > 0 else None
+
+    @property
+    def mean_generated(self) -> float | None:
+        return self._mean(self.recent_generated)
+
+
+class Telemetry:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.models: dict[str, ModelRates] = {}
+        self.ttft = Histogram()
+        self.latency = Histogram()
+        self.rejections: Counter[str] = Counter()
+        self.last_reject_reason: str | None = None
+        self.sheds = 0
+
+    def model(self, model_id: str) -> ModelRates:
+        return self.models.setdefault(model_id, ModelRates())
+
+    def record_reject(self, reason: str) -> None:
+        self.rejections[reason] += 1
+        self.last_reject_reason = reason
+
+    def record_final(self, model_id: str, event: TokenEvent, started: float) -> None:
+        m = self.model(model_id)
+        m.finished[event.finish_reason or "unknown"] += 1
+        self.latency.observe(self.clock() - started)
+        if event.finish_reason == "shed":
+            self.sheds += 1
+        t = event.timings
+        if t is None:
+            return
+        m.prompt_tokens += t.prompt_tokens
+        m.generated_tokens += t.generated
+        if t.ttft_s is not None:
+            self.ttft.observe(t.ttft_s)
+        if t.prefill_s > 0:
+            m.recent_prefill.append(t.prefill_tok_s)
+        if t.generated > 1 and t.decode_s > 0:
+            m.recent_decode.append(t.decode_tok_s)
+            m.decode_tokens += t.generated - 1
+            m.decode_seconds += t.decode_s
+        m.recent_generated.append(t.generated)
+
+    def track(self, model_id: str, handle: RequestHandle) -> RequestHandle:
+        """Wrap a handle so its final event is recorded, whoever iterates it."""
+        return _Tracked(handle, lambda ev, t0: self.record_final(model_id, ev, t0), self.clock())
+
+
+class _Tracked:
+    def __init__(self, inner: RequestHandle, on_final: Callable[[TokenEvent, float], None], started: float) -> None:
+        self.request_id = inner.request_id
+        self._inner, self._on_final, self._started = inner, on_final, started
+
+    def cancel(self) -> None:
+        self._inner.cancel()
+
+    def __aiter__(self) -> AsyncIterator[TokenEvent]:
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[TokenEvent]:
+        async for ev in self._inner:
+            if ev.finish_reason is not None:
+                self._on_final(ev, self._started)
+            yield ev

@@ -1,0 +1,191 @@
+"""Admission, drain estimate, governor bands and shed, on a scripted slot engine (no MLX)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gmlx_server.config import RuntimeEnv
+from gmlx_server.engine.types import EngineStats, GenerationRequest, RequestRow, TokenEvent
+from gmlx_server.errors import ServerOverloaded
+from gmlx_server.service.admission import Admission, drain_eta_s, queue_cap, retry_after_s
+from gmlx_server.service.governor import Governor, band_for, largest_stream
+from gmlx_server.service.memory import MemoryReading
+from gmlx_server.service.telemetry import Telemetry
+
+
+class SlotHandle:
+    def __init__(self, rid: str) -> None:
+        self.request_id = rid
+        self.events: list[TokenEvent] = []
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def __aiter__(self) -> AsyncIterator[TokenEvent]:
+        async def gen() -> AsyncIterator[TokenEvent]:
+            for e in self.events:
+                yield e
+
+        return gen()
+
+
+class SlotEngine:
+    """Width slots; `step()` moves queued requests into free slots and advances each by one token."""
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+        self.queued: list[tuple[GenerationRequest, SlotHandle]] = []
+        self.running: dict[str, tuple[GenerationRequest, SlotHandle, int]] = {}
+        self.shed_reasons: dict[str, str] = {}
+
+    def submit(self, req: GenerationRequest) -> SlotHandle:
+        h = SlotHandle(req.request_id)
+        self.queued.append((req, h))
+        return h
+
+    def step(self) -> None:
+        for rid, (req, h, n) in list(self.running.items()):
+            if rid in self.shed_reasons:
+                self._end(rid, "shed")
+            elif h.cancelled:
+                self._end(rid, "cancelled")
+            elif n + 1 >= req.max_tokens:
+                self._end(rid, "length")
+            else:
+                self.running[rid] = (req, h, n + 1)
+        while self.queued and len(self.running) < self.width:
+            req, h = self.queued.pop(0)
+            self.running[req.request_id] = (req, h, 0)
+
+    def _end(self, rid: str, reason: str) -> None:
+        _, h, n = self.running.pop(rid)
+        h.events.append(TokenEvent("", None, finish_reason=reason))  # type: ignore[arg-type]
+
+    def stats(self) -> EngineStats:
+        rows = [RequestRow(r.request_id, "queued", len(r.prompt_tokens), 0, r.max_tokens, 0.0, None, None)
+                for r, _ in self.queued]
+        rows += [RequestRow(r.request_id, "decode", len(r.prompt_tokens), n, r.max_tokens, 0.0, None, None)
+                 for r, _, n in self.running.values()]
+        return EngineStats(self.width, len(self.running), len(self.queued), tuple(rows))
+
+    def shed(self, rid: str, reason: str) -> bool:
+        if rid not in self.running:
+            return False
+        self.shed_reasons[rid] = reason
+        return True
+
+
+ops = st.lists(st.sampled_from(["arrive", "arrive", "arrive", "step", "cancel", "shed"]), max_size=80)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops, st.integers(1, 4), st.integers(0, 6), st.integers(1, 6))
+def test_random_arrivals_keep_invariants_and_end_every_request_once(script: list[str], width: int, cap: int,
+                                                                    length: int) -> None:
+    engine = SlotEngine(width)
+    admission = Admission(RuntimeEnv(queue_depth_cap=cap), Telemetry())
+    handles: dict[str, SlotHandle] = {}
+    rejected: set[str] = set()
+    for i, op in enumerate(script):
+        if op == "arrive":
+            rid = f"r{i}"
+            try:
+                admission.admit("m", engine.stats())
+            except ServerOverloaded as e:
+                assert e.status == 503 and 2 <= int(e.headers["Retry-After"]) <= 60
+                rejected.add(rid)
+                continue
+            handles[rid] = engine.submit(GenerationRequest(rid, [1, 2, 3], length))
+        elif op == "step":
+            engine.step()
+        elif op == "cancel" and handles:
+            next(iter(handles.values())).cancel()
+        elif op == "shed" and (choice := largest_stream({"m": engine})):  # type: ignore[dict-item]
+            engine.shed(choice.request_id, "test")
+        s = engine.stats()
+        assert s.in_flight <= width and s.waiting <= cap
+    for _ in range(len(script) * (length + 1) + 1):  # drain
+        engine.step()
+    for rid, h in handles.items():
+        finals = [e for e in h.events if e.finish_reason]
+        assert len(finals) == 1, rid
+    assert not (rejected & handles.keys())
+    assert admission.telemetry.rejections["queue_full"] == len(rejected)
+
+
+def test_queue_cap_defaults_to_twice_the_width_and_env_overrides() -> None:
+    s = EngineStats(4, 4, 0)
+    assert queue_cap(RuntimeEnv(), s) == 8
+    assert queue_cap(RuntimeEnv(queue_depth_cap=3), s) == 3
+
+
+def test_retry_after_is_the_drain_estimate_clamped() -> None:
+    assert retry_after_s(0.1) == 2 and retry_after_s(30.2) == 31 and retry_after_s(1e6) == 60
+    rows = tuple(RequestRow(f"r{i}", "decode", 10, 0, 100, 0, None, None) for i in range(2))
+    # 2 rows x 100 tokens left at the 5 tok/s fallback over 2 streams: 20 s.
+    assert drain_eta_s(EngineStats(2, 2, 0, rows), None) == pytest.approx(20.0)
+
+
+def _reading(free: int, total: int = 1000) -> MemoryReading:
+    return MemoryReading(total, free, None, None, None, True)
+
+
+@pytest.mark.parametrize("free, band", [(500, "green"), (250, "green"), (200, "yellow"), (100, "orange"),
+                                        (49, "red"), (0, "red")])
+def test_bands_are_fractions_of_the_budget(free: int, band: str) -> None:
+    assert band_for(_reading(free)) == band
+
+
+def test_a_failing_probe_gives_no_band() -> None:
+    assert band_for(MemoryReading(None, None, None, None, None, False)) is None
+
+
+def test_red_sheds_the_largest_stream_and_counts_it() -> None:
+    engine = SlotEngine(3)
+    for i, n in enumerate((5, 50, 20)):
+        engine.submit(GenerationRequest(f"r{i}", list(range(n)), 10))
+    engine.step()
+    gov = Governor(True, lambda: _reading(10))
+    assert gov.evaluate({"m": engine}) == "red"  # type: ignore[dict-item]
+    assert engine.shed_reasons.keys() == {"r1"} and gov.sheds == 1 and gov.pressure
+    engine.step()
+    assert set(engine.running) == {"r0", "r2"}  # r1 left the batch, the others still run
+
+
+def test_governor_off_reports_bands_but_never_sheds() -> None:
+    engine = SlotEngine(1)
+    engine.submit(GenerationRequest("r0", [1], 10))
+    engine.step()
+    gov = Governor(False, lambda: _reading(0))
+    assert gov.evaluate({"m": engine}) == "red" and not engine.shed_reasons and not gov.pressure  # type: ignore[dict-item]
+
+
+def test_telemetry_tracks_recent_and_lifetime_rates() -> None:
+    from gmlx_server.engine.types import Timings
+
+    tel = Telemetry(clock=lambda: 10.0)
+    for gen in (11, 21):
+        tel.record_final("m", TokenEvent("", None, finish_reason="stop",
+                                         timings=Timings(100, gen, 1.0, 2.0, 0.5)), 9.0)
+    m = tel.models["m"]
+    assert m.prefill_tok_s_recent == 100.0
+    assert m.decode_tok_s_recent == pytest.approx((5.0 + 10.0) / 2)
+    assert m.decode_tok_s_lifetime == pytest.approx(30 / 4.0)
+    assert tel.ttft.count == 2 and tel.latency.cumulative()[-1] == (float("inf"), 2)
+
+
+def test_tracked_handle_records_the_final_event_once() -> None:
+    tel = Telemetry()
+    h = SlotHandle("x")
+    h.events = [TokenEvent("a", 1), TokenEvent("", None, finish_reason="stop")]
+
+    async def drain() -> int:
+        return len([e async for e in tel.track("m", h)])  # type: ignore[arg-type]
+
+    assert asyncio.run(drain()) == 2 and tel.models["m"].finished["stop"] == 1
