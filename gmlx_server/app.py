@@ -14,7 +14,10 @@ from gmlx_server.routes.common import ApiKeyMiddleware, GmlxRequest, JsonBodyMid
 from gmlx_server.routes.errors import handle_error
 from gmlx_server.routes.generation import ChatCompletions, Completions
 from gmlx_server.routes.health import Health
+from gmlx_server.routes.messages import CountTokens, Messages
 from gmlx_server.routes.models import Model, Models
+from gmlx_server.routes.responses import Responses
+from gmlx_server.service.conversations import ResponseStore
 from gmlx_server.service.host import EngineFactory, ModelHost
 
 GmlxApp = falcon.asgi.App[GmlxRequest, falcon.asgi.Response]
@@ -35,6 +38,9 @@ def _routes(host: ModelHost) -> list[tuple[str, object]]:
     return [
         ("/v1/chat/completions", ChatCompletions(host)),
         ("/v1/completions", Completions(host)),
+        ("/v1/messages", Messages(host)),
+        ("/v1/messages/count_tokens", CountTokens(host)),
+        ("/v1/responses", Responses(host, ResponseStore())),  # previous_response_id lives per app
         ("/v1/models", models),
         ("/models", models),
         ("/v1/models/{model_id:path}", Model(host)),

@@ -179,15 +179,16 @@ def logit_bias(body: Mapping[str, Any]) -> dict[int, float]:
     return out
 
 
-def stop(body: Mapping[str, Any]) -> tuple[str, ...]:
-    v = body.get("stop")
+def stop(body: Mapping[str, Any], name: str = "stop", limit: int = 16) -> tuple[str, ...]:
+    """`stop` (chat, completions) or `stop_sequences` (messages): non-empty strings, at most `limit`."""
+    v = body.get(name)
     if v is None:
         return ()
     items = [v] if isinstance(v, str) else v
     if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
-        raise _bad("stop", "expected a string or an array of strings")
-    if len(items) > 16:
-        raise _bad("stop", f"at most 16 stop strings, got {len(items)}")
+        raise _bad(name, "expected a string or an array of strings")
+    if len(items) > limit:
+        raise _bad(name, f"at most {limit} stop strings, got {len(items)}")
     return tuple(s for s in items if s)
 
 
@@ -195,3 +196,12 @@ def max_tokens(body: Mapping[str, Any], names: Sequence[str]) -> int | None:
     """The first of `names` the body sets (validated >= 1); the order encodes which spelling wins."""
     values = [integer(body, n, 1) for n in names]
     return next((v for v in values if v is not None), None)
+
+
+def generation_basics(body: Mapping[str, Any]) -> dict[str, Any]:
+    """model, profile, sampling, logit_bias and stream: the fields every chat-style route reads alike."""
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise _bad("model", f"expected a string, got {json_type(model)}")
+    return {"model": model or "", "profile": string(body, "profile") or None, "sampling": sampling(body),
+            "logit_bias": logit_bias(body), "stream": bool(boolean(body, "stream"))}

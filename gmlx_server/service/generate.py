@@ -139,8 +139,19 @@ async def _encode(tokenizer: Tokenizer, text: str, add_special: bool) -> list[in
     return tokenizer.encode(text, add_special)
 
 
-async def start_generation(host: ModelHost, inp: GenerationInput, request_id: str) -> Started:
-    """Everything that can refuse the request happens here, before a byte of response is sent."""
+@dataclass(frozen=True)
+class Prompt:
+    """A request's prompt as the model will see it: rendered (or raw) text and its token ids."""
+
+    engine: Engine
+    model_id: str
+    settings: Settings
+    text: str
+    ids: list[int]
+
+
+async def prepare_prompt(host: ModelHost, inp: GenerationInput) -> Prompt:
+    """Address -> engine -> template -> tokens: shared by generation and token counting, so both agree."""
     addr = resolve_address(inp.model, inp.profile, host.catalog)
     engine: Engine = await host.engine(addr.model_id)
     settings = resolve_settings(addr, engine.info.family, host.catalog)
@@ -150,8 +161,21 @@ async def start_generation(host: ModelHost, inp: GenerationInput, request_id: st
     ids = await _encode(engine.tokenizer, text, raw)
     if not ids:
         raise InvalidRequest("the prompt is empty", param="prompt" if raw else "messages")
+    return Prompt(engine, addr.model_id, settings, text, ids)
+
+
+async def count_prompt_tokens(host: ModelHost, inp: GenerationInput) -> tuple[str, int]:
+    """(model id, exact prompt token count) without submitting anything."""
+    prompt = await prepare_prompt(host, inp)
+    return prompt.model_id, len(prompt.ids)
+
+
+async def start_generation(host: ModelHost, inp: GenerationInput, request_id: str) -> Started:
+    """Everything that can refuse the request happens here, before a byte of response is sent."""
+    prompt = await prepare_prompt(host, inp)
+    engine, settings, text, ids = prompt.engine, prompt.settings, prompt.text, prompt.ids
     max_tokens = fit_context(len(ids), inp.max_tokens, settings.max_tokens, engine.info.context_length,
-                             addr.model_id)
+                             prompt.model_id)
     thinking = thinking_control(inp, text)
     opened = thinking is not None and text.rstrip().endswith(thinking.open_tag)
     request = GenerationRequest(
@@ -161,7 +185,7 @@ async def start_generation(host: ModelHost, inp: GenerationInput, request_id: st
         thinking=thinking, starts_in_thinking=opened,
     )
     handle = engine.submit(request)
-    return Started(handle, addr.model_id, settings.profile, len(ids), max_tokens, engine.tokenizer)
+    return Started(handle, prompt.model_id, settings.profile, len(ids), max_tokens, engine.tokenizer)
 
 
 def thinking_control(inp: GenerationInput, text: str) -> ThinkingControl | None:

@@ -64,7 +64,7 @@ class SlotEngine:
             self.running[req.request_id] = (req, h, 0)
 
     def _end(self, rid: str, reason: str) -> None:
-        _, h, n = self.running.pop(rid)
+        _, h, _ = self.running.pop(rid)
         h.events.append(TokenEvent("", None, finish_reason=reason))  # type: ignore[arg-type]
 
     def stats(self) -> EngineStats:
