@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Any
 
 import falcon
@@ -15,26 +17,54 @@ from gmlx_server.routes.errors import handle_error
 from gmlx_server.routes.generation import ChatCompletions, Completions
 from gmlx_server.routes.health import Health
 from gmlx_server.routes.messages import CountTokens, Messages
+from gmlx_server.routes.metrics import Metrics
 from gmlx_server.routes.models import Model, Models
 from gmlx_server.routes.responses import Responses
 from gmlx_server.service.conversations import ResponseStore
 from gmlx_server.service.host import EngineFactory, ModelHost
+from gmlx_server.service.prometheus import make_registry
+from gmlx_server.service.snapshot import Snapshotter
 
 GmlxApp = falcon.asgi.App[GmlxRequest, falcon.asgi.Response]
+log = logging.getLogger("gmlx.app")
+
+
+GOVERNOR_PERIOD_S = 0.5
 
 
 class Lifespan:
-    """Closes every engine when the ASGI server shuts down."""
+    """Runs the memory governor while the app lives; closes every engine when the ASGI server shuts down."""
 
     def __init__(self, host: ModelHost) -> None:
         self.host = host
+        self._task: asyncio.Task[None] | None = None
+
+    async def process_startup(self, scope: dict[str, Any], event: dict[str, Any]) -> None:
+        self._task = asyncio.create_task(self._govern())
+
+    async def _govern(self) -> None:
+        while True:
+            try:
+                self.host.governor.evaluate(self.host.resident)
+            except Exception:  # a failing probe must not stop the governor
+                log.exception("governor evaluation failed")
+            await asyncio.sleep(GOVERNOR_PERIOD_S)
 
     async def process_shutdown(self, scope: dict[str, Any], event: dict[str, Any]) -> None:
+        if self._task is not None:
+            self._task.cancel()
         self.host.close()
 
 
-def _routes(host: ModelHost) -> list[tuple[str, object]]:
+def _metrics(host: ModelHost, config: ServerConfig) -> Metrics:
+    snaps = Snapshotter(lambda: host.resident, host.telemetry, host.admission, host.governor,
+                        config.server.decode_batch, host.capacity_section, host.config.models.get)
+    return Metrics(snaps, make_registry(snaps.snapshot, host.telemetry))
+
+
+def _routes(host: ModelHost, config: ServerConfig) -> list[tuple[str, object]]:
     models = Models(host)
+    metrics = _metrics(host, config)
     return [
         ("/v1/chat/completions", ChatCompletions(host)),
         ("/v1/completions", Completions(host)),
@@ -45,6 +75,8 @@ def _routes(host: ModelHost) -> list[tuple[str, object]]:
         ("/models", models),
         ("/v1/models/{model_id:path}", Model(host)),
         ("/health", Health(host)),
+        ("/v1/metrics", metrics),
+        ("/metrics", metrics),
     ]
 
 
@@ -61,7 +93,7 @@ def create_app(
     if config.server.api_key:
         middleware.insert(0, ApiKeyMiddleware(config.server.api_key))
     app = falcon.asgi.App(middleware=middleware, request_type=GmlxRequest)
-    for path, resource in _routes(host):
+    for path, resource in _routes(host, config):
         app.add_route(path, resource)
     for exc in (Exception, falcon.HTTPError, GmlxError):
         app.add_error_handler(exc, handle_error)

@@ -55,6 +55,9 @@ class Governor:
         self.sheds = 0
         self.last_reading: MemoryReading | None = None
 
+    def read(self) -> MemoryReading:
+        return self._read()
+
     def evaluate(self, engines: Mapping[str, Engine]) -> Band | None:
         """Read memory, update the band, and shed in red. Called periodically off the request path."""
         reading = self._read()

@@ -17,6 +17,10 @@ from gmlx_server.config import ModelEntry, RuntimeEnv, ServerConfig
 from gmlx_server.engine.types import Engine
 from gmlx_server.errors import GmlxError, ModelNotFound
 from gmlx_server.service.addressing import Catalog
+from gmlx_server.service.admission import Admission
+from gmlx_server.service.governor import Governor
+from gmlx_server.service.memory import MemoryReading, read_memory
+from gmlx_server.service.telemetry import Telemetry
 
 EngineFactory = Callable[[ModelEntry, RuntimeEnv], Engine]
 log = logging.getLogger("gmlx.host")
@@ -42,6 +46,13 @@ class ModelHost:
         self._engines: dict[str, Engine] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._context: dict[str, int | None] = {}  # model id -> trained context length (GGUF header)
+        self.telemetry = Telemetry()
+        self.admission = Admission(config.env, self.telemetry)
+        self.governor = Governor(config.env.governor, self._read_memory)
+
+    def _read_memory(self) -> MemoryReading:
+        snaps = [m for e in self._engines.values() if (m := getattr(e, "memory", None)) is not None]
+        return read_memory(self.config.server.memory_budget, snaps)
 
     @property
     def env(self) -> RuntimeEnv:
@@ -80,6 +91,10 @@ class ModelHost:
         except Exception as exc:
             log.exception("model %s failed to load", entry.id)
             raise ModelLoadFailed(f"model '{entry.id}' failed to load: {exc}") from exc
+
+    def capacity_section(self) -> dict[str, Any] | None:
+        """The boot capacity table for /v1/metrics; None until the capacity table is built."""
+        return None
 
     def close(self) -> None:
         engines, self._engines = self._engines, {}
@@ -143,10 +158,12 @@ class ModelHost:
     # --- /health?ready=1 ----------------------------------------------------------------------
 
     def readiness(self) -> Readiness:
-        """Coarse verdict from engine snapshots: queue (someone waits) before busy (all slots taken)."""
+        """Coarse verdict: pressure (orange/red band), then queue (someone waits), then busy (no free slot)."""
         stats = [e.stats() for e in self._engines.values()]
         waiting = sum(s.waiting for s in stats)
         in_flight = sum(s.in_flight for s in stats)
+        if self.governor.pressure:
+            return Readiness(False, "pressure", 5, in_flight, waiting)
         if waiting > 0:
             return Readiness(False, "queue", 2, in_flight, waiting)
         if stats and all(s.in_flight >= s.decode_batch for s in stats):

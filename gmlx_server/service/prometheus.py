@@ -1,0 +1,134 @@
+"""Prometheus text rendering of the metrics snapshot, through a custom collector read at scrape time.
+
+Snapshot sections flatten to `gmlx_<section>_<field>` gauges; requests[] is high-cardinality and
+contributes only counts by state. Counters and histograms in base units come from telemetry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gmlx_server.service.governor import BANDS
+from gmlx_server.service.telemetry import Histogram, Telemetry
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_FLAT = ("concurrency", "queue", "memory", "rates")
+_COUNTERS = {"rejections"}  # snapshot fields that are counts since start
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _flat_sections(server: Mapping[str, Any]) -> Iterator[Metric]:
+    for section in _FLAT:
+        for key, value in (server.get(section) or {}).items():
+            v = _num(value)
+            if v is None:
+                continue
+            if key in _COUNTERS:
+                yield CounterMetricFamily(f"gmlx_{section}_{key}", f"{section}.{key} of /v1/metrics", value=v)
+            else:
+                yield GaugeMetricFamily(f"gmlx_{section}_{key}", f"{section}.{key} of /v1/metrics", value=v)
+
+
+def _governor(server: Mapping[str, Any]) -> Iterator[Metric]:
+    gov = server.get("governor") or {}
+    band = GaugeMetricFamily("gmlx_governor_band", "1 for the current memory band", labels=["band"])
+    for b in BANDS:
+        band.add_metric([b], 1.0 if gov.get("band") == b else 0.0)
+    yield band
+    changes = CounterMetricFamily("gmlx_governor_band_changes", "times each band was entered", labels=["band"])
+    for b, n in (gov.get("band_changes") or {}).items():
+        changes.add_metric([b], float(n))
+    yield changes
+    if _num(gov.get("sheds")) is not None:
+        yield CounterMetricFamily("gmlx_governor_sheds", "requests shed by the governor", value=gov["sheds"])
+
+
+def _requests(server: Mapping[str, Any]) -> Iterator[Metric]:
+    g = GaugeMetricFamily("gmlx_requests", "live requests by state (requests[] as a count)", labels=["state"])
+    rows = server.get("requests") or []
+    for state in ("queued", "prefill", "decode"):
+        g.add_metric([state], float(sum(1 for r in rows if r.get("state") == state)))
+    yield g
+
+
+def _resident(server: Mapping[str, Any]) -> Iterator[Metric]:
+    fields = ("in_flight", "waiting", "decode_batch", "weights_bytes", "active_bytes", "load_s")
+    families = {f: GaugeMetricFamily(f"gmlx_resident_models_{f}", f"resident model {f}", labels=["model", "profile"])
+                for f in fields}
+    for row in server.get("resident_models") or []:
+        for f in fields:
+            v = _num(row.get(f))
+            if v is not None:
+                families[f].add_metric([row["id"], row.get("profile") or ""], v)
+    yield from families.values()
+
+
+def _capacity(server: Mapping[str, Any]) -> Iterator[Metric]:
+    cap = server.get("capacity")
+    if not isinstance(cap, Mapping):
+        return
+    model = str(cap.get("model", ""))
+    max_ctx = GaugeMetricFamily("gmlx_capacity_max_ctx", "max context per stream at a width", labels=["model", "width"])
+    for width, n in (cap.get("max_ctx") or {}).items():
+        max_ctx.add_metric([model, str(width)], float(n))
+    yield max_ctx
+    at = GaugeMetricFamily("gmlx_capacity_max_width_at_depth", "max streams at a depth", labels=["model", "depth"])
+    for depth, n in (cap.get("max_width_at_depth") or {}).items():
+        at.add_metric([model, str(depth)], float(n))
+    yield at
+    for key, value in cap.items():
+        if key.endswith("_bytes") and _num(value) is not None:
+            yield GaugeMetricFamily(f"gmlx_capacity_{key}", f"capacity table {key}", value=float(value))
+
+
+def _histogram(name: str, doc: str, h: Histogram) -> Metric:
+    buckets = [("+Inf" if b == float("inf") else repr(b), float(n)) for b, n in h.cumulative()]
+    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=h.total)
+
+
+def _telemetry(t: Telemetry) -> Iterator[Metric]:
+    yield _histogram("gmlx_time_to_first_token_seconds", "time to first token", t.ttft)
+    yield _histogram("gmlx_request_duration_seconds", "end-to-end request latency", t.latency)
+    prompt = CounterMetricFamily("gmlx_prompt_tokens", "prompt tokens processed", labels=["model"])
+    gen = CounterMetricFamily("gmlx_generated_tokens", "tokens generated", labels=["model"])
+    done = CounterMetricFamily("gmlx_requests_finished", "finished requests", labels=["model", "finish_reason"])
+    for m, r in t.models.items():
+        prompt.add_metric([m], float(r.prompt_tokens))
+        gen.add_metric([m], float(r.generated_tokens))
+        for reason, n in r.finished.items():
+            done.add_metric([m, reason], float(n))
+    yield from (prompt, gen, done)
+    rej = CounterMetricFamily("gmlx_admission_rejections", "requests refused by admission", labels=["reason"])
+    for reason, n in t.rejections.items():
+        rej.add_metric([reason], float(n))
+    yield rej
+
+
+class SnapshotCollector(Collector):
+    def __init__(self, snapshot: Callable[[], Mapping[str, Any]], telemetry: Telemetry) -> None:
+        self._snapshot, self._telemetry = snapshot, telemetry
+
+    def collect(self) -> Iterator[Metric]:
+        server = self._snapshot().get("server", {})
+        for part in (_flat_sections, _governor, _requests, _resident, _capacity):
+            yield from part(server)
+        yield from _telemetry(self._telemetry)
+
+
+def make_registry(snapshot: Callable[[], Mapping[str, Any]], telemetry: Telemetry) -> CollectorRegistry:
+    """A registry of our own (no process-global default registry)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(snapshot, telemetry))
+    return registry
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)

@@ -1,0 +1,151 @@
+"""The /v1/metrics snapshot: independent sections, each probed on its own.
+
+A section whose probe raises keeps its keys with null live values, and the rest still answers.
+Engine rows are cached for 250 ms per engine (at most four refreshes a second), and nothing here
+waits on an engine thread: stats() is a locked copy of plain attributes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from gmlx_server.engine.types import Engine, EngineStats
+from gmlx_server.service.admission import Admission, queue_cap
+from gmlx_server.service.governor import BANDS, Governor
+from gmlx_server.service.telemetry import Telemetry
+
+ROW_REFRESH_S = 0.25
+log = logging.getLogger("gmlx.metrics")
+
+SECTION_KEYS: dict[str, tuple[str, ...]] = {
+    "concurrency": ("decode_batch", "queue_cap", "in_flight", "waiting"),
+    "queue": ("waiting", "cap", "eta_s", "rejections", "last_reject_reason"),
+    "governor": ("band", "enabled", "band_changes", "sheds"),
+    "memory": ("active_bytes", "cache_bytes", "headroom_bytes", "rss_bytes", "budget_bytes",
+               "arena_bytes", "arena_capacity_bytes", "arena_hit_rate"),
+    "rates": ("decode_tok_s", "decode_streams", "prefill_tok_s_recent", "decode_tok_s_recent",
+              "decode_tok_s_lifetime"),
+}
+
+
+class StatsCache:
+    """engine.stats() at most every ROW_REFRESH_S per engine."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._cache: dict[str, tuple[float, EngineStats]] = {}
+
+    def get(self, model_id: str, engine: Engine) -> EngineStats:
+        now = self._clock()
+        hit = self._cache.get(model_id)
+        if hit is None or now - hit[0] >= ROW_REFRESH_S:
+            hit = (now, engine.stats())
+            self._cache[model_id] = hit
+        return hit[1]
+
+
+class Snapshotter:
+    def __init__(self, engines: Callable[[], Mapping[str, Engine]], telemetry: Telemetry, admission: Admission,
+                 governor: Governor, decode_batch: int, capacity: Callable[[], dict[str, Any] | None],
+                 entries: Callable[[str], Any]) -> None:
+        self._engines, self.telemetry, self.admission, self.governor = engines, telemetry, admission, governor
+        self.decode_batch, self._capacity, self._entry = decode_batch, capacity, entries
+        self.stats = StatsCache()
+
+    def snapshot(self) -> dict[str, Any]:
+        engines = dict(self._engines())
+        stats = {m: self.stats.get(m, e) for m, e in engines.items()}
+        builders: dict[str, Callable[[], Any]] = {
+            "concurrency": lambda: self._concurrency(stats),
+            "queue": lambda: self._queue(stats),
+            "requests": lambda: _requests(stats),
+            "resident_models": lambda: self._resident(engines, stats),
+            "governor": self._governor,
+            "memory": self._memory,
+            "capacity": self._capacity,
+            "rates": lambda: self._rates(stats),
+        }
+        return {"server": {name: self._probe(name, fn) for name, fn in builders.items()}}
+
+    def _probe(self, name: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except Exception:  # one failing probe nulls its own section only
+            log.exception("metrics probe %s failed", name)
+            keys = SECTION_KEYS.get(name)
+            return dict.fromkeys(keys) if keys else ([] if name in ("requests", "resident_models") else None)
+
+    def _concurrency(self, stats: Mapping[str, EngineStats]) -> dict[str, Any]:
+        return {"decode_batch": self.decode_batch, "queue_cap": self._cap(stats),
+                "in_flight": sum(s.in_flight for s in stats.values()),
+                "waiting": sum(s.waiting for s in stats.values())}
+
+    def _cap(self, stats: Mapping[str, EngineStats]) -> int:
+        return queue_cap(self.admission.env, EngineStats(self.decode_batch, 0, 0)) if not stats else max(
+            queue_cap(self.admission.env, s) for s in stats.values())
+
+    def _queue(self, stats: Mapping[str, EngineStats]) -> dict[str, Any]:
+        etas = [self.admission.eta_s(m, s) for m, s in stats.items()]
+        t = self.telemetry
+        return {"waiting": sum(s.waiting for s in stats.values()), "cap": self._cap(stats),
+                "eta_s": round(max(etas), 2) if etas else 0.0, "rejections": sum(t.rejections.values()),
+                "last_reject_reason": t.last_reject_reason}
+
+    def _resident(self, engines: Mapping[str, Engine], stats: Mapping[str, EngineStats]) -> list[dict[str, Any]]:
+        out = []
+        for m, e in engines.items():
+            entry = self._entry(m)
+            mem = getattr(e, "memory", None)
+            out.append({"id": m, "in_flight": stats[m].in_flight, "waiting": stats[m].waiting,
+                        "decode_batch": stats[m].decode_batch, "pinned": bool(entry and entry.pinned),
+                        "kept": False, "profile": entry.profile if entry else None,
+                        "weights_bytes": e.info.weights_bytes, "weights_layout": e.info.weights_layout,
+                        "active_bytes": mem.active_bytes if mem else None, "load_s": round(e.info.load_s, 3)})
+        return out
+
+    def _governor(self) -> dict[str, Any]:
+        g = self.governor
+        return {"band": g.band, "enabled": g.enabled,
+                "band_changes": {b: g.band_changes.get(b, 0) for b in BANDS}, "sheds": g.sheds}
+
+    def _memory(self) -> dict[str, Any]:
+        r = self.governor.read()  # fresh: the snapshot must not show a stale or missing reading
+        return {"active_bytes": r.mlx_active_bytes, "cache_bytes": r.mlx_cache_bytes,
+                "headroom_bytes": r.available_bytes, "rss_bytes": r.rss_bytes, "budget_bytes": r.total_bytes,
+                # Streamed-weights arenas are not built: present and null.
+                "arena_bytes": None, "arena_capacity_bytes": None, "arena_hit_rate": None}
+
+    def _rates(self, stats: Mapping[str, EngineStats]) -> dict[str, Any]:
+        live = [r.decode_tok_s for s in stats.values() for r in s.rows if r.state == "decode" and r.decode_tok_s]
+        models = list(self.telemetry.models.values())
+
+        def mean(values: list[float | None]) -> float | None:
+            vals = [v for v in values if v is not None]
+            return round(sum(vals) / len(vals), 3) if vals else None
+
+        return {"decode_tok_s": round(sum(live), 3), "decode_streams": len(live),
+                "prefill_tok_s_recent": mean([m.prefill_tok_s_recent for m in models]),
+                "decode_tok_s_recent": mean([m.decode_tok_s_recent for m in models]),
+                "decode_tok_s_lifetime": mean([m.decode_tok_s_lifetime for m in models])}
+
+
+def _requests(stats: Mapping[str, EngineStats]) -> list[dict[str, Any]]:
+    rows = [(m, r) for m, s in stats.items() for r in s.rows]
+    rows.sort(key=lambda mr: mr[1].state != "queued")  # queued rows first
+    position: dict[str, int] = {}
+    out = []
+    for m, r in rows:
+        pos = None
+        if r.state == "queued":
+            pos = position[m] = position.get(m, 0) + 1
+        out.append({"id": r.request_id, "model": m, "state": r.state, "position": pos,
+                    "prompt_tokens": r.prompt_tokens, "generated": r.generated, "max_tokens": r.max_tokens,
+                    "elapsed_s": round(r.elapsed_s, 3),
+                    "ttft_s": round(r.ttft_s, 3) if r.ttft_s is not None else None,
+                    "decode_tok_s": round(r.decode_tok_s, 2) if r.decode_tok_s is not None else None,
+                    # Prompt cache and speculative decoding are not built: tier miss, no drafter.
+                    "cache": {"tier": "miss", "warm_tokens": 0}, "speculative": None})
+    return out

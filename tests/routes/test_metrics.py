@@ -1,0 +1,87 @@
+"""/v1/metrics JSON and Prometheus on fake engines: sections, independence of probes, naming rules."""
+
+from __future__ import annotations
+
+import re
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from gmlx_server.app import create_app
+from gmlx_server.config import RuntimeEnv
+from gmlx_server.service.governor import Governor
+from gmlx_server.service.host import ModelHost
+from gmlx_server.service.memory import MemoryReading
+from gmlx_server.service.snapshot import SECTION_KEYS
+from tests.fakes import FakeFactory
+from tests.routes.conftest import Served, SyncClient, make_config, serve
+
+SECTIONS = ("concurrency", "queue", "requests", "resident_models", "governor", "memory", "capacity", "rates")
+NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+
+
+def test_snapshot_has_every_section_and_counts_a_finished_request(served: Served) -> None:
+    assert served.chat().status_code == 200
+    body = served.client.get("/v1/metrics").json()
+    server = body["server"]
+    assert set(SECTIONS) <= server.keys()
+    for name, keys in SECTION_KEYS.items():
+        assert set(keys) <= server[name].keys(), name
+    assert server["resident_models"][0]["id"] == "m1"
+    assert server["memory"]["budget_bytes"] and server["memory"]["headroom_bytes"] is not None
+    assert server["rates"]["decode_tok_s_lifetime"] is not None
+    assert server["concurrency"]["queue_cap"] == server["queue"]["cap"]
+    assert served.client.get("/metrics").json()["server"].keys() == server.keys()
+
+
+def test_a_failing_probe_nulls_only_its_section() -> None:
+    def boom() -> MemoryReading:
+        raise OSError("meminfo unreadable")
+
+    config = make_config()
+    host = ModelHost(config, FakeFactory())
+    host.governor = Governor(True, boom)  # the memory probe fails on every reading
+    s = Served(create_app(config, host=host), SyncClient(create_app(config, host=host)), FakeFactory(), config)
+    try:
+        assert s.chat().status_code == 200
+        r = s.client.get("/v1/metrics")
+        assert r.status_code == 200
+        server = r.json()["server"]
+        assert all(v is None for v in server["memory"].values())
+        assert server["concurrency"]["decode_batch"] is not None and server["resident_models"]
+        assert server["governor"]["band"] is None
+    finally:
+        s.client.close()
+
+
+def test_prometheus_text_parses_and_names_follow_the_rules(served: Served) -> None:
+    served.chat()
+    r = served.client.get("/v1/metrics", params={"format": "prometheus"})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    families = {f.name: f for f in text_string_to_metric_families(r.text)}
+    for name in families:
+        assert NAME.match(name) and name.startswith("gmlx_"), name
+    for needed in ("gmlx_concurrency_in_flight", "gmlx_queue_eta_s", "gmlx_governor_band",
+                   "gmlx_time_to_first_token_seconds", "gmlx_request_duration_seconds", "gmlx_requests"):
+        assert needed in families, needed
+    bands = {s.labels["band"] for s in families["gmlx_governor_band"].samples}
+    assert bands == {"green", "yellow", "orange", "red"}
+    models = {s.labels["model"] for s in families["gmlx_resident_models_in_flight"].samples}
+    assert models == {"m1"}
+
+
+def test_unknown_format_is_a_typed_400(served: Served) -> None:
+    r = served.client.get("/v1/metrics", params={"format": "xml"})
+    assert r.status_code == 400 and r.json()["error"]["type"]
+
+
+def test_queue_cap_rejection_is_a_503_with_retry_after_and_counted() -> None:
+    s = serve(make_config(env=RuntimeEnv(queue_depth_cap=0, sse_keepalive_s=0.05)))
+    try:
+        s.chat()  # loads the engine; with cap 0 even the first request finds the queue full
+        r = s.chat()
+        assert r.status_code == 503 and r.json()["error"]["type"] == "server_overloaded"
+        assert 2 <= int(r.headers["Retry-After"]) <= 60
+        q = s.client.get("/v1/metrics").json()["server"]["queue"]
+        assert q["rejections"] >= 1 and q["last_reject_reason"] == "queue_full"
+    finally:
+        s.client.close()
