@@ -19,17 +19,19 @@ import time
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import llguidance as llg
 import llguidance.numpy as llg_numpy
 import mlx.core as mx
-import numpy as np
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions  # a TypedDict that exists only in the stub
 
 log = logging.getLogger("gmlx.engine")
 
 # One-line JSON with readable separators (as mlx-vlm does): no whitespace runs for a small model to loop in.
-_JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+_JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
 
 
@@ -114,7 +116,7 @@ def _check_draft(schema: dict[str, Any]) -> None:
 
 def _grammar(schema: Mapping[str, Any]) -> str:
     try:
-        grammar = llg.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=_JSON_OPTIONS)  # type: ignore[arg-type]
+        grammar = llg.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=_JSON_OPTIONS)
     except ValueError as e:
         raise StructuredOutputError(f"malformed JSON schema: {e}") from e
     failed, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar)
@@ -135,7 +137,8 @@ class _VocabView:
     """The duck-typed tokenizer `llguidance.TokenizerWrapper` reads (tokens as bytes, an encode callback)."""
 
     def __init__(self, tokenizer: ByteVocab, n_vocab: int) -> None:
-        self._tokenizer = tokenizer
+        # Weak, so that a cache entry (which holds this view) does not keep its own key alive.
+        self._tokenizer = weakref.ref(tokenizer)
         eos = sorted(tokenizer.eos_ids)
         self.eos_token_id = eos[0] if eos else None
         self.bos_token_id = tokenizer.bos_id
@@ -144,9 +147,12 @@ class _VocabView:
         self.special_token_ids = sorted(tokenizer.special_ids)
 
     def __call__(self, text: bytes | str) -> list[int]:
+        tokenizer = self._tokenizer()
+        if tokenizer is None:
+            raise RuntimeError("the tokenizer behind this llguidance tokenizer is gone")
         if isinstance(text, bytes):
             text = text.decode("utf-8", errors="replace")
-        return self._tokenizer.encode(text, add_special_tokens=False)
+        return tokenizer.encode(text, add_special_tokens=False)
 
 
 def build_llg_tokenizer(tokenizer: ByteVocab, n_vocab: int | None = None) -> llg.LLTokenizer:
@@ -214,7 +220,8 @@ class GrammarConstraint:
         if self._matcher.is_error():
             raise StructuredOutputError(f"JSON schema cannot be enforced: {self.error}")
         self._mask = llg_numpy.allocate_token_bitmask(1, tokenizer.vocab_size)
-        self._apply = _metal_apply if (metal_mask_available() if metal is None else metal) else apply_token_bitmask
+        self.uses_metal = metal_mask_available() if metal is None else metal
+        self._apply = _metal_apply if self.uses_metal else apply_token_bitmask
         self._started = False
         self._advanced = False
 
@@ -243,7 +250,7 @@ class GrammarConstraint:
         if self._started and not self._advanced:
             if history.size == 0:
                 raise GrammarViolation("structured output needs the token history (sampler needs_history)")
-            self.consume(int(history.reshape(-1)[-1].item()))
+            self.consume(_last_token(history))
         self._started, self._advanced = True, False
         return self.mask(logits)
 
@@ -255,6 +262,13 @@ class GrammarConstraint:
         flat = logits.ndim == 1
         out = self._apply(logits[None] if flat else logits, mx.array(self._mask))
         return out[0] if flat else out
+
+
+def _last_token(history: mx.array) -> int:
+    last = history.reshape(-1)[-1].item()
+    if not isinstance(last, int):
+        raise GrammarViolation(f"token history holds {type(last).__name__}s, not token ids")
+    return last
 
 
 def _first_line(message: str) -> str:

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal, TypeVar
 
 from gmlx_server.errors import InvalidRequest
 
+T = TypeVar("T")
 Route = Literal["chat", "responses", "messages", "completions"]
 ROUTES: tuple[Route, ...] = ("chat", "responses", "messages", "completions")
 _H, _I = "honored", "ignored"
@@ -119,6 +120,27 @@ def obj(body: Mapping[str, Any], name: str) -> dict[str, Any] | None:
     if v is None or isinstance(v, dict):
         return v
     raise _bad(name, f"expected an object, got {json_type(v)}")
+
+
+def nested(check: Callable[..., T], owner: Mapping[str, Any], name: str, path: str, *args: Any) -> T:
+    """Run a field validator on `owner[name]`, a field deeper in the body, naming it by its `path`."""
+    return check({path: owner.get(name)}, path, *args)
+
+
+def required_string(owner: Mapping[str, Any], name: str, where: str) -> str:
+    """A string field of a nested object (a content block, an input item), named `where.name`."""
+    v = owner.get(name)
+    if not isinstance(v, str):
+        raise _bad(f"{where}.{name}", f"expected a string, got {json_type(v)}")
+    return v
+
+
+def array_of(body: Mapping[str, Any], name: str, convert: Callable[[int, Any], T | None]) -> tuple[T, ...]:
+    """An optional array field, each item converted; items that convert to None are left out."""
+    raw = body.get(name)
+    if raw is not None and not isinstance(raw, list):
+        raise _bad(name, f"expected an array, got {json_type(raw)}")
+    return tuple(x for x in (convert(i, item) for i, item in enumerate(raw or [])) if x is not None)
 
 
 def json_type(v: object) -> str:

@@ -47,9 +47,13 @@ class Admission:
         return drain_eta_s(stats, self.telemetry.models.get(model_id))
 
     def admit(self, model_id: str, stats: EngineStats) -> None:
-        """Raise ServerOverloaded when the queue is at its cap; count the rejection."""
+        """Raise ServerOverloaded when the queue is at its cap; count the rejection.
+
+        Queued requests that free decode slots will take at once do not count against the cap.
+        """
         cap = queue_cap(self.env, stats)
-        if stats.waiting < cap:
+        free = max(0, stats.decode_batch - stats.in_flight)
+        if stats.waiting < cap + free:
             return
         retry = retry_after_s(self.eta_s(model_id, stats))
         self.telemetry.record_reject("queue_full")

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gmlx_server.app import create_app
 from gmlx_server.config import RuntimeEnv
+from gmlx_server.engine.types import EngineStats
 from gmlx_server.service.governor import Governor
 from gmlx_server.service.host import ModelHost
 from gmlx_server.service.memory import MemoryReading
@@ -74,14 +76,18 @@ def test_unknown_format_is_a_typed_400(served: Served) -> None:
     assert r.status_code == 400 and r.json()["error"]["type"]
 
 
-def test_queue_cap_rejection_is_a_503_with_retry_after_and_counted() -> None:
-    s = serve(make_config(env=RuntimeEnv(queue_depth_cap=0, sse_keepalive_s=0.05)))
+def test_queue_cap_rejection_is_a_503_with_retry_after_and_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    s = serve(make_config(env=RuntimeEnv(queue_depth_cap=2, sse_keepalive_s=0.05)))
     try:
-        s.chat()  # loads the engine; with cap 0 even the first request finds the queue full
+        assert s.chat().status_code == 200  # loads the engine
+        full = EngineStats(1, 1, 2)  # every slot busy and the queue at its cap of 2
+        monkeypatch.setattr(s.engine(), "stats", lambda: full)
         r = s.chat()
         assert r.status_code == 503 and r.json()["error"]["type"] == "server_overloaded"
         assert 2 <= int(r.headers["Retry-After"]) <= 60
         q = s.client.get("/v1/metrics").json()["server"]["queue"]
-        assert q["rejections"] >= 1 and q["last_reject_reason"] == "queue_full"
+        assert q["rejections"] == 1 and q["last_reject_reason"] == "queue_full"
+        monkeypatch.setattr(s.engine(), "stats", lambda: EngineStats(1, 1, 1))
+        assert s.chat().status_code == 200  # one below the cap is admitted
     finally:
         s.client.close()

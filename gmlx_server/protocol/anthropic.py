@@ -1,0 +1,189 @@
+"""Anthropic Messages request bodies -> the neutral GenerationParams (pure).
+
+Content blocks become the chat template's messages the way transformers' templates expect them:
+tool_use blocks -> the assistant's `tool_calls`, tool_result blocks -> `tool` role messages.
+Unknown top-level fields (metadata, context_management, service_tier, ...) are accepted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gmlx_server.errors import UnsupportedFeature
+from gmlx_server.protocol import params as p
+from gmlx_server.protocol.neutral import merge_turns, name_tool_results, tool_call_entry, tool_function
+from gmlx_server.protocol.openai import GenerationParams, _bad, _content, _object, _response_format, _thinking
+
+STOP_SEQUENCES_LIMIT = 64  # Anthropic publishes no limit; this bounds the engine's per-token stop check
+_MEDIA = ("image", "document")
+
+
+def _block_type(block: Any, where: str) -> str:
+    kind = block.get("type") if isinstance(block, dict) else None
+    if not isinstance(kind, str):
+        raise _bad(where, 'expected a content block ({"type": ...})')
+    if kind in _MEDIA:
+        raise UnsupportedFeature(f"'{where}': {kind} blocks need a vision model (mmproj), which this server "
+                                 "does not support yet", param=where)
+    return kind
+
+
+def _blocks(content: Any, where: str) -> list[Any]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if not isinstance(content, list):
+        raise _bad(where, f"expected a string or an array of content blocks, got {p.json_type(content)}")
+    return content
+
+
+def _tool_result(block: Mapping[str, Any], where: str) -> dict[str, Any]:
+    call_id = p.required_string(block, "tool_use_id", where)
+    text = _content({"content": block.get("content")}, where) or ""
+    if p.nested(p.boolean, block, "is_error", f"{where}.is_error"):
+        text = f"Error: {text}"  # templates have no error flag; say it in the text
+    return {"role": "tool", "tool_call_id": call_id, "content": text}
+
+
+def _user_turn(content: Any, where: str) -> list[dict[str, Any]]:
+    """Text blocks form user messages; each tool_result becomes a `tool` message, order kept."""
+    out: list[dict[str, Any]] = []
+    texts: list[str] = []
+    for j, block in enumerate(_blocks(content, where)):
+        at = f"{where}[{j}]"
+        kind = _block_type(block, at)
+        if kind == "text":
+            texts.append(p.required_string(block, "text", at))
+        elif kind == "tool_result":
+            if texts:
+                out.append({"role": "user", "content": "\n".join(texts)})
+                texts = []
+            out.append(_tool_result(block, at))
+        else:
+            raise _bad(at, f"a user message cannot hold a {kind!r} block (expected text, image or tool_result)")
+    if texts or not out:
+        out.append({"role": "user", "content": "\n".join(texts)})
+    return out
+
+
+def _assistant_turn(content: Any, where: str) -> dict[str, Any]:
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    thoughts: list[str] = []
+    for j, block in enumerate(_blocks(content, where)):
+        at = f"{where}[{j}]"
+        kind = _block_type(block, at)
+        if kind == "text":
+            texts.append(p.required_string(block, "text", at))
+        elif kind == "tool_use":
+            call_id, name = p.required_string(block, "id", at), p.required_string(block, "name", at)
+            calls.append(tool_call_entry(call_id, name, p.nested(p.obj, block, "input", f"{at}.input") or {}, at))
+        elif kind == "thinking":
+            thoughts.append(p.required_string(block, "thinking", at))
+        elif kind != "redacted_thinking":  # encrypted: nothing a local model can read
+            raise _bad(at, f"an assistant message cannot hold a {kind!r} block "
+                           "(expected text, tool_use or thinking)")
+    # "" rather than None: simple templates concatenate content without checking it exists.
+    msg: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts)}
+    if calls:
+        msg["tool_calls"] = calls
+    if thoughts:
+        msg["reasoning_content"] = "\n".join(thoughts)  # what reasoning templates read from history
+    return msg
+
+
+def _system(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    system = body.get("system")
+    text = _content({"content": system}, "system") if system is not None else None
+    return [{"role": "system", "content": text}] if text else []
+
+
+def _conversation(body: Mapping[str, Any]) -> tuple[dict[str, Any], ...]:
+    msgs = body.get("messages")
+    if not isinstance(msgs, list):
+        raise _bad("messages", "required: an array of messages" if msgs is None else "expected an array")
+    if not msgs:
+        raise _bad("messages", "must contain at least one message")
+    out = _system(body)
+    for i, msg in enumerate(msgs):
+        where = f"messages[{i}]"
+        role = msg.get("role") if isinstance(msg, dict) else None
+        if role not in ("user", "assistant"):
+            raise _bad(f"{where}.role", f"expected user or assistant, got {role!r}")
+        if "content" not in msg:
+            raise _bad(f"{where}.content", "required")
+        content, at = msg["content"], f"{where}.content"
+        out.extend(_user_turn(content, at) if role == "user" else [_assistant_turn(content, at)])
+    return tuple(name_tool_results(merge_turns(out)))
+
+
+def _tool(i: int, tool: Any) -> dict[str, Any] | None:
+    where = f"tools[{i}]"
+    if not isinstance(tool, dict):
+        raise _bad(where, f"expected an object, got {p.json_type(tool)}")
+    name = p.required_string(tool, "name", where)
+    if "input_schema" not in tool:
+        # Anthropic-defined tools (bash_*, web_search_*, ...) carry no schema to show the model.
+        p.log.warning("tools[%d] %r has no input_schema: not offered to the model", i, name)
+        return None
+    schema = p.nested(p.obj, tool, "input_schema", f"{where}.input_schema")
+    return tool_function(name, tool.get("description"), schema)
+
+
+def _tool_choice(body: Mapping[str, Any]) -> str | dict[str, Any] | None:
+    choice = p.obj(body, "tool_choice")
+    if choice is None:
+        return None
+    kind = choice.get("type")
+    if kind == "tool":
+        return {"type": "function", "function": {"name": p.required_string(choice, "name", "tool_choice")}}
+    mapped = {"auto": "auto", "any": "required", "none": "none"}.get(kind) if isinstance(kind, str) else None
+    if mapped is None:
+        raise _bad("tool_choice.type", f"expected auto, any, tool or none, got {kind!r}")
+    return mapped
+
+
+def _tools(body: Mapping[str, Any]) -> tuple[tuple[dict[str, Any], ...] | None, str | dict[str, Any] | None]:
+    return p.array_of(body, "tools", _tool) or None, _tool_choice(body)
+
+
+def _thinking_fields(body: Mapping[str, Any]) -> dict[str, Any]:
+    """Anthropic's `thinking` maps onto the neutral thinking controls; explicit gmlx fields win."""
+    out = _thinking(body)
+    thinking = p.obj(body, "thinking") or {}
+    kind = thinking.get("type")
+    if kind == "enabled":
+        budget = p.nested(p.integer, thinking, "budget_tokens", "thinking.budget_tokens", 0)
+        out["enable_thinking"] = True if out["enable_thinking"] is None else out["enable_thinking"]
+        out["thinking_budget"] = budget if out["thinking_budget"] is None else out["thinking_budget"]
+    elif kind == "disabled" and out["enable_thinking"] is None:
+        out["enable_thinking"] = False
+    return out
+
+
+def _output_config(body: Mapping[str, Any]) -> None:
+    config = p.obj(body, "output_config") or {}
+    fmt = p.nested(p.obj, config, "format", "output_config.format")
+    if fmt is None:
+        return
+    if fmt.get("type") == "json_schema":
+        raise UnsupportedFeature("'output_config.format': structured output (json_schema) is not available "
+                                 "in this build yet", param="output_config.format")
+    raise _bad("output_config.format.type", f"expected json_schema, got {fmt.get('type')!r}")
+
+
+def parse_messages(raw: Any, path: str = "/v1/messages") -> GenerationParams:
+    """A /v1/messages (or count_tokens) body -> GenerationParams; warns once about ignored parameters."""
+    body = _object(raw)
+    ignored = p.warn_ignored("messages", path, body)
+    _response_format(body)
+    _output_config(body)
+    tools, choice = _tools(body)
+    return GenerationParams(
+        **p.generation_basics(body), **_thinking_fields(body),
+        messages=_conversation(body), tools=tools, tool_choice=choice,
+        max_tokens=p.max_tokens(body, ("max_tokens", "max_output_tokens")),
+        stop=p.stop(body, "stop_sequences", STOP_SEQUENCES_LIMIT),
+        template_kwargs=p.obj(body, "chat_template_kwargs") or {},
+        ignored=ignored,
+    )

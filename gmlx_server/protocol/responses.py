@@ -1,0 +1,156 @@
+"""OpenAI Responses request bodies -> the neutral GenerationParams (pure).
+
+Input items become the chat template's messages: message items keep their role (developer ->
+system), function_call items become the assistant's `tool_calls`, function_call_output items
+`tool` messages. `instructions` is a system message for this request only: a conversation
+continued through previous_response_id does not carry it over (OpenAI's rule).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from gmlx_server.errors import UnsupportedFeature
+from gmlx_server.protocol import params as p
+from gmlx_server.protocol.neutral import merge_turns, name_tool_results, tool_call_entry, tool_function
+from gmlx_server.protocol.openai import GenerationParams, _bad, _object, _response_format, _thinking
+
+_ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
+_TEXT_PARTS = {"input_text": "text", "output_text": "text", "text": "text", "refusal": "refusal"}
+_MEDIA_PARTS = ("input_image", "input_file", "input_audio")
+
+
+@dataclass(frozen=True)
+class ResponsesRequest:
+    params: GenerationParams  # messages: instructions + this request's input, without the history
+    input_messages: tuple[dict[str, Any], ...]
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    store: bool = True
+    echo: Mapping[str, Any] = field(default_factory=dict)  # request fields the response object repeats
+
+    def with_history(self, history: Sequence[Mapping[str, Any]]) -> GenerationParams:
+        """The generation request once the stored conversation of previous_response_id is known."""
+        system = [{"role": "system", "content": self.instructions}] if self.instructions else []
+        turns = merge_turns([*history, *self.input_messages])
+        return replace(self.params, messages=tuple(name_tool_results([*system, *turns])))
+
+
+def _text(content: Any, where: str) -> str:
+    """A string, or text parts (input_text, output_text, refusal) joined."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise _bad(where, f"expected a string or an array of content parts, got {p.json_type(content)}")
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in _MEDIA_PARTS:
+            raise UnsupportedFeature(f"'{where}[{j}]': {kind} parts need a vision model (mmproj), which this "
+                                     "server does not support yet", param=where)
+        key = _TEXT_PARTS.get(kind) if isinstance(kind, str) else None
+        if key is None or not isinstance(part.get(key), str):
+            raise _bad(f"{where}[{j}]", "expected an input_text or output_text part with a string")
+        texts.append(part[key])
+    return "\n".join(texts)
+
+
+def _item(i: int, item: Any) -> dict[str, Any] | None:
+    where = f"input[{i}]"
+    if not isinstance(item, dict):
+        raise _bad(where, f"expected an object, got {p.json_type(item)}")
+    kind = item.get("type", "message")  # "easy" input messages carry no type
+    if kind == "message":
+        role = item.get("role")
+        if not isinstance(role, str) or role not in _ROLES:
+            raise _bad(f"{where}.role", f"expected user, assistant, system or developer, got {role!r}")
+        return {"role": _ROLES[role], "content": _text(item.get("content"), f"{where}.content")}
+    if kind == "function_call":
+        call = tool_call_entry(p.required_string(item, "call_id", where), p.required_string(item, "name", where),
+                               p.required_string(item, "arguments", where), where)
+        return {"role": "assistant", "content": "", "tool_calls": [call]}
+    if kind == "function_call_output":
+        output = _text(item.get("output"), f"{where}.output")
+        return {"role": "tool", "tool_call_id": p.required_string(item, "call_id", where), "content": output}
+    if kind == "reasoning":
+        return None  # an earlier turn's reasoning: templates drop it from history anyway
+    raise UnsupportedFeature(f"'{where}': {kind!r} items are not supported (expected message, function_call, "
+                             "function_call_output or reasoning)", param=where)
+
+
+def _input(body: Mapping[str, Any]) -> tuple[dict[str, Any], ...]:
+    raw = body.get("input")
+    if isinstance(raw, str):
+        return ({"role": "user", "content": raw},)
+    if raw is None:
+        raise _bad("input", "required: a string or an array of items")
+    if not isinstance(raw, list):
+        raise _bad("input", f"expected a string or an array of items, got {p.json_type(raw)}")
+    if not raw:
+        raise _bad("input", "must contain at least one item")
+    return tuple(m for m in (_item(i, x) for i, x in enumerate(raw)) if m is not None)
+
+
+def _tool(i: int, tool: Any) -> dict[str, Any] | None:
+    where = f"tools[{i}]"
+    if not isinstance(tool, dict):
+        raise _bad(where, f"expected an object, got {p.json_type(tool)}")
+    if tool.get("type") != "function":
+        # Hosted tools (web_search, file_search, ...) run on OpenAI's side; nothing here can run them.
+        p.log.warning("%s of type %r is not a function tool: not offered to the model", where, tool.get("type"))
+        return None
+    params = p.nested(p.obj, tool, "parameters", f"{where}.parameters")
+    return tool_function(p.required_string(tool, "name", where), tool.get("description"), params)
+
+
+def _tool_choice(body: Mapping[str, Any]) -> str | dict[str, Any] | None:
+    choice = body.get("tool_choice")
+    if choice is None or choice in ("none", "auto", "required"):
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    raise _bad("tool_choice", 'expected none, auto, required or {"type": "function", "name": ...}')
+
+
+def _text_format(body: Mapping[str, Any]) -> None:
+    """Responses spells structured output `text.format`; like response_format, not available yet."""
+    text = p.obj(body, "text") or {}
+    fmt = p.nested(p.obj, text, "format", "text.format") or {}
+    kind = fmt.get("type", "text")
+    if kind in ("json_schema", "json_object"):
+        raise UnsupportedFeature("'text.format': structured output is not supported by this build yet",
+                                 param="text.format")
+    if kind != "text":
+        raise _bad("text.format.type", f"unknown type {kind!r} (expected text, json_object or json_schema)")
+
+
+def _echo(body: Mapping[str, Any], max_tokens: int | None, instructions: str | None, store: bool,
+          ) -> dict[str, Any]:
+    metadata = body.get("metadata")
+    return {"instructions": instructions, "max_output_tokens": max_tokens,
+            "temperature": body.get("temperature"), "top_p": body.get("top_p"),
+            "tools": body.get("tools") or [], "tool_choice": body.get("tool_choice") or "auto",
+            "previous_response_id": body.get("previous_response_id"), "store": store,
+            "metadata": metadata if isinstance(metadata, dict) else {}}
+
+
+def parse_responses(raw: Any, path: str = "/v1/responses") -> ResponsesRequest:
+    """A /v1/responses body -> ResponsesRequest; warns once about ignored parameters."""
+    body = _object(raw)
+    ignored = p.warn_ignored("responses", path, body)
+    _response_format(body)
+    _text_format(body)
+    instructions = p.string(body, "instructions") or None
+    max_tokens = p.max_tokens(body, ("max_output_tokens", "max_tokens"))
+    messages = _input(body)
+    params = GenerationParams(
+        **p.generation_basics(body), **_thinking(body),
+        messages=messages, tools=p.array_of(body, "tools", _tool) or None, tool_choice=_tool_choice(body),
+        max_tokens=max_tokens,
+        template_kwargs=p.obj(body, "chat_template_kwargs") or {}, ignored=ignored,
+    )
+    store = p.boolean(body, "store") is not False
+    return ResponsesRequest(params, messages, instructions, p.string(body, "previous_response_id") or None, store,
+                            _echo(body, max_tokens, instructions, store))

@@ -1,0 +1,30 @@
+"""Tool-call parsing: infer the syntax from a chat template, then parse a response as it streams.
+
+    fmt = infer_tool_format(template_text)       # None: the template defines no tool calls
+    parser = fmt.streaming(tools)                # one per response
+    events = parser.feed(delta) ... parser.finish()
+"""
+
+from gmlx_server.protocol.tools.events import (
+    ParsedCall,
+    TextDelta,
+    ToolCallArgsDelta,
+    ToolCallEnd,
+    ToolCallStart,
+    ToolEvent,
+)
+from gmlx_server.protocol.tools.formats import FORMATS, infer_tool_format
+from gmlx_server.protocol.tools.stream import ToolFormat, ToolStreamParser
+
+__all__ = [
+    "FORMATS",
+    "ParsedCall",
+    "TextDelta",
+    "ToolCallArgsDelta",
+    "ToolCallEnd",
+    "ToolCallStart",
+    "ToolEvent",
+    "ToolFormat",
+    "ToolStreamParser",
+    "infer_tool_format",
+]

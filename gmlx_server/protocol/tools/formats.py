@@ -1,0 +1,167 @@
+"""The tool-call syntaxes we parse, and which one a chat template teaches its model.
+
+Body parsing reuses mlx-vlm's parsers (json_tools, qwen3_coder, mistral, gemma4, pythonic) where
+they fit. What is ours: the streaming (mlx-vlm's ToolCallDeltaState streams argument fragments
+before a call is known to be valid, and covers only some formats), the end of calls that have no
+closing marker (mlx-vlm ends them at a newline, which breaks pretty-printed JSON), Llama 3's bare
+JSON calls and FunctionGemma (no mlx-vlm parser), and the template inference (mlx-vlm's registry
+knows neither Llama 3 nor FunctionGemma, and needs `tool_call.name` in a Hermes template).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+from gmlx_server.protocol.tools._vendor import mlx_vlm_parser
+from gmlx_server.protocol.tools.events import ParsedCall
+from gmlx_server.protocol.tools.stream import BodyParser, ToolFormat, Tools
+
+_DECODER = json.JSONDecoder()
+_GEMMA4_QUOTE = '<|"|>'  # Gemma 4's string delimiter token; FunctionGemma spells it <escape>
+_MISTRAL_NAMED = re.compile(r"\s*([\w.-]+)(?:\[CALL_ID\][\w-]*)?\[ARGS\]\s*")
+_MISTRAL_CALL_ID = re.compile(r"\[CALL_ID\][\w-]*")
+_GEMMA_CALL = re.compile(r"\s*(?:call:)?[\w.:-]+(\{.*\})\s*", re.DOTALL)
+
+
+def _strict(parse: Callable[[str, Tools], list[ParsedCall]]) -> BodyParser:
+    """Any failure inside a vendored parser means 'malformed': the stream shows the text instead."""
+
+    def wrapped(body: str, tools: Tools) -> list[ParsedCall]:
+        try:
+            return parse(body, tools)
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError, SyntaxError, RecursionError) as e:
+            raise ValueError(f"malformed tool call: {e}") from e
+
+    return wrapped
+
+
+def _arguments(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        value = json.loads(value)
+    if not isinstance(value, dict):
+        raise ValueError("tool arguments are not a JSON object")
+    return value
+
+
+def _call(data: Any, args_keys: tuple[str, ...] = ("arguments", "parameters")) -> ParsedCall:
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str) or not data["name"].strip():
+        raise ValueError("a tool call needs a name")
+    value = next((data[k] for k in args_keys if k in data), None)
+    return ParsedCall(data["name"].strip(), _arguments(value))
+
+
+def _calls(parsed: Any) -> list[ParsedCall]:
+    return [_call(item) for item in (parsed if isinstance(parsed, list) else [parsed])]
+
+
+def _json_end(text: str, start: int = 0) -> int | None:
+    """End of the JSON value that starts (after whitespace) at `start`; None while it may be incomplete."""
+    start += len(text) - start - len(text[start:].lstrip())
+    if start >= len(text):
+        return None
+    try:
+        return _DECODER.raw_decode(text, start)[1]
+    except json.JSONDecodeError:
+        return None
+
+
+# Hermes / Qwen2.5: <tool_call>{"name": ..., "arguments": {...}}</tool_call>
+def _hermes(body: str, tools: Tools) -> list[ParsedCall]:
+    return _calls(mlx_vlm_parser("json_tools").parse_tool_call(body, tools))
+
+
+# Qwen3-Coder / Qwen3.5: <tool_call><function=name><parameter=k>v</parameter></function></tool_call>
+def _qwen3_coder(body: str, tools: Tools) -> list[ParsedCall]:
+    return _calls(mlx_vlm_parser("qwen3_coder").parse_tool_call(body, tools))
+
+
+# Llama 3.x: the whole message is {"name": ..., "parameters": {...}} (or follows <|python_tag|>).
+def _llama3(body: str, tools: Tools) -> list[ParsedCall]:
+    data = json.loads(body)
+    if not isinstance(data, dict) or not ({"parameters", "arguments"} & data.keys()):
+        raise ValueError("JSON without parameters is not a call")
+    return [_call(data)]
+
+
+# Mistral: [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...] (v3) or [TOOL_CALLS]name[ARGS]{...} (v11+).
+def _mistral(body: str, tools: Tools) -> list[ParsedCall]:
+    return _calls(mlx_vlm_parser("mistral").parse_tool_call(_MISTRAL_CALL_ID.sub("", body), tools))
+
+
+def _mistral_end(text: str) -> int | None:
+    stripped = text.lstrip()
+    if stripped[:1] in ("[", "{"):
+        return _json_end(text)
+    named = _MISTRAL_NAMED.match(text)
+    return _json_end(text, named.end()) if named else None
+
+
+# Gemma 4 <|tool_call>call:name{k:<|"|>v<|"|>}<tool_call|> and FunctionGemma's <escape> spelling of it.
+def _gemma(quote: str) -> BodyParser:
+    def parse(body: str, tools: Tools) -> list[ParsedCall]:
+        text = body.replace(quote, _GEMMA4_QUOTE)
+        _check_gemma_shape(text)
+        return _calls(mlx_vlm_parser("gemma4").parse_tool_call(text, tools))
+
+    return parse
+
+
+def _check_gemma_shape(text: str) -> None:
+    """mlx-vlm's gemma parser forgives unbalanced braces and open strings; we return those as text."""
+    match = _GEMMA_CALL.fullmatch(text)
+    if match is None or text.count(_GEMMA4_QUOTE) % 2:
+        raise ValueError("not a gemma call")
+    outside = "".join(match.group(1).split(_GEMMA4_QUOTE)[::2])  # the parts outside quoted strings
+    depth = 0
+    for at, ch in enumerate(outside):
+        depth += (ch in "{[") - (ch in "}]")
+        if depth < 0 or (depth == 0 and at < len(outside) - 1):
+            raise ValueError("unbalanced gemma call")
+    if depth:
+        raise ValueError("unbalanced gemma call")
+
+
+# Gemma 3 prompted style: ```tool_code\nget_weather(city="Paris")\n```
+def _tool_code(body: str, tools: Tools) -> list[ParsedCall]:
+    statements = ast.parse(body.strip()).body
+    if not statements or not all(isinstance(s, ast.Expr) and isinstance(s.value, ast.Call) for s in statements):
+        raise ValueError("tool_code holds something other than calls")
+    listed = ast.unparse(ast.List(elts=[s.value for s in statements if isinstance(s, ast.Expr)], ctx=ast.Load()))
+    return _calls(mlx_vlm_parser("pythonic").parse_tool_call(listed, tools))
+
+
+HERMES = ToolFormat("hermes", ("<tool_call>",), "</tool_call>", _strict(_hermes))
+QWEN3_CODER = ToolFormat("qwen3_coder", ("<tool_call>",), "</tool_call>", _strict(_qwen3_coder))
+LLAMA3_JSON = ToolFormat("llama3_json", ("<|python_tag|>",), None, _strict(_llama3), _json_end, leading_json=True)
+MISTRAL = ToolFormat("mistral", ("[TOOL_CALLS]",), None, _strict(_mistral), _mistral_end)
+# FunctionGemma goes on to imagine the tool's response; its model card makes that marker a stop sequence.
+FUNCTIONGEMMA = ToolFormat("functiongemma", ("<start_function_call>",), "<end_function_call>",
+                           _strict(_gemma("<escape>")), stop=("<start_function_response>",))
+GEMMA4 = ToolFormat("gemma4", ("<|tool_call>",), "<tool_call|>", _strict(_gemma(_GEMMA4_QUOTE)))
+GEMMA_TOOL_CODE = ToolFormat("gemma_tool_code", ("```tool_code",), "```", _strict(_tool_code))
+
+# First match wins; each entry is an OR of AND-groups of template substrings.
+_RULES: tuple[tuple[ToolFormat, tuple[tuple[str, ...], ...]], ...] = (
+    (GEMMA4, (("<|tool_call>",),)),
+    (FUNCTIONGEMMA, (("<start_function_call>",),)),
+    (QWEN3_CODER, (("<tool_call>", "<function="),)),
+    (HERMES, (("<tool_call>",),)),
+    (MISTRAL, (("[TOOL_CALLS]",),)),
+    (LLAMA3_JSON, (("<|python_tag|>",), ("<|start_header_id|>", '"parameters"'))),
+    (GEMMA_TOOL_CODE, (("tool_code",),)),
+)
+FORMATS: dict[str, ToolFormat] = {fmt.name: fmt for fmt, _ in _RULES}
+
+
+def infer_tool_format(template_source: str) -> ToolFormat | None:
+    """The call syntax a chat template teaches, or None: the template defines no tool calls."""
+    for fmt, groups in _RULES:
+        if any(all(marker in template_source for marker in group) for group in groups):
+            return fmt
+    return None

@@ -1,0 +1,82 @@
+"""Driving an EventEncoder (Anthropic Messages, OpenAI Responses): named SSE events or one body.
+
+Uses the same watcher as the OpenAI routes (keepalive comments while silent, disconnect ->
+cancel) and the same error mapper for a failure after the stream started.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
+from typing import Any
+
+import falcon.asgi
+
+from gmlx_server.engine.types import RequestHandle
+from gmlx_server.protocol.neutral import Event, EventEncoder
+from gmlx_server.protocol.openai_out import event_error
+from gmlx_server.routes.common import GmlxRequest
+from gmlx_server.routes.errors import as_gmlx_error
+from gmlx_server.routes.generation import _SSE_HEADERS
+from gmlx_server.routes.streaming import KEEPALIVE, ClientDisconnected, Receive, watch_events
+
+OnDone = Callable[[], None]
+
+
+def frame(event: Event) -> bytes:
+    name, payload = event
+    data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return f"event: {name}\ndata: {data}\n\n".encode()
+
+
+async def event_stream(handle: RequestHandle, encoder: EventEncoder, receive: Receive, keepalive_s: float,
+                       on_done: OnDone | None = None) -> AsyncIterator[bytes]:
+    """The encoder's events as SSE; `on_done` runs once the request ended without an error."""
+    for event in encoder.start():
+        yield frame(event)
+    try:
+        async with aclosing(watch_events(handle, receive, keepalive_s)) as events:
+            async for ev in events:
+                if ev is None:
+                    yield KEEPALIVE
+                    continue
+                for event in encoder.feed(ev):
+                    yield frame(event)
+                err = event_error(ev)
+                if err is not None:
+                    for event in encoder.fail(err):
+                        yield frame(event)
+                    return
+        if on_done is not None:
+            on_done()
+    except ClientDisconnected:
+        return
+    except Exception as exc:
+        for event in encoder.fail(as_gmlx_error(exc, "while streaming")):
+            yield frame(event)
+
+
+async def collect_body(handle: RequestHandle, encoder: EventEncoder, receive: Receive) -> dict[str, Any]:
+    """The whole non-streamed body; raises the typed error if the request ends in one."""
+    async with aclosing(watch_events(handle, receive, None)) as events:
+        async for ev in events:
+            if ev is None:
+                continue
+            encoder.feed(ev)
+            err = event_error(ev)
+            if err is not None:
+                raise err
+    return encoder.body()
+
+
+async def send(req: GmlxRequest, resp: falcon.asgi.Response, handle: RequestHandle, encoder: EventEncoder,
+               stream: bool, keepalive_s: float, on_done: OnDone | None = None) -> None:
+    if stream:
+        resp.content_type = "text/event-stream"
+        resp.set_headers(_SSE_HEADERS)
+        resp.stream = event_stream(handle, encoder, req.asgi_receive, keepalive_s, on_done)
+        return
+    resp.media = await collect_body(handle, encoder, req.asgi_receive)
+    if on_done is not None:
+        on_done()

@@ -1,0 +1,38 @@
+"""POST /v1/messages and /v1/messages/count_tokens (Anthropic). The x-api-key, anthropic-version
+and anthropic-beta headers are accepted; the key is checked by the API-key middleware."""
+
+from __future__ import annotations
+
+import falcon.asgi
+
+from gmlx_server.protocol.anthropic import parse_messages
+from gmlx_server.protocol.anthropic_out import AnthropicEncoder, MessageMeta
+from gmlx_server.protocol.neutral import new_id
+from gmlx_server.routes.common import GmlxRequest, body_of
+from gmlx_server.routes.events import send
+from gmlx_server.service.generate import count_prompt_tokens, start_generation
+from gmlx_server.service.host import ModelHost
+
+
+class Messages:
+    def __init__(self, host: ModelHost) -> None:
+        self.host = host
+
+    async def on_post(self, req: GmlxRequest, resp: falcon.asgi.Response) -> None:
+        params = parse_messages(body_of(req), req.path)
+        message_id = new_id("msg_")
+        started = await start_generation(self.host, params, message_id)
+        encoder = AnthropicEncoder(MessageMeta(message_id, started.model_id, started.prompt_tokens))
+        await send(req, resp, started.handle, encoder, params.stream, self.host.env.sse_keepalive_s)
+
+
+class CountTokens:
+    """The prompt as /v1/messages would render and tokenize it, so the count equals its input_tokens."""
+
+    def __init__(self, host: ModelHost) -> None:
+        self.host = host
+
+    async def on_post(self, req: GmlxRequest, resp: falcon.asgi.Response) -> None:
+        params = parse_messages(body_of(req), req.path)
+        _, tokens = await count_prompt_tokens(self.host, params)
+        resp.media = {"input_tokens": tokens}

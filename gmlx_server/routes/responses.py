@@ -1,0 +1,37 @@
+"""POST /v1/responses (OpenAI Responses), with previous_response_id served from a bounded store."""
+
+from __future__ import annotations
+
+import time
+
+import falcon.asgi
+
+from gmlx_server.protocol.neutral import new_id
+from gmlx_server.protocol.responses import parse_responses
+from gmlx_server.protocol.responses_out import ResponsesEncoder, ResponsesMeta
+from gmlx_server.routes.common import GmlxRequest, body_of
+from gmlx_server.routes.events import send
+from gmlx_server.service.conversations import ResponseStore
+from gmlx_server.service.generate import start_generation
+from gmlx_server.service.host import ModelHost
+
+
+class Responses:
+    def __init__(self, host: ModelHost, store: ResponseStore) -> None:
+        self.host, self.store = host, store
+
+    async def on_post(self, req: GmlxRequest, resp: falcon.asgi.Response) -> None:
+        request = parse_responses(body_of(req), req.path)
+        prev = request.previous_response_id
+        history = self.store.get(prev) if prev is not None else ()
+        params = request.with_history(history)
+        response_id = new_id("resp_")
+        started = await start_generation(self.host, params, response_id)
+        meta = ResponsesMeta(response_id, started.model_id, int(time.time()), started.prompt_tokens, request.echo)
+        encoder = ResponsesEncoder(meta)
+
+        def remember() -> None:  # only a finished, stored response can be continued
+            if request.store:
+                self.store.put(response_id, [*history, *request.input_messages, *encoder.output_messages()])
+
+        await send(req, resp, started.handle, encoder, params.stream, self.host.env.sse_keepalive_s, remember)
