@@ -94,7 +94,7 @@ class Scheduler:
             return
         job, seq = self.prefilling
         try:
-            done = seq.prefill_step()
+            done = seq.finish("shed", error=job.shed_reason) if job.shed_reason else seq.prefill_step()
         except Exception as e:  # one request's failure must not take the engine down
             log.exception("prefill of %s failed", job.request.request_id)
             done = seq.finish("error", error=f"{type(e).__name__}: {e}")

@@ -37,12 +37,12 @@ class ShedChoice:
 
 
 def largest_stream(engines: Mapping[str, Engine]) -> ShedChoice | None:
-    """The decoding request that holds the most KV (prompt + generated tokens)."""
+    """The streaming request (prefilling or decoding) that holds the most KV: prompt + generated tokens."""
     best: ShedChoice | None = None
     for model_id, engine in engines.items():
         for row in engine.stats().rows:
             held = row.prompt_tokens + row.generated
-            if row.state == "decode" and (best is None or held > best.tokens):
+            if row.state in ("prefill", "decode") and (best is None or held > best.tokens):
                 best = ShedChoice(model_id, row.request_id, held)
     return best
 
@@ -54,6 +54,10 @@ class Governor:
         self.band_changes: Counter[str] = Counter()  # band entered -> count
         self.sheds = 0
         self.last_reading: MemoryReading | None = None
+        # A shed takes effect at the engine's next step; until its victim is gone and one more reading
+        # has been taken, memory still shows the victim's KV, so no second request is shed.
+        self._pending: str | None = None
+        self._settle = False
 
     def read(self) -> MemoryReading:
         return self._read()
@@ -72,7 +76,20 @@ class Governor:
             self._shed(engines, reading)
         return band
 
+    def _still_settling(self, engines: Mapping[str, Engine]) -> bool:
+        if self._pending is not None:
+            live = {r.request_id for e in engines.values() for r in e.stats().rows}
+            if self._pending in live:
+                return True
+            self._pending, self._settle = None, True
+        if self._settle:
+            self._settle = False
+            return True
+        return False
+
     def _shed(self, engines: Mapping[str, Engine], reading: MemoryReading) -> None:
+        if self._still_settling(engines):
+            return
         choice = largest_stream(engines)
         if choice is None:
             return
@@ -81,6 +98,7 @@ class Governor:
                   f"bytes free); this request held the most tokens ({choice.tokens})")
         if shed is not None and shed(choice.request_id, reason):
             self.sheds += 1
+            self._pending = choice.request_id
             log.warning("shed request %s of model %s (%d tokens)", choice.request_id, choice.model_id,
                         choice.tokens)
 

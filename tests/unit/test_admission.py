@@ -109,7 +109,7 @@ def test_random_arrivals_keep_invariants_and_end_every_request_once(script: list
         elif op == "shed" and (choice := largest_stream({"m": engine})):  # type: ignore[dict-item]
             engine.shed(choice.request_id, "test")
         s = engine.stats()
-        assert s.in_flight <= width and s.waiting <= cap
+        assert s.in_flight <= width and s.waiting <= cap + width - s.in_flight
     for _ in range(len(script) * (length + 1) + 1):  # drain
         engine.step()
     for rid, h in handles.items():
@@ -156,6 +156,22 @@ def test_red_sheds_the_largest_stream_and_counts_it() -> None:
     assert engine.shed_reasons.keys() == {"r1"} and gov.sheds == 1 and gov.pressure
     engine.step()
     assert set(engine.running) == {"r0", "r2"}  # r1 left the batch, the others still run
+
+
+def test_one_shed_at_a_time_until_the_victim_is_gone() -> None:
+    engine = SlotEngine(2)
+    for i, n in enumerate((5, 50)):
+        engine.submit(GenerationRequest(f"r{i}", list(range(n)), 10))
+    engine.step()
+    gov = Governor(True, lambda: _reading(10))
+    gov.evaluate({"m": engine})  # type: ignore[dict-item]
+    gov.evaluate({"m": engine})  # r1 not gone yet: no second victim
+    assert engine.shed_reasons.keys() == {"r1"} and gov.sheds == 1
+    engine.step()  # r1 leaves
+    gov.evaluate({"m": engine})  # one settling reading after the victim left
+    assert gov.sheds == 1
+    gov.evaluate({"m": engine})  # still red with r1 gone: now r0 goes
+    assert engine.shed_reasons.keys() == {"r0", "r1"} and gov.sheds == 2
 
 
 def test_governor_off_reports_bands_but_never_sheds() -> None:
