@@ -1,10 +1,11 @@
-"""`gmlx serve | run`: the one place that parses the command line."""
+"""`gmlx serve | run | plan`: the one place that parses the command line."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from gmlx_plan.cli import add_plan_parser
 from gmlx_server.run_cmd import add_run_parser
 from gmlx_server.serve import add_serve_parser
 
@@ -14,6 +15,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_serve_parser(sub)
     add_run_parser(sub)
+    add_plan_parser(sub)
     return parser
 
 

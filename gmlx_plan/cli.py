@@ -1,0 +1,179 @@
+"""`gmlx plan [check|simulate]`: the offline capacity planner and fan-out simulator.
+
+The lead's gmlx_server/cli.py calls add_plan_parser(sub); args.func is run_plan.
+
+  gmlx plan --model PATH|ID [--config FILE] --width W --depth D [--memory 64GiB]
+            [--kv-quant uniform:8 | kvarn:4:8:128] [--layout auto|packed|dense] [--decode-batch N]
+            [--device auto|metal|cpu] [--kv-dtype auto|f16|f32] [--max-kv-size N] [--json]
+  gmlx plan simulate --model ... --width W --depth D --waves K --output-tokens N --think-s T --spread-s S
+            [--decode-tok-s R --prefill-tok-s P | --server URL [--api-key KEY]] [--queue-cap C] [--png FILE]
+
+Exit status: 0 the plan fits, 1 it does not (the reason is printed), 2 an input error.
+--json prints {"plan": {...}, "capacity": <the /v1/metrics capacity section>, "weights_by_type": {...}}
+(simulate: {"capacity", "simulation", "png"}).
+Flags win over the config; the config (server.decode_batch, server.memory_budget and the model's
+max_kv_size, kv_quant, weights) wins over the defaults, so the plan matches the server's boot table.
+--layout auto means packed on macOS and dense elsewhere (the CPU server runs dense whenever
+OpenBLAS loads, and dense is the larger of the two, so the plan stays on the safe side).
+--device auto means metal on macOS, where prefill attention runs fused for head dims 64/80/128.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from typing import Any
+
+from gmlx_plan.budget import default_budget, parse_memory
+from gmlx_plan.capacity import CapacityTable, build_table, largest_width_at, max_width_at, plan, table_to_json
+from gmlx_plan.geometry import GeometryError
+from gmlx_plan.gguf_header import GGUFFormatError, read_header
+from gmlx_plan.memory import PREFILL_CHUNK, Layout, MemoryModel, UnsupportedType, model_from_header, weights_by_type
+from gmlx_plan.report import sim_ascii, sim_png, sim_summary, sim_text, table_text
+from gmlx_plan.simulate import Rates, ServerSide, Workload, default_queue_cap, simulate
+from gmlx_plan.source import PlanInputError, fetch_metrics, parse_kv_quant, resolve_model, server_rates
+
+DEFAULT_DECODE_BATCH = 4  # the server's default (server.decode_batch)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", nargs="?", choices=("check", "simulate"), default="check",
+                   help="check a plan (default) or simulate a fan-out")
+    p.add_argument("--model", help="a GGUF path, or a configured id with --config")
+    p.add_argument("--config", help="a gmlx YAML config (models.<id>.path and server settings)")
+    p.add_argument("--width", type=int, required=True, help="streams (subagents) at once")
+    p.add_argument("--depth", type=int, required=True, help="context tokens per stream")
+    p.add_argument("--memory", help="memory budget (64GiB, 24G, 512MiB, bytes); default: measured available "
+                                    "minus max(512 MiB, 10%%)")
+    p.add_argument("--kv-quant", help="none, uniform:BITS[:GROUP] or kvarn:KEY_BITS:VALUE_BITS:TAIL[:GROUP]")
+    p.add_argument("--layout", choices=("auto", "packed", "dense"), help="weights layout (default auto)")
+    p.add_argument("--device", choices=("auto", "metal", "cpu"), default="auto",
+                   help="where the model runs (auto: metal on macOS): Metal fuses prefill attention")
+    p.add_argument("--kv-dtype", choices=("auto", "f16", "f32"), default="auto",
+                   help="activation/KV dtype (auto: f32, what the engine runs in both layouts today)")
+    p.add_argument("--decode-batch", type=int, help=f"decode width (default {DEFAULT_DECODE_BATCH})")
+    p.add_argument("--max-kv-size", type=int, help="lower the context window")
+    p.add_argument("--prefill-chunk", type=int, default=PREFILL_CHUNK, help="prefill chunk tokens")
+    p.add_argument("--json", action="store_true", help="print JSON for scripts")
+
+
+def _simulation(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("simulate")
+    g.add_argument("--waves", type=int, default=1)
+    g.add_argument("--output-tokens", type=int, default=256)
+    g.add_argument("--think-s", type=float, default=0.0, help="pause between a wave's end and the next")
+    g.add_argument("--spread-s", type=float, default=0.0, help="arrivals of a wave spread over this many seconds")
+    g.add_argument("--decode-tok-s", type=float, help="one stream's decode rate at width 1")
+    g.add_argument("--prefill-tok-s", type=float, help="prefill rate")
+    g.add_argument("--server", help="read rates (and decode width, queue cap) from URL/v1/metrics")
+    g.add_argument("--api-key", help="API key for --server")
+    g.add_argument("--batch-scaling", type=float, default=0.9, help="aggregate decode rate = R * width ** this")
+    g.add_argument("--queue-cap", type=int, help="waiting requests before 503 (default 4x the decode width)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--max-retries", type=int, default=20, help="503 retries before a subagent gives up")
+    g.add_argument("--png", help="also write a PNG plot (needs matplotlib)")
+
+
+def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "plan", help="plan capacity offline, or simulate a fan-out",
+        description="Does a machine hold W streams at D tokens of this model? Reads only the GGUF header.")
+    _common(p)
+    _simulation(p)
+    p.set_defaults(func=run_plan)
+    return p
+
+
+def _layout(flag: str | None, configured: str | None) -> Layout:
+    choice = flag or configured or "auto"
+    if choice == "auto":
+        return "packed" if platform.system() == "Darwin" else "dense"
+    if choice not in ("packed", "dense"):
+        raise PlanInputError(f"layout {choice!r}: expected auto, packed or dense")
+    return "packed" if choice == "packed" else "dense"
+
+
+def _build(args: argparse.Namespace) -> tuple[MemoryModel, CapacityTable, dict[str, int]]:
+    src = resolve_model(args.model, args.config)
+    header = read_header(src.path, strings=False)
+    layout = _layout(args.layout, src.layout)
+    kvq = parse_kv_quant(args.kv_quant) if args.kv_quant is not None else src.kv_quant
+    metal = args.device == "metal" or (args.device == "auto" and platform.system() == "Darwin")
+    act = {"f16": 2, "f32": 4}.get(args.kv_dtype)
+    m = model_from_header(header, layout, kvq, args.prefill_chunk, metal=metal, act_bytes=act)
+    budget = parse_memory(args.memory) if args.memory else src.memory_budget or default_budget()
+    decode_batch = args.decode_batch or src.decode_batch or DEFAULT_DECODE_BATCH
+    table = build_table(m, budget, model=src.model_id, decode_batch=decode_batch,
+                        max_kv_size=args.max_kv_size or src.max_kv_size)
+    return m, table, weights_by_type(header.tensors, layout)
+
+
+def _check(args: argparse.Namespace, m: MemoryModel, table: CapacityTable, by_type: dict[str, int]) -> int:
+    verdict = plan(table, args.width, args.depth)
+    exact = max_width_at(m, table.budget_bytes, args.depth) if args.depth <= table.context_length else 0
+    if args.json:
+        out = {"plan": {"width": args.width, "depth": args.depth, "ok": verdict.ok, "reason": verdict.reason,
+                        "width_read": verdict.width_read, "largest_width": exact,
+                        "largest_tabulated_width": largest_width_at(table, args.depth)},
+               "capacity": table_to_json(table), "weights_by_type": by_type}
+        print(json.dumps(out, indent=2))
+    else:
+        print(table_text(table, verdict, args.width, args.depth, exact))
+    return 0 if verdict.ok else 1
+
+
+def _simulate(args: argparse.Namespace, table: CapacityTable) -> int:
+    metrics = fetch_metrics(args.server, args.api_key) if args.server else {}
+    if args.server and (args.decode_tok_s is None or args.prefill_tok_s is None):
+        decode, prefill = server_rates(metrics)
+    elif args.decode_tok_s and args.prefill_tok_s:
+        decode, prefill = args.decode_tok_s, args.prefill_tok_s
+    else:
+        raise PlanInputError("simulate needs --decode-tok-s and --prefill-tok-s, or --server URL")
+    conc = metrics.get("concurrency") or {}
+    width = args.decode_batch or conc.get("decode_batch") or table.decode_batch
+    need = args.depth + args.output_tokens
+    server = ServerSide(decode_batch=width, queue_cap=args.queue_cap if args.queue_cap is not None else
+                        conc.get("queue_cap") or default_queue_cap(width), prefill_chunk=table.prefill_chunk,
+                        slots=largest_width_at(table, need), geometry_ok=plan(table, 1, need).ok)
+    work = Workload(args.waves, args.width, args.depth, args.output_tokens, args.think_s, args.spread_s,
+                    args.seed, args.max_retries)
+    result = simulate(work, server, Rates(decode, prefill, args.batch_scaling))
+    summary = sim_summary(result)
+    png = sim_png(result, args.png) if args.png else None
+    if args.json:
+        print(json.dumps({"capacity": table_to_json(table), "simulation": summary, "png": png}, indent=2))
+        return 0
+    print(f"fan-out: {work.waves} waves x {work.width} subagents, {work.depth}-token prompts, "
+          f"{work.output_tokens} output tokens; decode width {width}, queue cap {server.queue_cap}, "
+          f"decode {decode:g} tok/s/stream (aggregate x width^{args.batch_scaling:g}), prefill {prefill:g} tok/s")
+    print(sim_text(summary))
+    print(sim_ascii(result))
+    if args.png:
+        print(f"PNG written to {args.png}" if png else "PNG skipped: matplotlib is not installed")
+    return 0
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    try:
+        m, table, by_type = _build(args)
+        if args.action == "simulate":
+            return _simulate(args, table)
+        return _check(args, m, table, by_type)
+    except (PlanInputError, GGUFFormatError, GeometryError, UnsupportedType, ValueError, RuntimeError) as e:
+        print(f"gmlx plan: error: {e}", file=sys.stderr)
+        return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry (`python -m gmlx_plan.cli ...`) until the lead wires `gmlx plan`."""
+    parser = argparse.ArgumentParser(prog="gmlx")
+    add_plan_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,279 @@
+"""Bytes a model costs in MLX memory: weights after conversion, KV cache per stream, prefill transient.
+
+Weights (what gmlx_server/engine/gguf_tensors.py makes of each GGUF tensor; PACKED_BITS is the
+single source of truth for the per-type bits, the engine's converter should import it from here):
+
+  packed layout  2-D quantized tensor of n elements -> MLX affine, group 32, fp16 scales and biases:
+                 n * bits / 8 + (n / 32) * 2 * 2 bytes; 2-D F32/F16/BF16/F64 -> fp16 (2 n);
+                 1-D F32 stays f32 (4 n); any other 1-D tensor -> fp16 (2 n)
+  dense layout   every tensor -> fp32 (4 n) (2-D ones are stored transposed: same bytes)
+
+KV cache for one stream at depth D (mlx-vlm's KVCache / RotatingKVCache / QuantizedKVCache):
+
+  tokens held by a layer   C(D) = min(ceil(D / 256) * 256, window)  (caches grow in steps of 256;
+                           a sliding layer never holds more than its window)
+  per token, plain layer   kv_heads * (key_dim + value_dim) * e, e = the activation dtype's bytes
+                           (ACTIVATION_BYTES: 4 in both layouts today, measured: the 1-D F32 norm
+                           weights promote the packed layout's fp16 activations to fp32)
+  per token, quantized     kv_heads * sum over K and V of dim * bits / 8 + dim / group * 2 * e
+                           (mx.quantize keeps scales and biases in the input dtype)
+  kvarn                    keys at `bits`, values at `value_bits`; the newest tail_tokens stay at e bytes
+  which layers quantize    full-attention layers whose head dims the group divides; not sliding ones
+                           (RotatingKVCache has no quantized form in mlx-vlm) and, for stacks deeper
+                           than 2 layers, not the last one (mlx-vlm's should_quantize_kv_layer)
+
+Prefill transient for `rows` query rows (a chunk of the prompt, or one decode step of `rows`
+streams) whose last token sits at depth D; one layer's working set is live at a time:
+
+  activations  rows * e * (4 hidden + 2 q_dim + 2 kv_dim + 3 ffn)
+               (residual, normed input, attention and o_proj outputs; q and k, v before and after
+               RoPE; MLP gate, up and their product)
+  scores       rows * n_heads * K * (2 e + 1), K = D for a full layer, min(D, window + rows - 1)
+               for a sliding one: scores and softmax in the activation dtype plus a bool mask, as
+               MLX's unfused attention materializes them (every CPU run; Metal for head dims other
+               than 64/80/128). 0 with fused_attention (Metal's flash kernel keeps only tiles)
+  logits       rows * vocab * e (the last chunk projects every row; the sampler's [:, -1] slice is a
+               view that keeps the whole buffer alive)
+  overshoot    sliding layers hold window + rows - 1 tokens during a chunk, not window
+  transient = activations + scores + logits + overshoot
+
+Measured on Linux CPU, dense layout, 512-token chunks, peak over the cache's own growth: SmolLM2
+mid-prompt chunk at depth 1024 took 42 MB (formula without logits 61 MB), its last chunk at 1536
+took 149 MB (formula 182 MB); Gemma 3 270M's last chunk at 2048 took 563 MB (formula 614 MB).
+The scores and the logits do not peak together, so their sum is a safe, not a tight, bound.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Literal
+
+from gmlx_plan.geometry import Geometry, LayerKV, geometry_from_header
+from gmlx_plan.gguf_header import GGUFHeader, TensorInfo, ggml_type_name
+
+Layout = Literal["packed", "dense"]
+AFFINE_GROUP = 32  # MLX affine group size of every packed weight
+KV_STEP = 256  # mlx-vlm's KV caches grow in steps of this many tokens
+PREFILL_CHUNK = 512  # gmlx_server/engine/generate.py
+FLOAT_TYPES = frozenset({"F32", "F16", "BF16", "F64"})
+# ggml type -> bits of its MLX affine form in the packed layout (exact repack or requantized).
+PACKED_BITS: dict[str, int] = {
+    "Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "Q5_0": 5, "Q5_1": 5, "Q5_K": 5, "Q8_0": 8, "Q8_K": 8,
+    "Q6_K": 8, "IQ4_NL": 8, "IQ4_XS": 8, "Q3_K": 5, "Q2_K": 4,
+    "IQ2_XXS": 8, "IQ2_XS": 8, "IQ2_S": 8, "IQ3_XXS": 8, "IQ3_S": 8, "IQ1_S": 8, "IQ1_M": 8,
+    "TQ1_0": 8, "TQ2_0": 8, "MXFP4": 8,
+}
+
+
+class UnsupportedType(ValueError):
+    def __init__(self, name: str, type_name: str) -> None:
+        super().__init__(f"tensor {name!r} has ggml type {type_name}, which gmlx cannot load")
+
+
+# The KV cache follows the activations' dtype. Measured: fp32 in both layouts, because the packed
+# layout keeps 1-D norm weights in f32 and they promote fp16 activations. Cast them and packed is 2.
+ACTIVATION_BYTES: dict[str, int] = {"packed": 4, "dense": 4}
+
+
+def kv_element_bytes(layout: Layout) -> int:
+    return ACTIVATION_BYTES[layout]
+
+
+def converted_bytes(shape: tuple[int, ...], type_name: str, layout: Layout, name: str = "") -> int:
+    """Bytes of one GGUF tensor once the engine has converted it for `layout`."""
+    if type_name not in FLOAT_TYPES and type_name not in PACKED_BITS:
+        raise UnsupportedType(name, type_name)
+    n = math.prod(shape)
+    if layout == "dense" or (len(shape) < 2 and type_name == "F32"):
+        return 4 * n
+    if len(shape) >= 2 and type_name in PACKED_BITS:
+        return n * PACKED_BITS[type_name] // 8 + (n // AFFINE_GROUP) * 4
+    return 2 * n
+
+
+def weights_by_type(tensors: Iterable[TensorInfo], layout: Layout) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for t in tensors:
+        name = ggml_type_name(t.ggml_type)
+        out[name] = out.get(name, 0) + converted_bytes(t.shape, name, layout, t.name)
+    return out
+
+
+def weights_bytes(tensors: Iterable[TensorInfo], layout: Layout) -> int:
+    return sum(weights_by_type(tensors, layout).values())
+
+
+@dataclass(frozen=True)
+class KVQuant:
+    """KV cache quantization, as the config's kv_quant block says it."""
+
+    scheme: Literal["uniform", "kvarn"]
+    bits: int = 4
+    group_size: int = 64
+    value_bits: int | None = None  # kvarn: value bits (default: bits)
+    tail_tokens: int | None = None  # kvarn: the newest tokens kept unquantized
+    quantize_sliding: bool = False  # mlx-vlm's RotatingKVCache cannot quantize
+    keep_last_layer: bool = True  # mlx-vlm keeps the last layer unquantized when there are > 2
+
+    def __post_init__(self) -> None:
+        if self.scheme not in ("uniform", "kvarn"):
+            raise ValueError(f"kv quant scheme must be uniform or kvarn, got {self.scheme!r}")
+        for b in (self.bits, self.value_bits if self.value_bits is not None else self.bits):
+            if b not in (2, 3, 4, 5, 6, 8):
+                raise ValueError(f"kv quant bits must be 2, 3, 4, 5, 6 or 8, got {b}")
+        if self.group_size not in (32, 64, 128):
+            raise ValueError(f"kv quant group_size must be 32, 64 or 128, got {self.group_size}")
+        if self.tail_tokens is not None and self.tail_tokens < 0:
+            raise ValueError("kv quant tail_tokens must not be negative")
+
+    @property
+    def key_bits(self) -> int:
+        return self.bits
+
+    @property
+    def val_bits(self) -> int:
+        return self.value_bits if self.scheme == "kvarn" and self.value_bits is not None else self.bits
+
+    @property
+    def tail(self) -> int:
+        return (self.tail_tokens or 0) if self.scheme == "kvarn" else 0
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    window: int | None
+    plain_per_token: int  # bytes per token unquantized
+    quant_per_token: int  # bytes per token quantized (== plain when the layer stays unquantized)
+    tail: int  # newest tokens kept unquantized
+    quantized: bool
+
+
+def _quantizable(i: int, layer: LayerKV, n: int, q: KVQuant) -> bool:
+    if layer.window is not None and not q.quantize_sliding:
+        return False
+    if q.keep_last_layer and n > 2 and i == n - 1:
+        return False
+    return layer.key_dim % q.group_size == 0 and layer.value_dim % q.group_size == 0
+
+
+def _quant_bytes(dim: int, bits: int, group: int, e: int) -> int:
+    return dim * bits // 8 + (dim // group) * 2 * e
+
+
+def layer_costs(g: Geometry, e: int, q: KVQuant | None) -> tuple[LayerCost, ...]:
+    out = []
+    for i, layer in enumerate(g.layers):
+        plain = layer.kv_elements_per_token * e
+        if q is None or not _quantizable(i, layer, g.n_layers, q):
+            out.append(LayerCost(layer.window, plain, plain, 0, False))
+            continue
+        per = layer.kv_heads * (_quant_bytes(layer.key_dim, q.key_bits, q.group_size, e)
+                                + _quant_bytes(layer.value_dim, q.val_bits, q.group_size, e))
+        out.append(LayerCost(layer.window, plain, per, q.tail, True))
+    return tuple(out)
+
+
+def _held(tokens: int, window: int | None, step: int) -> int:
+    held = -(-tokens // step) * step if tokens > 0 else 0
+    return min(held, window) if window is not None else held
+
+
+def layer_bytes(c: LayerCost, tokens: int, step: int = KV_STEP) -> int:
+    held = _held(tokens, c.window, step)
+    tail = min(held, c.tail) if c.quantized else held
+    return tail * c.plain_per_token + (held - tail) * c.quant_per_token
+
+
+@dataclass(frozen=True)
+class MemoryModel:
+    """Everything the capacity formulas need about one loaded model."""
+
+    geometry: Geometry
+    layout: Layout
+    weights_bytes: int
+    kv_quant: KVQuant | None = None
+    prefill_chunk: int = PREFILL_CHUNK
+    kv_step: int = KV_STEP
+    fused_attention: bool = False  # True on Metal when fused_prefill_supported(geometry)
+    act_bytes: int | None = None  # activation/KV element bytes; None = ACTIVATION_BYTES[layout]
+
+    @property
+    def element_bytes(self) -> int:
+        return self.act_bytes or kv_element_bytes(self.layout)
+
+    @cached_property
+    def costs(self) -> tuple[LayerCost, ...]:
+        return layer_costs(self.geometry, self.element_bytes, self.kv_quant)
+
+
+def fused_prefill_supported(g: Geometry) -> bool:
+    """MLX's Metal flash-attention kernel serves prefill only for these head dims; others fall back."""
+    return all(layer.key_dim == layer.value_dim and layer.key_dim in (64, 80, 128) for layer in g.layers)
+
+
+def memory_model(g: Geometry, tensors: Iterable[TensorInfo], layout: Layout, kv_quant: KVQuant | None = None,
+                 prefill_chunk: int = PREFILL_CHUNK, weights: int | None = None, metal: bool = False,
+                 act_bytes: int | None = None) -> MemoryModel:
+    """`weights` overrides the header formula (the server may pass its load report's total);
+    metal: the model runs on the GPU, so prefill attention is fused where MLX supports it;
+    act_bytes: the activation dtype's size when the caller knows it (the server: its KV cache dtype)."""
+    w = weights_bytes(tensors, layout) if weights is None else weights
+    return MemoryModel(g, layout, w, kv_quant, prefill_chunk, fused_attention=metal and fused_prefill_supported(g),
+                       act_bytes=act_bytes)
+
+
+def model_from_header(h: GGUFHeader, layout: Layout, kv_quant: KVQuant | None = None,
+                      prefill_chunk: int = PREFILL_CHUNK, weights: int | None = None,
+                      metal: bool = False, act_bytes: int | None = None) -> MemoryModel:
+    return memory_model(geometry_from_header(h), h.tensors, layout, kv_quant, prefill_chunk, weights, metal,
+                        act_bytes)
+
+
+def kv_bytes(m: MemoryModel, tokens: int) -> int:
+    """One stream's KV cache at `tokens` tokens, every layer."""
+    return sum(layer_bytes(c, tokens, m.kv_step) for c in m.costs)
+
+
+def kv_bytes_per_token(m: MemoryModel, beyond_window: bool = False) -> int:
+    """A long context's bytes per token (quantized rate past the kvarn tail); beyond_window: full layers only."""
+    return sum(c.quant_per_token for c in m.costs if not (beyond_window and c.window is not None))
+
+
+def transient_bytes(m: MemoryModel, rows: int, depth: int) -> int:
+    """Peak working set beside weights and KV while `rows` query rows ending at `depth` run (see above)."""
+    g, e = m.geometry, m.element_bytes
+    if rows <= 0 or depth <= 0:
+        return 0
+    act = rows * e * (4 * g.hidden + 2 * g.q_dim + 2 * g.kv_dim + 3 * g.ffn)
+    keys = max(depth if c.window is None else min(depth, c.window + rows - 1) for c in m.costs)
+    scores = 0 if m.fused_attention else rows * g.n_heads * keys * (2 * e + 1)
+    logits = rows * g.vocab * e
+    overshoot = sum(c.plain_per_token * max(0, min(depth, c.window + rows - 1) - min(depth, c.window))
+                    for c in m.costs if c.window is not None)
+    return act + scores + logits + overshoot
+
+
+def footprint(m: MemoryModel, width: int, depth: int) -> int:
+    """Weights + `width` streams of KV at `depth` + the worst transient while they run.
+
+    The transient is the larger of a prefill chunk (min(chunk, depth) rows) and a decode step
+    (`width` rows), both attending `depth` keys.
+    """
+    if width <= 0 or depth <= 0:
+        return m.weights_bytes
+    rows = max(min(m.prefill_chunk, depth), width)
+    return m.weights_bytes + width * kv_bytes(m, depth) + transient_bytes(m, rows, depth)
+
+
+def need_bytes(m: MemoryModel, prompt_tokens: int, max_tokens: int | None = None, warm_tokens: int = 0) -> int:
+    """POST /v1/estimate's need_bytes: the prefill transient plus KV for the prompt (and max_tokens if pinned).
+
+    The cache already holds `warm_tokens` of the prompt, so the chunk prefilled last is at most
+    prompt - warm tokens; KV covers the whole prompt either way.
+    """
+    depth = prompt_tokens + (max_tokens or 0)
+    cold = max(1, prompt_tokens - warm_tokens)
+    return kv_bytes(m, depth) + transient_bytes(m, min(m.prefill_chunk, cold), max(prompt_tokens, 1))

@@ -1,0 +1,258 @@
+"""Fan-out simulation: waves of subagents against one engine's admission, queue and batched decode.
+
+A small heap-based discrete-event simulation (no simpy) that mirrors the engine loop of
+gmlx_server/engine/scheduler.py: each iteration starts one waiting request's prefill when a decode
+slot is free, runs one prefill chunk, then one batched decode step for every decoding stream.
+
+Model and assumptions:
+  arrivals   wave k+1 starts think_s after the last request of wave k resolves; its `width`
+             requests arrive uniformly spread over [0, spread_s) (seeded)
+  admission  a request whose geometry fails (depth + output_tokens over max_ctx at width 1) gets
+             400 and is final; one that would wait while `queue_cap` already wait gets 503 with
+             Retry-After = clamp(ceil(drain ETA), 2, 60) s and retries after it (at most
+             max_retries times, then it gave up); else it waits for a slot
+  slots      min(decode_batch, the widest tabulated width whose max_ctx holds depth + output):
+             memory limits concurrency before the governor would have to shed
+  prefill    one request at a time, `prefill_chunk` tokens per iteration at prefill_tok_s
+  decode     a step of w streams takes w / A(w) s, A(w) = decode_tok_s * w ** batch_scaling
+             (aggregate tok/s; batch_scaling 1 = perfect batching, 0 = none; DESIGN's CPU
+             figures 11 -> 42 tok/s at w 1 -> 4 give about 0.96)
+  drain ETA  (prefill tokens pending) / prefill_tok_s + (decode tokens pending) / A(min(slots, streams))
+  outputs    the first of output_tokens comes from prefill (TTFT), the rest from decode steps
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+RETRY_MIN_S, RETRY_MAX_S = 2, 60
+
+
+@dataclass(frozen=True)
+class Rates:
+    decode_tok_s: float  # one stream at width 1
+    prefill_tok_s: float
+    batch_scaling: float = 0.9
+
+    def aggregate(self, width: int) -> float:
+        return float(self.decode_tok_s * math.pow(max(1, width), self.batch_scaling))
+
+    def step_s(self, width: int) -> float:
+        return max(1, width) / self.aggregate(width)
+
+
+@dataclass(frozen=True)
+class Workload:
+    waves: int
+    width: int
+    depth: int  # prompt tokens per subagent
+    output_tokens: int
+    think_s: float = 0.0
+    spread_s: float = 0.0
+    seed: int = 0
+    max_retries: int = 20
+
+
+@dataclass(frozen=True)
+class ServerSide:
+    decode_batch: int
+    queue_cap: int
+    prefill_chunk: int = 512
+    slots: int | None = None  # memory-limited decode width; None = decode_batch
+    geometry_ok: bool = True  # one request of depth + output_tokens fits; else every request gets 400
+
+    @property
+    def width(self) -> int:
+        return self.decode_batch if self.slots is None else max(0, min(self.slots, self.decode_batch))
+
+
+def default_queue_cap(decode_batch: int) -> int:
+    """The queue cap when GMLX_QUEUE_DEPTH_CAP is unset: four waiting requests per decode slot."""
+    return 4 * max(1, decode_batch)
+
+
+def drain_eta_s(prefill_tokens: int, decode_tokens: int, streams: int, slots: int, rates: Rates) -> float:
+    """Seconds to finish the work in the engine now: what queue.eta_s and Retry-After carry."""
+    width = max(1, min(slots, streams))
+    return prefill_tokens / rates.prefill_tok_s + decode_tokens / rates.aggregate(width)
+
+
+def retry_after_s(eta_s: float) -> int:
+    return int(min(RETRY_MAX_S, max(RETRY_MIN_S, math.ceil(eta_s))))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    wave: int
+    status: str  # completed | rejected_400 | gave_up
+    first_arrival: float
+    accepted: float | None
+    started: float | None
+    first_token: float | None
+    done: float | None
+    retry_afters: tuple[int, ...]  # one per 503
+
+    @property
+    def queue_wait(self) -> float | None:
+        return None if self.started is None or self.accepted is None else self.started - self.accepted
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.first_arrival
+
+
+@dataclass(frozen=True)
+class SimResult:
+    outcomes: tuple[Outcome, ...]
+    drain_s: float  # when the last request resolved
+    wave_drain_s: tuple[float, ...]  # each wave: first arrival -> last resolution
+    timeline: tuple[tuple[float, int, int], ...]  # (t, streams in prefill or decode, waiting)
+    slots: int
+
+
+@dataclass
+class _Req:
+    rid: int
+    wave: int
+    first_arrival: float
+    prefill_left: int
+    decode_left: int
+    accepted: float | None = None
+    started: float | None = None
+    first_token: float | None = None
+    done: float | None = None
+    status: str = ""
+    retry_afters: list[int] = field(default_factory=list)
+
+
+class _Sim:
+    def __init__(self, work: Workload, server: ServerSide, rates: Rates) -> None:
+        self.work, self.server, self.rates = work, server, rates
+        self.rng = random.Random(work.seed)
+        self.t = 0.0
+        self.events: list[tuple[float, int, _Req]] = []
+        self.waiting: deque[_Req] = deque()
+        self.prefilling: _Req | None = None
+        self.batch: list[_Req] = []
+        self.reqs: list[_Req] = []
+        self.open_in_wave: dict[int, int] = {}
+        self.timeline: list[tuple[float, int, int]] = []
+        self._start_wave(0, 0.0)
+
+    # arrivals and admission -------------------------------------------------------------
+    def _start_wave(self, wave: int, at: float) -> None:
+        if wave >= self.work.waves or self.work.width <= 0:
+            return
+        self.open_in_wave[wave] = self.work.width
+        for _ in range(self.work.width):
+            t = at + self.rng.uniform(0.0, self.work.spread_s) if self.work.spread_s > 0 else at
+            r = _Req(len(self.reqs), wave, t, self.work.depth, max(0, self.work.output_tokens - 1))
+            self.reqs.append(r)
+            heapq.heappush(self.events, (t, r.rid, r))
+
+    def _resolve(self, r: _Req, status: str, at: float) -> None:
+        r.status, r.done = status, at
+        self.open_in_wave[r.wave] -= 1
+        if self.open_in_wave[r.wave] == 0:
+            self._start_wave(r.wave + 1, at + self.work.think_s)
+
+    def _in_engine(self) -> int:
+        return len(self.batch) + (self.prefilling is not None)
+
+    def _eta(self) -> float:
+        active = [*self.waiting, *self.batch] + ([self.prefilling] if self.prefilling else [])
+        return drain_eta_s(sum(r.prefill_left for r in active), sum(r.decode_left for r in active),
+                           len(active), self.server.width, self.rates)
+
+    def _arrive(self, r: _Req, at: float) -> None:
+        if not self.server.geometry_ok or self.server.width == 0:
+            self._resolve(r, "rejected_400", at)
+            return
+        slot_free = self._in_engine() + len(self.waiting) < self.server.width
+        if not slot_free and len(self.waiting) >= self.server.queue_cap:
+            ra = retry_after_s(self._eta())
+            r.retry_afters.append(ra)
+            if len(r.retry_afters) > self.work.max_retries:
+                self._resolve(r, "gave_up", at)
+            else:
+                heapq.heappush(self.events, (at + ra, r.rid, r))
+            return
+        r.accepted = at
+        self.waiting.append(r)
+
+    def _events_until(self, until: float) -> None:
+        while self.events and self.events[0][0] <= until:
+            at, _, r = heapq.heappop(self.events)
+            self._arrive(r, at)
+            self.timeline.append((at, self._in_engine(), len(self.waiting)))
+
+    # the engine loop ---------------------------------------------------------------------
+    def _iteration(self) -> None:
+        if self.prefilling is None and self.waiting and len(self.batch) < self.server.width:
+            self.prefilling = self.waiting.popleft()
+            self.prefilling.started = self.t
+        if self.prefilling is not None:
+            self._prefill_chunk()
+        if self.batch:
+            self._decode_steps()
+
+    def _prefill_chunk(self) -> None:
+        r = self.prefilling
+        assert r is not None
+        take = min(self.server.prefill_chunk, r.prefill_left)
+        dt = take / self.rates.prefill_tok_s
+        self._events_until(self.t + dt)
+        self.t += dt
+        r.prefill_left -= take
+        if r.prefill_left == 0:
+            r.first_token, self.prefilling = self.t, None
+            if r.decode_left == 0:
+                self._resolve(r, "completed", self.t)
+            else:
+                self.batch.append(r)  # it joins this iteration's decode step, as the scheduler does
+
+    def _decode_steps(self) -> None:
+        step = self.rates.step_s(len(self.batch))
+        k = min(r.decode_left for r in self.batch)
+        if self.prefilling is not None or (self.waiting and len(self.batch) < self.server.width):
+            k = 1  # a prefill interleaves with every step
+        elif self.events:
+            k = max(1, min(k, math.ceil((self.events[0][0] - self.t) / step)))  # stop at the next arrival
+        self._events_until(self.t + k * step)
+        self.t += k * step
+        for r in self.batch:
+            r.decode_left -= k
+        for r in [r for r in self.batch if r.decode_left == 0]:
+            self._resolve(r, "completed", self.t)
+        self.batch = [r for r in self.batch if r.decode_left > 0]
+
+    def run(self) -> None:
+        while True:
+            if self.prefilling is not None or self.batch or (self.waiting and self.server.width > 0):
+                self._iteration()
+            elif self.events:
+                self.t = max(self.t, self.events[0][0])
+                self._events_until(self.t)
+            else:
+                return
+            self.timeline.append((self.t, self._in_engine(), len(self.waiting)))
+
+
+def simulate(work: Workload, server: ServerSide, rates: Rates) -> SimResult:
+    if rates.decode_tok_s <= 0 or rates.prefill_tok_s <= 0:
+        raise ValueError("decode and prefill rates must be positive")
+    sim = _Sim(work, server, rates)
+    sim.run()
+    outs = tuple(Outcome(r.wave, r.status, r.first_arrival, r.accepted, r.started, r.first_token, r.done,
+                         tuple(r.retry_afters)) for r in sim.reqs)
+    waves = []
+    for w in range(work.waves):
+        mine = [o for o in outs if o.wave == w]
+        if mine:
+            waves.append(max(o.done or 0.0 for o in mine) - min(o.first_arrival for o in mine))
+    drain = max((o.done or 0.0 for o in outs), default=0.0)
+    return SimResult(outs, drain, tuple(waves), tuple(sim.timeline), server.width)

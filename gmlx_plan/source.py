@@ -1,0 +1,125 @@
+"""Where a plan's inputs come from: a GGUF path or a configured id, the config's server settings,
+the --kv-quant flag, and a running server's rates. Reads the YAML minimally (no gmlx_server import).
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gmlx_plan.budget import parse_memory
+from gmlx_plan.memory import KVQuant
+
+
+class PlanInputError(ValueError):
+    """An input the operator gave cannot be used; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    model_id: str
+    path: str
+    decode_batch: int | None = None  # server.decode_batch
+    memory_budget: int | None = None  # server.memory_budget (None = auto)
+    max_kv_size: int | None = None
+    kv_quant: KVQuant | None = None
+    layout: str | None = None  # models.<id>.weights: auto, packed or dense
+
+
+def parse_kv_quant(spec: str | None) -> KVQuant | None:
+    """'none', 'uniform:BITS[:GROUP]' or 'kvarn:KEY_BITS:VALUE_BITS:TAIL_TOKENS[:GROUP]'."""
+    if spec is None or spec.strip().lower() in ("", "none", "fp16"):
+        return None
+    scheme, *parts = spec.strip().lower().split(":")
+    try:
+        nums = [int(p) for p in parts]
+        if scheme == "uniform" and len(nums) <= 2:
+            full = nums + [4, 64][len(nums):]  # defaults: the config's bits 4, group 64
+            return KVQuant("uniform", full[0], full[1])
+        if scheme == "kvarn" and 3 <= len(nums) <= 4:
+            return KVQuant("kvarn", nums[0], nums[3] if len(nums) == 4 else 64, nums[1], nums[2])
+    except ValueError as e:
+        raise PlanInputError(f"--kv-quant {spec!r}: {e}") from e
+    raise PlanInputError(f"--kv-quant {spec!r}: expected none, uniform:BITS[:GROUP] or "
+                         "kvarn:KEY_BITS:VALUE_BITS:TAIL_TOKENS[:GROUP]")
+
+
+def _kv_from_config(raw: Any) -> KVQuant | None:
+    if not isinstance(raw, dict):
+        return None
+    try:
+        return KVQuant(raw.get("scheme", "uniform"), int(raw.get("bits", 4)), int(raw.get("group_size", 64)),
+                       raw.get("value_bits"), raw.get("tail_tokens"))
+    except (TypeError, ValueError) as e:
+        raise PlanInputError(f"kv_quant in the config: {e}") from e
+
+
+def _load_yaml(config: str) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(Path(config).read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise PlanInputError(f"cannot read config {config}: {e}") from e
+    return data if isinstance(data, dict) else {}
+
+
+def _model_id(data: dict[str, Any], name: str | None) -> str:
+    models, aliases = data.get("models") or {}, data.get("aliases") or {}
+    name = name or (data.get("server") or {}).get("default_model")
+    if not name:
+        raise PlanInputError("no --model given and the config has no server.default_model")
+    base = str(aliases.get(name, name)).split("@")[0]
+    if base not in models:
+        raise PlanInputError(f"model {name!r} is not configured (models: {', '.join(sorted(models)) or 'none'})")
+    return base
+
+
+def resolve_model(model: str | None, config: str | None) -> ModelSource:
+    """A GGUF path as is; a configured id through the config's models.<id>.path (relative to the file)."""
+    if model and Path(model).expanduser().is_file():
+        p = Path(model).expanduser()
+        return ModelSource(p.stem, str(p))
+    if not config:
+        raise PlanInputError(f"{model!r} is not a file; pass --config to look it up as a configured id")
+    data = _load_yaml(config)
+    mid = _model_id(data, model)
+    entry, server = data["models"][mid] or {}, data.get("server") or {}
+    raw = str(entry.get("path", ""))
+    if not raw or raw.startswith("hf:"):
+        raise PlanInputError(f"models.{mid}.path {raw!r}: the planner needs a local GGUF file")
+    p = Path(raw).expanduser()
+    p = p if p.is_absolute() else Path(config).parent / p
+    budget = server.get("memory_budget")
+    return ModelSource(
+        mid, str(p), decode_batch=server.get("decode_batch"),
+        memory_budget=None if budget in (None, "auto") else parse_memory(budget),
+        max_kv_size=entry.get("max_kv_size"), kv_quant=_kv_from_config(entry.get("kv_quant")),
+        layout=entry.get("weights"),
+    )
+
+
+def fetch_metrics(url: str, api_key: str | None = None, timeout: float = 10.0) -> dict[str, Any]:
+    """GET URL/v1/metrics as JSON, the `server` object when it is wrapped in one."""
+    req = urllib.request.Request(url.rstrip("/") + "/v1/metrics", headers={"Accept": "application/json"})
+    if api_key:
+        req.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            data = json.loads(resp.read())
+    except (OSError, ValueError) as e:
+        raise PlanInputError(f"cannot read {url}/v1/metrics: {e}") from e
+    return data.get("server", data) if isinstance(data, dict) else {}
+
+
+def server_rates(metrics: dict[str, Any]) -> tuple[float, float]:
+    """(decode_tok_s_recent, prefill_tok_s_recent) from /v1/metrics `rates`."""
+    rates = metrics.get("rates") or {}
+    decode, prefill = rates.get("decode_tok_s_recent"), rates.get("prefill_tok_s_recent")
+    if not decode or not prefill:
+        raise PlanInputError("the server has no recent decode/prefill rates yet; pass --decode-tok-s and "
+                             "--prefill-tok-s")
+    return float(decode), float(prefill)
