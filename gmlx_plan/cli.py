@@ -31,8 +31,9 @@ from gmlx_plan.capacity import CapacityTable, build_table, largest_width_at, max
 from gmlx_plan.geometry import GeometryError
 from gmlx_plan.gguf_header import GGUFFormatError, read_header
 from gmlx_plan.memory import PREFILL_CHUNK, Layout, MemoryModel, UnsupportedType, model_from_header, weights_by_type
+from gmlx_plan.queueing import Rates, default_queue_cap
 from gmlx_plan.report import sim_ascii, sim_png, sim_summary, sim_text, table_text
-from gmlx_plan.simulate import Rates, ServerSide, Workload, default_queue_cap, simulate
+from gmlx_plan.simulate import ServerSide, Workload, simulate
 from gmlx_plan.source import PlanInputError, fetch_metrics, parse_kv_quant, resolve_model, server_rates
 
 DEFAULT_DECODE_BATCH = 4  # the server's default (server.decode_batch)

@@ -29,20 +29,7 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
-RETRY_MIN_S, RETRY_MAX_S = 2, 60
-
-
-@dataclass(frozen=True)
-class Rates:
-    decode_tok_s: float  # one stream at width 1
-    prefill_tok_s: float
-    batch_scaling: float = 0.9
-
-    def aggregate(self, width: int) -> float:
-        return float(self.decode_tok_s * math.pow(max(1, width), self.batch_scaling))
-
-    def step_s(self, width: int) -> float:
-        return max(1, width) / self.aggregate(width)
+from gmlx_plan.queueing import Rates, drain_eta_s, retry_after_s
 
 
 @dataclass(frozen=True)
@@ -68,21 +55,6 @@ class ServerSide:
     @property
     def width(self) -> int:
         return self.decode_batch if self.slots is None else max(0, min(self.slots, self.decode_batch))
-
-
-def default_queue_cap(decode_batch: int) -> int:
-    """The queue cap when GMLX_QUEUE_DEPTH_CAP is unset: four waiting requests per decode slot."""
-    return 4 * max(1, decode_batch)
-
-
-def drain_eta_s(prefill_tokens: int, decode_tokens: int, streams: int, slots: int, rates: Rates) -> float:
-    """Seconds to finish the work in the engine now: what queue.eta_s and Retry-After carry."""
-    width = max(1, min(slots, streams))
-    return prefill_tokens / rates.prefill_tok_s + decode_tokens / rates.aggregate(width)
-
-
-def retry_after_s(eta_s: float) -> int:
-    return int(min(RETRY_MAX_S, max(RETRY_MIN_S, math.ceil(eta_s))))
 
 
 @dataclass(frozen=True)

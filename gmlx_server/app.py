@@ -12,6 +12,7 @@ import falcon.inspect
 
 from gmlx_server.config import ServerConfig
 from gmlx_server.errors import GmlxError
+from gmlx_server.routes.capacity import CapacityPlan, Estimate
 from gmlx_server.routes.common import ApiKeyMiddleware, GmlxRequest, JsonBodyMiddleware
 from gmlx_server.routes.errors import handle_error
 from gmlx_server.routes.generation import ChatCompletions, Completions
@@ -21,6 +22,7 @@ from gmlx_server.routes.metrics import Metrics
 from gmlx_server.routes.models import Model, Models
 from gmlx_server.routes.responses import Responses
 from gmlx_server.service.conversations import ResponseStore
+from gmlx_server.service.estimate import Estimator
 from gmlx_server.service.host import EngineFactory, ModelHost
 from gmlx_server.service.prometheus import make_registry
 from gmlx_server.service.snapshot import Snapshotter
@@ -65,6 +67,7 @@ def _metrics(host: ModelHost, config: ServerConfig) -> Metrics:
 def _routes(host: ModelHost, config: ServerConfig) -> list[tuple[str, object]]:
     models = Models(host)
     metrics = _metrics(host, config)
+    estimator = Estimator(host)
     return [
         ("/v1/chat/completions", ChatCompletions(host)),
         ("/v1/completions", Completions(host)),
@@ -75,6 +78,8 @@ def _routes(host: ModelHost, config: ServerConfig) -> list[tuple[str, object]]:
         ("/models", models),
         ("/v1/models/{model_id:path}", Model(host)),
         ("/health", Health(host)),
+        ("/v1/estimate", Estimate(estimator)),
+        ("/v1/capacity/plan", CapacityPlan(estimator)),
         ("/v1/metrics", metrics),
         ("/metrics", metrics),
     ]

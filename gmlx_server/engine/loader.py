@@ -6,7 +6,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import mlx.core as mx
 
@@ -15,13 +15,12 @@ from gmlx_server.engine.arch import ArchSpec, arch_spec, vocab_size
 from gmlx_server.engine.blas import current_blas
 from gmlx_server.engine.chat_template import JinjaChatTemplate
 from gmlx_server.engine.gguf_tensors import LoadReport, load_gguf_tensors
+from gmlx_server.engine.layout import LayoutChoice, choose_layout
 from gmlx_server.engine.tokenizer import GGUFTokenizer
 from gmlx_server.engine.types import ModelInfo
 from gmlx_server.engine.weights import install_weights, transpose_dense_linears
 
 log = logging.getLogger("gmlx.engine")
-
-LayoutChoice = Literal["auto", "packed", "dense"]
 
 
 @dataclass
@@ -35,18 +34,6 @@ class LoadedModel:
     report: LoadReport
 
 
-def choose_layout(requested: LayoutChoice) -> tuple[str, str]:
-    """Packed affine weights on Metal; dense fp32 on CPU when an optimized BLAS runs the matmuls."""
-    if requested != "auto":
-        return requested, "configured"
-    if mx.default_device() == mx.gpu:
-        return "packed", "GPU: quantized kernels are fastest"
-    blas = current_blas()
-    if blas.name == "openblas":
-        return "dense", "CPU with OpenBLAS: dense fp32 sgemm beats MLX's CPU quantized matmul"
-    return "packed", f"CPU without OpenBLAS ({blas.note}): packed weights use less memory"
-
-
 def load_gguf_model(path: str | Path, model_id: str | None = None, layout: LayoutChoice = "auto",
                     max_kv_size: int | None = None, chat_template: str | None = None) -> LoadedModel:
     start = time.perf_counter()
@@ -54,7 +41,7 @@ def load_gguf_model(path: str | Path, model_id: str | None = None, layout: Layou
     spec = arch_spec(header)
     params = spec.build_config(header, vocab_size(header))
     model = spec.model_class()(spec.make_config(params))
-    chosen, why = choose_layout(layout)
+    chosen, why = choose_layout(layout, on_gpu=mx.default_device() == mx.gpu)
     tensors, report = load_gguf_tensors(path, header.tensors, chosen)  # type: ignore[arg-type]
     install_weights(model, spec, tensors)
     del tensors  # the model holds the arrays now; dropping the dict lets transposed copies replace them

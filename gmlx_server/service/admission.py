@@ -6,37 +6,30 @@ load balancer or client waits before retrying: tokens still to generate over the
 
 from __future__ import annotations
 
-import math
-
+from gmlx_plan.queueing import Rates, default_queue_cap, retry_after_s
+from gmlx_plan.queueing import drain_eta_s as plan_drain_eta_s
 from gmlx_server.config import RuntimeEnv
 from gmlx_server.engine.types import EngineStats
 from gmlx_server.errors import ServerOverloaded
 from gmlx_server.service.telemetry import ModelRates, Telemetry
 
-QUEUE_PER_SLOT = 2  # waiting requests allowed per decode slot when no cap is configured
 FALLBACK_DECODE_TOK_S = 5.0  # per stream, before any request has finished (CPU-class figure)
 FALLBACK_PREFILL_TOK_S = 100.0
 FALLBACK_OUTPUT_TOKENS = 256  # expected length of an uncapped answer before any has finished
-RETRY_MIN_S, RETRY_MAX_S = 2, 60
 
 
 def queue_cap(env: RuntimeEnv, stats: EngineStats) -> int:
-    return env.queue_depth_cap if env.queue_depth_cap is not None else QUEUE_PER_SLOT * stats.decode_batch
+    return env.queue_depth_cap if env.queue_depth_cap is not None else default_queue_cap(stats.decode_batch)
 
 
 def drain_eta_s(stats: EngineStats, rates: ModelRates | None) -> float:
-    """Seconds until the engine has worked off what is running and waiting now."""
-    per_stream = (rates.decode_tok_s_recent if rates else None) or FALLBACK_DECODE_TOK_S
-    prefill = (rates.prefill_tok_s_recent if rates else None) or FALLBACK_PREFILL_TOK_S
+    """Seconds until the engine has worked off what is running and waiting now (gmlx_plan's formula)."""
+    r = Rates((rates.decode_tok_s_recent if rates else None) or FALLBACK_DECODE_TOK_S,
+              (rates.prefill_tok_s_recent if rates else None) or FALLBACK_PREFILL_TOK_S, batch_scaling=1.0)
     expected = (rates.mean_generated if rates else None) or FALLBACK_OUTPUT_TOKENS
-    tokens_left = sum(max(min(r.max_tokens, expected) - r.generated, 1.0) for r in stats.rows)
-    prompt_left = sum(r.prompt_tokens for r in stats.rows if r.state in ("queued", "prefill"))
-    width = max(1, min(stats.decode_batch, len(stats.rows)))
-    return tokens_left / (per_stream * width) + prompt_left / prefill
-
-
-def retry_after_s(eta_s: float) -> int:
-    return int(min(RETRY_MAX_S, max(RETRY_MIN_S, math.ceil(eta_s))))
+    decode_left = sum(max(min(row.max_tokens, expected) - row.generated, 1.0) for row in stats.rows)
+    prefill_left = sum(row.prompt_tokens for row in stats.rows if row.state in ("queued", "prefill"))
+    return plan_drain_eta_s(prefill_left, decode_left, len(stats.rows), stats.decode_batch, r)
 
 
 class Admission:

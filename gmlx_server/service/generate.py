@@ -184,6 +184,7 @@ async def start_generation(host: ModelHost, inp: GenerationInput, request_id: st
         logprobs=inp.logprobs, top_logprobs=min(inp.top_logprobs, host.env.top_logprobs_k),
         thinking=thinking, starts_in_thinking=opened,
     )
+    host.capacity.preflight(prompt.model_id, len(ids), inp.max_tokens)  # memory 400 before any prefill
     host.admission.admit(prompt.model_id, engine.stats())  # no await between this and submit: no race
     handle = host.telemetry.track(prompt.model_id, engine.submit(request))
     return Started(handle, prompt.model_id, settings.profile, len(ids), max_tokens, engine.tokenizer)

@@ -18,6 +18,7 @@ from gmlx_server.engine.types import Engine
 from gmlx_server.errors import GmlxError, ModelNotFound
 from gmlx_server.service.addressing import Catalog
 from gmlx_server.service.admission import Admission
+from gmlx_server.service.capacity import CapacityService
 from gmlx_server.service.governor import Governor
 from gmlx_server.service.memory import MemoryReading, read_memory
 from gmlx_server.service.telemetry import Telemetry
@@ -49,6 +50,7 @@ class ModelHost:
         self.telemetry = Telemetry()
         self.admission = Admission(config.env, self.telemetry)
         self.governor = Governor(config.env.governor, self._read_memory)
+        self.capacity = CapacityService(config)
 
     def _read_memory(self) -> MemoryReading:
         snaps = [m for e in self._engines.values() if (m := getattr(e, "memory", None)) is not None]
@@ -93,8 +95,8 @@ class ModelHost:
             raise ModelLoadFailed(f"model '{entry.id}' failed to load: {exc}") from exc
 
     def capacity_section(self) -> dict[str, Any] | None:
-        """The boot capacity table for /v1/metrics; None until the capacity table is built."""
-        return None
+        """The boot capacity table for /v1/metrics; None without one (no readable GGUF default model)."""
+        return self.capacity.section()
 
     def close(self) -> None:
         engines, self._engines = self._engines, {}
@@ -146,7 +148,8 @@ class ModelHost:
             "speculative": False, "vlm": False,
             "profile": entry.profile, "default": entry.id == default or len(self.config.models) == 1,
             "discovered": entry.discovered,
-            "context_length": self._context_length(entry), "max_context_at_width_1": None,
+            "context_length": self._context_length(entry),
+            "max_context_at_width_1": self.capacity.max_context_at_width_1(entry.id),
         }
 
     def _alias_row(self, name: str, target: str, default: str | None) -> dict[str, Any]:

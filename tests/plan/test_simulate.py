@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gmlx_plan.simulate import Rates, ServerSide, Workload, drain_eta_s, retry_after_s, simulate
+from gmlx_plan.queueing import Rates, drain_eta_s, retry_after_s
+from gmlx_plan.simulate import ServerSide, Workload, simulate
 
 RATES = Rates(decode_tok_s=20.0, prefill_tok_s=200.0, batch_scaling=0.9)
 

@@ -9,10 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gmlx_plan.queueing import retry_after_s
 from gmlx_server.config import RuntimeEnv
 from gmlx_server.engine.types import EngineStats, GenerationRequest, RequestRow, TokenEvent
 from gmlx_server.errors import ServerOverloaded
-from gmlx_server.service.admission import Admission, drain_eta_s, queue_cap, retry_after_s
+from gmlx_server.service.admission import Admission, drain_eta_s, queue_cap
 from gmlx_server.service.governor import Governor, band_for, largest_stream
 from gmlx_server.service.memory import MemoryReading
 from gmlx_server.service.telemetry import Telemetry

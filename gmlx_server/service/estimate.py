@@ -1,0 +1,104 @@
+"""POST /v1/estimate (and chat's dry_run) and GET /v1/capacity/plan: admission answers before a request.
+
+The dry run never loads a model: a model that is not resident is tokenized with a tokenizer and
+template built from its GGUF header alone (no MLX), and answers resident: false.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from gmlx_plan.gguf_header import read_header
+from gmlx_server.engine.arch import arch_spec
+from gmlx_server.engine.chat_template import JinjaChatTemplate
+from gmlx_server.engine.tokenizer import GGUFTokenizer
+from gmlx_server.engine.types import ChatTemplate, Engine, Tokenizer
+from gmlx_server.service.addressing import resolve_address, resolve_settings
+from gmlx_server.service.generate import GenerationInput, render_chat
+from gmlx_server.service.host import ModelHost
+
+
+@dataclass(frozen=True)
+class PromptTools:
+    family: str
+    context_length: int
+    tokenizer: Tokenizer
+    template: ChatTemplate
+
+
+def _header_tools(path: str, chat_template: str | None, max_kv_size: int | None) -> PromptTools:
+    header = read_header(path)
+    family = arch_spec(header).family
+    trained = int(header.arch_value("context_length", 4096))
+    return PromptTools(family, min(trained, max_kv_size) if max_kv_size else trained,
+                       GGUFTokenizer.from_metadata(header.metadata),
+                       JinjaChatTemplate.from_metadata(header.metadata, family, chat_template))
+
+
+class Estimator:
+    def __init__(self, host: ModelHost) -> None:
+        self.host = host
+        self._tools: dict[str, PromptTools] = {}
+
+    async def tools(self, model_id: str) -> tuple[PromptTools, Engine | None]:
+        engine = self.host.resident.get(model_id)
+        if engine is not None:
+            info = engine.info
+            return PromptTools(info.family, info.context_length, engine.tokenizer, engine.template), engine
+        if model_id not in self._tools:
+            e = self.host.entry(model_id)
+            self._tools[model_id] = await asyncio.to_thread(_header_tools, e.path, e.chat_template, e.max_kv_size)
+        return self._tools[model_id], None
+
+    async def estimate(self, inp: GenerationInput) -> dict[str, Any]:
+        host = self.host
+        addr = resolve_address(inp.model, inp.profile, host.catalog)
+        tools, engine = await self.tools(addr.model_id)
+        settings = resolve_settings(addr, tools.family, host.catalog)
+        text = render_chat(inp, settings, tools.template)
+        ids = await asyncio.to_thread(tools.tokenizer.encode, text, False)
+        prompt, cap = len(ids), inp.max_tokens
+        need = host.capacity.need(addr.model_id, prompt, cap)
+        drained = host.capacity.drained_bytes(addr.model_id)
+        free = host.governor.read().available_bytes
+        return {
+            "model": addr.model_id, "prompt_tokens": prompt,
+            # The prompt cache is not built yet: nothing is warm, every prefix misses.
+            "warm_tokens": 0, "cache_tier": "miss", "need_bytes": need,
+            "fits_now": need <= free if need is not None and free is not None else None,
+            "fits_drained": need <= drained if need is not None and drained is not None else None,
+            "context_ok": prompt + (cap or 0) <= tools.context_length, "context_limit": tools.context_length,
+            "est_ttft_s": self._ttft(addr.model_id, engine, prompt), "resident": engine is not None,
+        }
+
+    def _ttft(self, model_id: str, engine: Engine | None, prompt_tokens: int) -> float | None:
+        rates = self.host.telemetry.models.get(model_id)
+        prefill = rates.prefill_tok_s_recent if rates else None
+        if prefill is None:
+            return None
+        wait = self.host.admission.eta_s(model_id, engine.stats()) if engine is not None else 0.0
+        return round(wait + prompt_tokens / prefill, 3)
+
+    def plan(self, width: int, depth: int) -> dict[str, Any]:
+        """ok from the capacity table; admit_now from the live state; reason = the first failing condition."""
+        host = self.host
+        ok, why = host.capacity.plan_ok(width, depth)
+        stats = [e.stats() for e in host.resident.values()]
+        waiting = sum(s.waiting for s in stats)
+        width_cap = host.config.server.decode_batch
+        free = sum(max(0, s.decode_batch - s.in_flight) for s in stats) if stats else width_cap
+        band = host.governor.band
+        if band == "yellow":
+            free = min(free, 1)  # a wider fan-out waits for the band to clear
+        checks = [
+            (ok is not False, why or "the capacity table does not hold this plan"),
+            (not host.governor.pressure, f"memory band is {band}"),
+            (waiting == 0, f"{waiting} requests are waiting"),
+            (free >= width, f"only {free} decode slots are free" + (" (yellow band: one counts)" if band == "yellow"
+                                                                   else "")),
+        ]
+        reason = next((msg for passed, msg in checks if not passed), None)
+        return {"width": width, "depth": depth, "ok": ok, "admit_now": reason is None, "reason": reason,
+                "band": band, "free_slots": free, "waiting": waiting}
