@@ -6,6 +6,7 @@
 2. A real `gmlx serve` streams the same request over HTTP; decode tok/s is measured at the client from
    the first to the last content chunk. The ratio is the HTTP path's cost.
 3. While a stream decodes, /health is polled every 20 ms: p50/p99 latency (it must never wait on the engine).
+4. Aggregate decode tok/s with 1, 2 and 4 concurrent streams (continuous batching) and the scaling ratio.
 """
 
 from __future__ import annotations
@@ -51,18 +52,47 @@ def engine_decode(gen: int, runs: int) -> tuple[float, list[int]]:
         engine.close()
 
 
+def _has_text(line: str) -> bool:
+    """An SSE chunk that carries generated text (not the role-only first chunk)."""
+    if not line.startswith("data: {"):
+        return False
+    choices = json.loads(line[6:]).get("choices") or [{}]
+    return bool(choices[0].get("delta", {}).get("content"))
+
+
 def http_decode(base: str, gen: int, eos_ids: list[int]) -> float:
     body = {"model": "smollm2", "messages": MESSAGES, "max_tokens": gen, "temperature": 0, "stream": True,
             "logit_bias": {str(t): -100 for t in eos_ids}, "timings_per_token": True}
     stamps: list[float] = []
     with httpx.stream("POST", base + "/v1/chat/completions", json=body, timeout=600) as r:
         for line in r.iter_lines():
-            if line.startswith("data: {"):
-                chunk = json.loads(line[6:])
-                if chunk.get("choices") and chunk["choices"][0]["delta"].get("content") is not None:
-                    stamps.append(time.perf_counter())
+            if _has_text(line):
+                stamps.append(time.perf_counter())
     n = len(stamps)
     return (n - 1) / (stamps[-1] - stamps[0]) if n > 1 else 0.0
+
+
+def aggregate_decode(base: str, gen: int, eos_ids: list[int], width: int) -> float:
+    """`width` concurrent streams: total content chunks over the span from the first to the last chunk."""
+    stamps: list[list[float]] = [[] for _ in range(width)]
+
+    def one(i: int) -> None:
+        body = {"model": "smollm2", "messages": MESSAGES, "max_tokens": gen, "temperature": 0, "stream": True,
+                "logit_bias": {str(t): -100 for t in eos_ids}}
+        with httpx.stream("POST", base + "/v1/chat/completions", json=body, timeout=900) as r:
+            for line in r.iter_lines():
+                if _has_text(line):
+                    stamps[i].append(time.perf_counter())
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(width)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # Decode rate once every stream has its first token (prefills are serialized by design).
+    start = max(st[0] for st in stamps)
+    tokens = sum(sum(1 for x in st if x > start) for st in stamps)
+    return tokens / (max(st[-1] for st in stamps) - start)
 
 
 def health_latency(base: str, stop: threading.Event, out: list[float]) -> None:
@@ -91,11 +121,14 @@ def main() -> None:
             rates.append(http_decode(server.base_url, args.gen, eos))
             stop.set()
             poller.join()
+        widths = {w: aggregate_decode(server.base_url, args.gen, eos, w) for w in (1, 2, 4)}
     http = statistics.median(rates)
     q = statistics.quantiles(lat, n=100)
     print(f"HTTP streaming    decode {http:6.1f} tok/s  -> HTTP/engine {http / eng:.3f} "
           f"(HTTP path costs {100 * (1 - http / eng):+.1f}%)")
     print(f"/health during decode: p50 {q[49] * 1000:.1f} ms  p99 {q[98] * 1000:.1f} ms  ({len(lat)} probes)")
+    for w, rate in widths.items():
+        print(f"width {w}: aggregate decode {rate:6.1f} tok/s  ({rate / widths[1]:.2f}x width 1)")
 
 
 if __name__ == "__main__":
