@@ -1,4 +1,4 @@
-"""`gmlx serve | run | plan`: the one place that parses the command line."""
+"""`gmlx serve | run | top | plan`: the one place that parses the command line."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from gmlx_plan.cli import add_plan_parser
+from gmlx_top.cli import add_top_parser
 from gmlx_server.run_cmd import add_run_parser
 from gmlx_server.serve import add_serve_parser
 
@@ -15,6 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_serve_parser(sub)
     add_run_parser(sub)
+    add_top_parser(sub)
     add_plan_parser(sub)
     return parser
 

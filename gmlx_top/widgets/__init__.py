@@ -1,0 +1,7 @@
+"""Textual widgets of `gmlx top`: the status bar, rate sparklines, tables and the confirmation dialog."""
+
+from gmlx_top.widgets.confirm import ConfirmScreen
+from gmlx_top.widgets.panels import CapacityPanel, RatePanel, StatusBar
+from gmlx_top.widgets.tables import ModelTable, RequestTable
+
+__all__ = ["CapacityPanel", "ConfirmScreen", "ModelTable", "RatePanel", "RequestTable", "StatusBar"]

@@ -1,0 +1,131 @@
+"""Every Grafana panel's PromQL against a real Prometheus scraping a real `gmlx serve` (default model).
+
+Prometheus runs with grafana/prometheus.yml (the committed scrape config), pointed at the test server
+and scraping every second, bound to 127.0.0.1 on a free port. After a few requests (some refused at a
+queue cap of 1, so the rejection series exist), each panel query must return at least one series and
+name only metrics the server exports. scripts/install_prometheus.sh installs Debian's `prometheus`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.e2e.server import LiveServer, free_port, gmlx_serve
+from tests.top.promql import GRAFANA, exported, metric_names, queries, unknown
+
+pytestmark = pytest.mark.slow
+PROMETHEUS = shutil.which("prometheus") or ("/usr/bin/prometheus" if os.access("/usr/bin/prometheus", os.X_OK)
+                                           else None)
+BODY = {"model": "smollm2", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 4,
+        "temperature": 0}
+SERIES_DEADLINE_S = 90.0
+
+
+def _config(server: LiveServer, path: Path) -> Path:
+    config = yaml.safe_load((GRAFANA / "prometheus.yml").read_text())
+    config["global"].update(scrape_interval="1s", scrape_timeout="1s", evaluation_interval="1s")
+    job = config["scrape_configs"][0]
+    job["static_configs"] = [{"targets": [server.base_url.removeprefix("http://")]}]
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@contextmanager
+def prometheus(config: Path, data: Path) -> Iterator[str]:
+    assert PROMETHEUS
+    port = free_port()
+    cmd = [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={data}",
+           f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"]
+    with open(data.parent / "prometheus.log", "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait(lambda: httpx.get(base + "/-/ready", timeout=2).status_code == 200, 60, "prometheus ready",
+              lambda: (data.parent / "prometheus.log").read_text(errors="replace")[-3000:])
+        yield base
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def _wait(ready: Any, timeout_s: float, what: str, detail: Any = lambda: "") -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if ready():
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{what}: not after {timeout_s} s\n{detail()}")
+
+
+def query(base: str, expr: str) -> list[dict[str, Any]]:
+    r = httpx.get(base + "/api/v1/query", params={"query": expr}, timeout=10)
+    body = r.json()
+    assert r.status_code == 200 and body["status"] == "success", f"{expr}: {body.get('error', r.text)}"
+    result: list[dict[str, Any]] = body["data"]["result"]
+    return result
+
+
+async def _burst(base: str, n: int) -> list[int]:
+    async with httpx.AsyncClient(base_url=base, timeout=httpx.Timeout(300)) as c:
+        responses = await asyncio.gather(*[c.post("/v1/chat/completions", json=BODY) for _ in range(n)])
+    return [r.status_code for r in responses]
+
+
+def _drive(server: LiveServer) -> None:
+    """One request to load the model, then a burst against a queue cap of 1: some finish, some get 503."""
+    httpx.post(server.v1 + "/chat/completions", json=BODY, timeout=300).raise_for_status()
+    codes = asyncio.run(asyncio.wait_for(_burst(server.base_url, 6), timeout=300))
+    assert 200 in codes and 503 in codes, codes
+
+
+def _exported(server: LiveServer) -> set[str]:
+    text = httpx.get(server.v1 + "/metrics", params={"format": "prometheus"}, timeout=10).text
+    return exported(text_string_to_metric_families(text))
+
+
+def _empty_queries(base: str, todo: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Poll until every query returns a series (the rate windows need a few scrapes); return the empty ones."""
+    deadline = time.monotonic() + SERIES_DEADLINE_S
+    while todo and time.monotonic() < deadline:
+        todo = [(where, expr) for where, expr in todo if not query(base, expr)]
+        if todo:
+            time.sleep(1.0)
+    return todo
+
+
+@pytest.mark.skipif(PROMETHEUS is None, reason="no prometheus binary: run scripts/install_prometheus.sh (as root)")
+def test_every_dashboard_query_returns_series_from_a_real_prometheus(tmp_path: Path) -> None:
+    panels = queries()
+    assert len(panels) > 30
+    env = {"GMLX_QUEUE_DEPTH_CAP": "1", "GMLX_DECODE_BATCH": "1"}
+    with gmlx_serve([], tmp_path, env=env) as server, \
+            prometheus(_config(server, tmp_path / "prometheus.yml"), tmp_path / "tsdb") as prom:
+        _wait(lambda: [s for s in query(prom, 'up{job="gmlx"}') if s["value"][1] == "1"], 60, "gmlx scraped",
+              lambda: httpx.get(prom + "/api/v1/targets", timeout=5).text)
+        _drive(server)
+        names = _exported(server)
+        never = sorted({f"{where}: {n}" for where, expr in panels for n in metric_names(expr) if unknown(n, names)})
+        assert not never, "panels name metrics the server never exports:\n" + "\n".join(never)
+        empty = _empty_queries(prom, panels)
+        assert not empty, "panel queries with no series:\n" + "\n".join(f"{w}: {e}" for w, e in empty)
