@@ -77,6 +77,32 @@ def _darwin_memsize() -> int | None:
         return None
 
 
+def meminfo_total(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def cgroup_limit(root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    for limit in ("memory.max", "memory/memory.limit_in_bytes"):
+        cap = _read_int(root / limit)
+        if cap is not None and cap < 1 << 60:
+            return cap
+    return None
+
+
+def total_memory() -> int | None:
+    """The memory this process's world has in all: the cgroup limit where one applies, else the machine's."""
+    if platform.system() == "Darwin":
+        return _darwin_memsize()
+    found = [v for v in (meminfo_total(), cgroup_limit()) if v is not None]
+    return min(found) if found else None
+
+
 def available_memory() -> int | None:
     """What this machine can give now, before the safety floor; None when nothing can be read."""
     if platform.system() == "Darwin":

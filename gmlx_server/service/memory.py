@@ -1,7 +1,7 @@
 """Memory probes: each reads one source and may fail on its own (the snapshot then nulls its fields).
 
 Sources: MLX's allocator (engine snapshots, never an MLX call from here), this process's RSS, and the
-machine's available memory (the cgroup limit where one applies, else /proc/meminfo, else sysctl).
+machine's memory (the cgroup limit where one applies, else /proc/meminfo, else sysctl: gmlx_plan.budget).
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from gmlx_plan.budget import available_memory, total_memory
 
 
 @dataclass(frozen=True)
@@ -41,38 +43,10 @@ def rss_bytes() -> int | None:
     return int(peak) * (1 if sys.platform == "darwin" else 1024)
 
 
-def _cgroup_limit() -> tuple[int, int] | None:
-    """(limit, usage) of a cgroup v2 memory controller, when a real limit is set."""
-    base = Path("/sys/fs/cgroup")
-    raw = (base / "memory.max").read_text().strip() if (base / "memory.max").exists() else "max"
-    if raw == "max":
-        return None
-    return int(raw), int((base / "memory.current").read_text())
-
-
-def _meminfo() -> tuple[int, int] | None:
-    info = Path("/proc/meminfo")
-    if not info.exists():
-        return None
-    fields = dict(line.split(":", 1) for line in info.read_text().splitlines() if ":" in line)
-    kb = {k: int(v.split()[0]) * 1024 for k, v in fields.items() if v.split()}
-    return kb["MemTotal"], kb.get("MemAvailable", kb.get("MemFree", 0))
-
-
 def machine_memory() -> tuple[int, int] | None:
-    """(total, available) bytes for this process's world: cgroup, else the machine."""
-    cg = _cgroup_limit()
-    if cg is not None:
-        limit, usage = cg
-        return limit, max(limit - usage, 0)
-    mi = _meminfo()
-    if mi is not None:
-        return mi
-    if sys.platform == "darwin":
-        total = int(subprocess.run(["sysctl", "-n", "hw.memsize"], capture_output=True, text=True,
-                                   timeout=2, check=True).stdout)
-        return total, max(total - (rss_bytes() or 0), 0)
-    return None
+    """(total, available) bytes for this process's world: cgroup, else the machine (gmlx_plan's probes)."""
+    total, available = total_memory(), available_memory()
+    return (total, available) if total is not None and available is not None else None
 
 
 def read_memory(budget: int | None, mlx: Iterable[Any]) -> MemoryReading:
