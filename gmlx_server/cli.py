@@ -6,9 +6,9 @@ import argparse
 import sys
 
 from gmlx_plan.cli import add_plan_parser
-from gmlx_top.cli import add_top_parser
 from gmlx_server.run_cmd import add_run_parser
 from gmlx_server.serve import add_serve_parser
+from gmlx_top.cli import add_top_parser
 
 
 def build_parser() -> argparse.ArgumentParser:

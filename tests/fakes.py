@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gmlx_server.config import ModelEntry, RuntimeEnv
 from gmlx_server.engine.types import (
@@ -39,15 +39,20 @@ class FakeTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return "".join(chr(i) for i in ids if i > 2)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        return chr(token_id).encode() if token_id > 2 else b""
+
 
 class FakeTemplate:
-    """`<|role|>content` lines; records what it was asked to render."""
+    """`<|role|>content` lines; records what it was asked to render. `text` is the "Jinja source"
+    the tool-call syntax is inferred from (HERMES_TEXT: Hermes <tool_call> calls)."""
 
     source = "fake"
 
     def __init__(self, variables: frozenset[str] = frozenset({"enable_thinking", "reasoning_effort"}),
-                 ) -> None:
+                 text: str = "") -> None:
         self.variables = variables
+        self.text = text
         self.calls: list[dict[str, object]] = []
 
     def render(self, messages: Sequence[Mapping[str, object]],
@@ -63,6 +68,8 @@ class FakeTemplate:
                 text += "<think>"
         return text
 
+
+HERMES_TEXT = "{{ tools }} answer with <tool_call>{...}</tool_call>"
 
 Script = Callable[[GenerationRequest], Sequence[str]]
 
@@ -204,12 +211,15 @@ class FakeFactory:
     behavior: FakeBehavior = field(default_factory=FakeBehavior)
     family: str = "llama"
     context_length: int = 4096
+    template_text: str = ""  # e.g. HERMES_TEXT: the engines' templates define a tool-call syntax
+    drafts: bool = False  # the engines claim a speculative drafter
     engines: dict[str, FakeEngine] = field(default_factory=dict)
     calls: int = 0
 
     def __call__(self, entry: ModelEntry, env: RuntimeEnv) -> FakeEngine:
         self.calls += 1
         ctx = min(self.context_length, entry.max_kv_size or self.context_length)
-        engine = FakeEngine(fake_info(entry.id, self.family, ctx), self.behavior)
+        info = replace(fake_info(entry.id, self.family, ctx), drafts=self.drafts)
+        engine = FakeEngine(info, self.behavior, template=FakeTemplate(text=self.template_text))
         self.engines[entry.id] = engine
         return engine

@@ -15,11 +15,13 @@ import mlx.core as mx
 
 from gmlx_server.engine.detokenizer import IncrementalDetokenizer
 from gmlx_server.engine.sampling import Draw, RequestSampler, top_alternatives
-from gmlx_server.engine.stream import TextStream
+from gmlx_server.engine.stream import StepResult, TextStream
+from gmlx_server.engine.structured import GrammarConstraint, GrammarViolation
 from gmlx_server.engine.thinking import ThinkingBudget
 from gmlx_server.engine.types import FinishReason, GenerationRequest, RequestState, Timings, TokenEvent
 
 PREFILL_CHUNK = 512
+GrammarTokenizer = Callable[[], Any]  # the model's llguidance tokenizer, built on first use
 
 
 @dataclass
@@ -37,8 +39,11 @@ class Sequence:
     """A request from prefill to its final event. Every method runs on the engine thread."""
 
     def __init__(self, model: Any, tokenizer: Any, req: GenerationRequest, emit: Callable[[TokenEvent], None],
-                 cancelled: Callable[[], bool], progress: Progress, chunk: int = PREFILL_CHUNK) -> None:
+                 cancelled: Callable[[], bool], progress: Progress, chunk: int = PREFILL_CHUNK,
+                 grammar_tokenizer: GrammarTokenizer | None = None) -> None:
         self.model, self.req, self.emit, self.cancelled, self.progress = model, req, emit, cancelled, progress
+        self._grammar_tokenizer = grammar_tokenizer
+        self.constraint: GrammarConstraint | None = None
         self.sampler = RequestSampler(req.sampling, sorted(tokenizer.special_ids))
         detok = IncrementalDetokenizer(tokenizer)
         self.stream = TextStream(detok.add, detok.flush, req.stop, tokenizer.eos_ids, req.max_tokens)
@@ -60,6 +65,7 @@ class Sequence:
         """Run one prefill chunk; on the last one sample the first token. True once the request is done."""
         if self.cache is None:
             self.progress.state, self.progress.started = "prefill", time.perf_counter()
+            self._start_grammar()
             self.cache = self.model.make_cache()
         if self.cancelled():
             return self.finish("cancelled")
@@ -77,6 +83,15 @@ class Sequence:
         self._t_decode = time.perf_counter()
         return self.accept(draw)
 
+    def _start_grammar(self) -> None:
+        """The request's grammar becomes its sampler's last processor (the tokenizer is built once per model)."""
+        if self.req.grammar is None:
+            return
+        if self._grammar_tokenizer is None:
+            raise RuntimeError("this engine cannot constrain output: no grammar tokenizer")
+        self.constraint = GrammarConstraint(self.req.grammar, self._grammar_tokenizer())
+        self.sampler.constrain(self.constraint)
+
     def draw(self, logits: mx.array) -> Draw:
         hist = mx.array(self.history, dtype=mx.int32) if self.history is not None else None
         return self.sampler(logits, hist)
@@ -89,7 +104,10 @@ class Sequence:
         lp, tops = self._logprobs(draw, token) if draw is not None and forced is None else (None, ())
         if self.history is not None:
             self.history.append(token)
-        step = self.stream.feed(token)
+        try:
+            step = self._feed(token)
+        except GrammarViolation as e:  # this request's failure only: the batch goes on
+            return self.finish("error", error=str(e))
         self.progress.generated = self.stream.generated
         if self.budget and step.text:
             self.budget.observe(step.text)
@@ -100,6 +118,16 @@ class Sequence:
         self.next_input = token
         return False
 
+    def _feed(self, token: int) -> StepResult:
+        """The token's text; a grammar sees every accepted token and ends the request once complete."""
+        if self.constraint is None:
+            return self.stream.feed(token)
+        self.constraint.consume(token)
+        step = self.stream.feed(token)
+        if step.finish is None and self.constraint.is_finished:
+            return StepResult(step.text + self.stream.drain(), "stop")
+        return step
+
     def forced_next(self) -> int | None:
         return self.budget.next_forced() if self.budget else None
 
@@ -109,9 +137,9 @@ class Sequence:
         decode_s = time.perf_counter() - self._t_decode if self._t_decode else 0.0
         timings = Timings(len(self.req.prompt_tokens), self.stream.generated, self.prefill_s, decode_s, ttft)
         ev = last or TokenEvent("", None)
+        p.state = "done"  # before the final event: a client that sees it must not find this row in flight
         self.emit(TokenEvent(ev.text, ev.token_id, ev.logprob, ev.top_logprobs, reason, ev.stop_string,
                              error, timings))
-        p.state = "done"
         self.cache = None
         return True
 

@@ -14,8 +14,10 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from gmlx_server.engine.arch import vocab_size
 from gmlx_server.engine.scheduler import Job as _Job
 from gmlx_server.engine.scheduler import MemorySnapshot, Scheduler
+from gmlx_server.engine.structured import GrammarTokenizerCache
 from gmlx_server.engine.types import EngineStats, GenerationRequest, RequestRow, TokenEvent
 
 log = logging.getLogger("gmlx.engine")
@@ -57,6 +59,7 @@ class MLXEngine:
         self._ready = threading.Event()
         self._load_error: BaseException | None = None
         self.memory = MemorySnapshot()
+        self.grammar_tokenizers = GrammarTokenizerCache()  # llguidance's vocabulary: built once, on first use
         self._thread = threading.Thread(target=self._main, args=(loader,), name="gmlx-engine", daemon=True)
         self._thread.start()
         self._ready.wait()
@@ -73,8 +76,14 @@ class MLXEngine:
             self._ready.set()
             return
         self._ready.set()
-        Scheduler(self._loaded.model, self._loaded.tokenizer, self._decode_batch, self._jobs,
-                  self._forget, self.memory).run()
+        loaded = self._loaded
+        n_vocab = vocab_size(loaded.header)  # the logits' width, which the grammar mask must cover
+
+        def grammar_tokenizer() -> Any:
+            return self.grammar_tokenizers.get(loaded.tokenizer, n_vocab)
+
+        Scheduler(loaded.model, loaded.tokenizer, self._decode_batch, self._jobs, self._forget, self.memory,
+                  grammar_tokenizer).run()
 
     def _forget(self, job: _Job) -> None:
         with self._lock:
@@ -117,7 +126,7 @@ class MLXEngine:
         now = time.perf_counter()
         with self._lock:
             jobs = list(self._live.values())
-        rows = tuple(_row(j, now) for j in jobs)
+        rows = tuple(_row(j, now) for j in jobs if j.progress.state != "done")
         queued = sum(1 for r in rows if r.state == "queued")
         # Queued rows first, as the metrics snapshot lists them.
         rows = tuple(sorted(rows, key=lambda r: r.state != "queued"))

@@ -65,13 +65,20 @@ class RequestSampler:
         self.params = params
         self._filters = _filters(params, special_ids) if not params.greedy else []
         self._procs = _processors(params)
+        self._history_procs = len(self._procs)  # the penalties read the token history
         seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(4), "little")
         self._key = mx.random.key(seed)
         self._temp = su.clamp_temperature(params.temperature)
 
     @property
     def needs_history(self) -> bool:
-        return bool(self._procs)
+        return self._history_procs > 0
+
+    def constrain(self, processor: Processor) -> None:
+        """Run `processor` after every other one (a grammar mask must see the final logits).
+
+        It does not make the sampler keep a history: the engine advances a grammar with consume()."""
+        self._procs.append(processor)
 
     def __call__(self, logits: mx.array, history: mx.array | None) -> Draw:
         """logits: (1, V) float; history: 1-D token ids for penalties (prompt + generated)."""

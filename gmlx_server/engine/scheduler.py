@@ -16,7 +16,7 @@ from typing import Any
 import mlx.core as mx
 
 from gmlx_server.engine.batch import BatchDecoder
-from gmlx_server.engine.generate import Progress, Sequence
+from gmlx_server.engine.generate import GrammarTokenizer, Progress, Sequence
 from gmlx_server.engine.types import GenerationRequest, TokenEvent
 
 log = logging.getLogger("gmlx.engine")
@@ -42,8 +42,10 @@ class MemorySnapshot:
 
 class Scheduler:
     def __init__(self, model: Any, tokenizer: Any, width: int, inbox: queue.Queue[Job | None],
-                 forget: Callable[[Job], None], memory: MemorySnapshot) -> None:
+                 forget: Callable[[Job], None], memory: MemorySnapshot,
+                 grammar_tokenizer: GrammarTokenizer | None = None) -> None:
         self.model, self.tokenizer, self.width = model, tokenizer, width
+        self.grammar_tokenizer = grammar_tokenizer
         self.inbox, self.forget, self.memory = inbox, forget, memory
         self.waiting: deque[Job] = deque()
         self.prefilling: tuple[Job, Sequence] | None = None
@@ -80,13 +82,14 @@ class Scheduler:
     def _drop_cancelled_waiting(self) -> None:
         for job in [j for j in self.waiting if j.cancelled.is_set()]:
             self.waiting.remove(job)
-            job.emit(TokenEvent("", None, finish_reason="cancelled"))
             self.forget(job)
+            job.emit(TokenEvent("", None, finish_reason="cancelled"))
 
     def _start_prefill(self) -> None:
         if self.prefilling is None and self.waiting and len(self.batch) < self.width:
             job = self.waiting.popleft()
-            seq = Sequence(self.model, self.tokenizer, job.request, job.emit, job.cancelled.is_set, job.progress)
+            seq = Sequence(self.model, self.tokenizer, job.request, job.emit, job.cancelled.is_set, job.progress,
+                           grammar_tokenizer=self.grammar_tokenizer)
             self.prefilling = (job, seq)
 
     def _prefill_chunk(self) -> None:

@@ -45,7 +45,7 @@ class TextStream:
         if hit is not None:
             return hit
         if self.generated >= self._max:
-            return StepResult(self._take_all(), "length")
+            return StepResult(self.drain(), "length")
         return StepResult(self._take_safe())
 
     def _find_stop(self) -> StepResult | None:
@@ -71,6 +71,7 @@ class TextStream:
         out, self._pending = self._pending[: len(self._pending) - keep], self._pending[len(self._pending) - keep:]
         return out
 
-    def _take_all(self) -> str:
+    def drain(self) -> str:
+        """Everything not emitted yet, held-back text included (the request ends here)."""
         out, self._pending = self._pending + self._flush(), ""
         return out

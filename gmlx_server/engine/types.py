@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:  # structured.py imports MLX; these types stay pure
+    from gmlx_server.engine.structured import CompiledGrammar
 
 FinishReason = Literal["stop", "length", "cancelled", "shed", "error"]
 RequestState = Literal["queued", "prefill", "decode", "done"]
@@ -64,6 +67,7 @@ class GenerationRequest:
     thinking: ThinkingControl | None = None
     # True when the rendered prompt already opened a thinking block (template with enable_thinking).
     starts_in_thinking: bool = False
+    grammar: CompiledGrammar | None = None  # response_format, checked before submit; masks every token
 
 
 @dataclass(frozen=True)
@@ -157,11 +161,14 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
+    def token_bytes(self, token_id: int) -> bytes: ...
+
 
 class ChatTemplate(Protocol):
     """A model's chat template, rendered the way transformers' apply_chat_template does."""
 
     source: str  # "gguf", "config", or "family:<name>" for a fallback template
+    text: str  # the Jinja source (tool-call syntax is inferred from it)
     variables: frozenset[str]  # undeclared variables the template reads (enable_thinking, tools, ...)
 
     def render(
@@ -191,3 +198,4 @@ class ModelInfo:
     weights_bytes: int
     load_s: float
     tensor_types: Mapping[str, str] = field(default_factory=dict)  # GGUF type -> what it became
+    drafts: bool = False  # a speculative drafter verifies tokens in bulk: no per-request logits processors

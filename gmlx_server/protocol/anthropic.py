@@ -8,12 +8,15 @@ Unknown top-level fields (metadata, context_management, service_tier, ...) are a
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gmlx_server.errors import UnsupportedFeature
 from gmlx_server.protocol import params as p
 from gmlx_server.protocol.neutral import merge_turns, name_tool_results, tool_call_entry, tool_function
-from gmlx_server.protocol.openai import GenerationParams, _bad, _content, _object, _response_format, _thinking
+from gmlx_server.protocol.openai import GenerationParams, body_object, response_format, text_content, thinking_controls
+
+if TYPE_CHECKING:
+    from gmlx_server.engine.structured import CompiledGrammar
 
 STOP_SEQUENCES_LIMIT = 64  # Anthropic publishes no limit; this bounds the engine's per-token stop check
 _MEDIA = ("image", "document")
@@ -22,7 +25,7 @@ _MEDIA = ("image", "document")
 def _block_type(block: Any, where: str) -> str:
     kind = block.get("type") if isinstance(block, dict) else None
     if not isinstance(kind, str):
-        raise _bad(where, 'expected a content block ({"type": ...})')
+        raise p.bad(where, 'expected a content block ({"type": ...})')
     if kind in _MEDIA:
         raise UnsupportedFeature(f"'{where}': {kind} blocks need a vision model (mmproj), which this server "
                                  "does not support yet", param=where)
@@ -33,13 +36,13 @@ def _blocks(content: Any, where: str) -> list[Any]:
     if isinstance(content, str):
         return [{"type": "text", "text": content}]
     if not isinstance(content, list):
-        raise _bad(where, f"expected a string or an array of content blocks, got {p.json_type(content)}")
+        raise p.bad(where, f"expected a string or an array of content blocks, got {p.json_type(content)}")
     return content
 
 
 def _tool_result(block: Mapping[str, Any], where: str) -> dict[str, Any]:
     call_id = p.required_string(block, "tool_use_id", where)
-    text = _content({"content": block.get("content")}, where) or ""
+    text = text_content({"content": block.get("content")}, where) or ""
     if p.nested(p.boolean, block, "is_error", f"{where}.is_error"):
         text = f"Error: {text}"  # templates have no error flag; say it in the text
     return {"role": "tool", "tool_call_id": call_id, "content": text}
@@ -60,7 +63,7 @@ def _user_turn(content: Any, where: str) -> list[dict[str, Any]]:
                 texts = []
             out.append(_tool_result(block, at))
         else:
-            raise _bad(at, f"a user message cannot hold a {kind!r} block (expected text, image or tool_result)")
+            raise p.bad(at, f"a user message cannot hold a {kind!r} block (expected text, image or tool_result)")
     if texts or not out:
         out.append({"role": "user", "content": "\n".join(texts)})
     return out
@@ -81,8 +84,8 @@ def _assistant_turn(content: Any, where: str) -> dict[str, Any]:
         elif kind == "thinking":
             thoughts.append(p.required_string(block, "thinking", at))
         elif kind != "redacted_thinking":  # encrypted: nothing a local model can read
-            raise _bad(at, f"an assistant message cannot hold a {kind!r} block "
-                           "(expected text, tool_use or thinking)")
+            raise p.bad(at, f"an assistant message cannot hold a {kind!r} block "
+                            "(expected text, tool_use or thinking)")
     # "" rather than None: simple templates concatenate content without checking it exists.
     msg: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts)}
     if calls:
@@ -94,24 +97,24 @@ def _assistant_turn(content: Any, where: str) -> dict[str, Any]:
 
 def _system(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     system = body.get("system")
-    text = _content({"content": system}, "system") if system is not None else None
+    text = text_content({"content": system}, "system") if system is not None else None
     return [{"role": "system", "content": text}] if text else []
 
 
 def _conversation(body: Mapping[str, Any]) -> tuple[dict[str, Any], ...]:
     msgs = body.get("messages")
     if not isinstance(msgs, list):
-        raise _bad("messages", "required: an array of messages" if msgs is None else "expected an array")
+        raise p.bad("messages", "required: an array of messages" if msgs is None else "expected an array")
     if not msgs:
-        raise _bad("messages", "must contain at least one message")
+        raise p.bad("messages", "must contain at least one message")
     out = _system(body)
     for i, msg in enumerate(msgs):
         where = f"messages[{i}]"
         role = msg.get("role") if isinstance(msg, dict) else None
         if role not in ("user", "assistant"):
-            raise _bad(f"{where}.role", f"expected user or assistant, got {role!r}")
+            raise p.bad(f"{where}.role", f"expected user or assistant, got {role!r}")
         if "content" not in msg:
-            raise _bad(f"{where}.content", "required")
+            raise p.bad(f"{where}.content", "required")
         content, at = msg["content"], f"{where}.content"
         out.extend(_user_turn(content, at) if role == "user" else [_assistant_turn(content, at)])
     return tuple(name_tool_results(merge_turns(out)))
@@ -120,7 +123,7 @@ def _conversation(body: Mapping[str, Any]) -> tuple[dict[str, Any], ...]:
 def _tool(i: int, tool: Any) -> dict[str, Any] | None:
     where = f"tools[{i}]"
     if not isinstance(tool, dict):
-        raise _bad(where, f"expected an object, got {p.json_type(tool)}")
+        raise p.bad(where, f"expected an object, got {p.json_type(tool)}")
     name = p.required_string(tool, "name", where)
     if "input_schema" not in tool:
         # Anthropic-defined tools (bash_*, web_search_*, ...) carry no schema to show the model.
@@ -139,7 +142,7 @@ def _tool_choice(body: Mapping[str, Any]) -> str | dict[str, Any] | None:
         return {"type": "function", "function": {"name": p.required_string(choice, "name", "tool_choice")}}
     mapped = {"auto": "auto", "any": "required", "none": "none"}.get(kind) if isinstance(kind, str) else None
     if mapped is None:
-        raise _bad("tool_choice.type", f"expected auto, any, tool or none, got {kind!r}")
+        raise p.bad("tool_choice.type", f"expected auto, any, tool or none, got {kind!r}")
     return mapped
 
 
@@ -149,7 +152,7 @@ def _tools(body: Mapping[str, Any]) -> tuple[tuple[dict[str, Any], ...] | None, 
 
 def _thinking_fields(body: Mapping[str, Any]) -> dict[str, Any]:
     """Anthropic's `thinking` maps onto the neutral thinking controls; explicit gmlx fields win."""
-    out = _thinking(body)
+    out = thinking_controls(body)
     thinking = p.obj(body, "thinking") or {}
     kind = thinking.get("type")
     if kind == "enabled":
@@ -161,23 +164,22 @@ def _thinking_fields(body: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _output_config(body: Mapping[str, Any]) -> None:
+def _output_config(body: Mapping[str, Any]) -> CompiledGrammar | None:
+    """Anthropic's structured output (output_config.format json_schema); else OpenAI's response_format."""
     config = p.obj(body, "output_config") or {}
     fmt = p.nested(p.obj, config, "format", "output_config.format")
     if fmt is None:
-        return
-    if fmt.get("type") == "json_schema":
-        raise UnsupportedFeature("'output_config.format': structured output (json_schema) is not available "
-                                 "in this build yet", param="output_config.format")
-    raise _bad("output_config.format.type", f"expected json_schema, got {fmt.get('type')!r}")
+        return response_format(body)
+    if fmt.get("type") != "json_schema":
+        raise p.bad("output_config.format.type", f"expected json_schema, got {fmt.get('type')!r}")
+    return p.structured_format(fmt, "output_config.format")
 
 
 def parse_messages(raw: Any, path: str = "/v1/messages") -> GenerationParams:
     """A /v1/messages (or count_tokens) body -> GenerationParams; warns once about ignored parameters."""
-    body = _object(raw)
+    body = body_object(raw)
     ignored = p.warn_ignored("messages", path, body)
-    _response_format(body)
-    _output_config(body)
+    grammar = _output_config(body)
     tools, choice = _tools(body)
     return GenerationParams(
         **p.generation_basics(body), **_thinking_fields(body),
@@ -185,5 +187,5 @@ def parse_messages(raw: Any, path: str = "/v1/messages") -> GenerationParams:
         max_tokens=p.max_tokens(body, ("max_tokens", "max_output_tokens")),
         stop=p.stop(body, "stop_sequences", STOP_SEQUENCES_LIMIT),
         template_kwargs=p.obj(body, "chat_template_kwargs") or {},
-        ignored=ignored,
+        grammar=grammar, ignored=ignored,
     )

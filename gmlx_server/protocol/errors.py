@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from gmlx_server.errors import GmlxError
@@ -35,9 +34,3 @@ def error_body(err: GmlxError, anthropic: bool = False) -> dict[str, Any]:
         return {"type": "error", "error": _anthropic_error(err)}
     return {"error": {"message": err.message, "type": err.type, "param": err.param, "code": err.code,
                       **err.extra}}
-
-
-def sse_error_event(err: GmlxError, anthropic: bool = False) -> bytes:
-    """The final SSE event of a stream that failed after it started."""
-    data = json.dumps(error_body(err, anthropic), ensure_ascii=False)
-    return (f"event: error\ndata: {data}\n\n" if anthropic else f"data: {data}\n\n").encode()

@@ -13,9 +13,10 @@ from typing import Any, Protocol
 
 from gmlx_server.engine.types import TokenEvent
 from gmlx_server.errors import GmlxError
-from gmlx_server.protocol.openai import _tool_calls
+from gmlx_server.protocol.openai import template_tool_calls
 
-Event = tuple[str, dict[str, Any]]  # (SSE event name, JSON payload)
+# (SSE event name, JSON payload); OpenAI streams unnamed events ("") and ends with the raw text [DONE].
+Event = tuple[str, dict[str, Any] | str]
 
 
 def new_id(prefix: str) -> str:
@@ -35,7 +36,7 @@ def tool_function(name: str, description: Any, parameters: Any) -> dict[str, Any
 def tool_call_entry(call_id: str, name: str, arguments: Any, where: str) -> dict[str, Any]:
     """An assistant tool call; JSON-string arguments become objects, as templates expect."""
     raw = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
-    return _tool_calls([raw], where)[0]
+    return template_tool_calls([raw], where)[0]
 
 
 def _merge(prev: dict[str, Any], cur: Mapping[str, Any]) -> None:

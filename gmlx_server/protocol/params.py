@@ -9,9 +9,12 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from gmlx_server.errors import InvalidRequest
+
+if TYPE_CHECKING:  # structured.py loads llguidance and MLX; it is imported when a request needs it
+    from gmlx_server.engine.structured import CompiledGrammar
 
 T = TypeVar("T")
 Route = Literal["chat", "responses", "messages", "completions"]
@@ -69,7 +72,8 @@ def warn_ignored(route: Route, path: str, body: Mapping[str, Any]) -> tuple[str,
 
 # --- field validators: each returns the value (None when absent) or raises InvalidRequest ----------
 
-def _bad(name: str, what: str) -> InvalidRequest:
+def bad(name: str, what: str) -> InvalidRequest:
+    """The 400 for field `name` (a path such as messages[2].content)."""
     return InvalidRequest(f"'{name}': {what}", param=name)
 
 
@@ -78,9 +82,9 @@ def number(body: Mapping[str, Any], name: str, lo: float, hi: float, lo_open: bo
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-        raise _bad(name, f"expected a number, got {json_type(v)}")
+        raise bad(name, f"expected a number, got {json_type(v)}")
     if v < lo or v > hi or (lo_open and v == lo):
-        raise _bad(name, f"must be {'>' if lo_open else '>='} {lo} and <= {hi}, got {v}")
+        raise bad(name, f"must be {'>' if lo_open else '>='} {lo} and <= {hi}, got {v}")
     return float(v)
 
 
@@ -91,9 +95,9 @@ def integer(body: Mapping[str, Any], name: str, lo: int, hi: int = 2**63 - 1) ->
     if isinstance(v, float) and v.is_integer():
         v = int(v)  # some clients send 256.0
     if isinstance(v, bool) or not isinstance(v, int):
-        raise _bad(name, f"expected an integer, got {json_type(v)}")
+        raise bad(name, f"expected an integer, got {json_type(v)}")
     if v < lo or v > hi:
-        raise _bad(name, f"must be between {lo} and {hi}, got {v}")
+        raise bad(name, f"must be between {lo} and {hi}, got {v}")
     return v
 
 
@@ -101,7 +105,7 @@ def boolean(body: Mapping[str, Any], name: str) -> bool | None:
     v = body.get(name)
     if v is None or isinstance(v, bool):
         return v
-    raise _bad(name, f"expected a boolean, got {json_type(v)}")
+    raise bad(name, f"expected a boolean, got {json_type(v)}")
 
 
 def string(body: Mapping[str, Any], name: str, choices: Sequence[str] | None = None) -> str | None:
@@ -109,9 +113,9 @@ def string(body: Mapping[str, Any], name: str, choices: Sequence[str] | None = N
     if v is None:
         return None
     if not isinstance(v, str):
-        raise _bad(name, f"expected a string, got {json_type(v)}")
+        raise bad(name, f"expected a string, got {json_type(v)}")
     if choices is not None and v not in choices:
-        raise _bad(name, f"expected one of {', '.join(choices)}, got {v!r}")
+        raise bad(name, f"expected one of {', '.join(choices)}, got {v!r}")
     return v
 
 
@@ -119,7 +123,7 @@ def obj(body: Mapping[str, Any], name: str) -> dict[str, Any] | None:
     v = body.get(name)
     if v is None or isinstance(v, dict):
         return v
-    raise _bad(name, f"expected an object, got {json_type(v)}")
+    raise bad(name, f"expected an object, got {json_type(v)}")
 
 
 def nested(check: Callable[..., T], owner: Mapping[str, Any], name: str, path: str, *args: Any) -> T:
@@ -131,7 +135,7 @@ def required_string(owner: Mapping[str, Any], name: str, where: str) -> str:
     """A string field of a nested object (a content block, an input item), named `where.name`."""
     v = owner.get(name)
     if not isinstance(v, str):
-        raise _bad(f"{where}.{name}", f"expected a string, got {json_type(v)}")
+        raise bad(f"{where}.{name}", f"expected a string, got {json_type(v)}")
     return v
 
 
@@ -139,7 +143,7 @@ def array_of(body: Mapping[str, Any], name: str, convert: Callable[[int, Any], T
     """An optional array field, each item converted; items that convert to None are left out."""
     raw = body.get(name)
     if raw is not None and not isinstance(raw, list):
-        raise _bad(name, f"expected an array, got {json_type(raw)}")
+        raise bad(name, f"expected an array, got {json_type(raw)}")
     return tuple(x for x in (convert(i, item) for i, item in enumerate(raw or [])) if x is not None)
 
 
@@ -194,9 +198,9 @@ def logit_bias(body: Mapping[str, Any]) -> dict[int, float]:
         try:
             tid = int(k)
         except ValueError:
-            raise _bad("logit_bias", f"keys must be token ids, got {k!r}") from None
+            raise bad("logit_bias", f"keys must be token ids, got {k!r}") from None
         if tid < 0:
-            raise _bad("logit_bias", f"token ids must not be negative, got {k!r}")
+            raise bad("logit_bias", f"token ids must not be negative, got {k!r}")
         out[tid] = number({"logit_bias": v}, "logit_bias", -100.0, 100.0) or 0.0
     return out
 
@@ -208,9 +212,9 @@ def stop(body: Mapping[str, Any], name: str = "stop", limit: int = 16) -> tuple[
         return ()
     items = [v] if isinstance(v, str) else v
     if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
-        raise _bad(name, "expected a string or an array of strings")
+        raise bad(name, "expected a string or an array of strings")
     if len(items) > limit:
-        raise _bad(name, f"at most {limit} stop strings, got {len(items)}")
+        raise bad(name, f"at most {limit} stop strings, got {len(items)}")
     return tuple(s for s in items if s)
 
 
@@ -224,6 +228,22 @@ def generation_basics(body: Mapping[str, Any]) -> dict[str, Any]:
     """model, profile, sampling, logit_bias and stream: the fields every chat-style route reads alike."""
     model = body.get("model")
     if model is not None and not isinstance(model, str):
-        raise _bad("model", f"expected a string, got {json_type(model)}")
+        raise bad("model", f"expected a string, got {json_type(model)}")
     return {"model": model or "", "profile": string(body, "profile") or None, "sampling": sampling(body),
             "logit_bias": logit_bias(body), "stream": bool(boolean(body, "stream"))}
+
+
+def structured_format(fmt: Mapping[str, Any] | None, where: str) -> CompiledGrammar | None:
+    """A structured-output format (chat response_format, Responses text.format, Anthropic
+    output_config.format) compiled now, so a bad one is a 400 naming `where` before generation."""
+    if fmt is None:
+        return None
+    from gmlx_server.engine.structured import StructuredOutputError, compile_response_format
+
+    try:
+        return compile_response_format(fmt)
+    except StructuredOutputError as e:
+        rest = e.param.removeprefix("response_format")
+        if where != "response_format":  # text.format and output_config.format hold the schema at the top
+            rest = rest.replace(".json_schema", "")
+        raise InvalidRequest(f"'{where}': {e}", param=where + rest) from None

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gmlx_server.errors import UnsupportedFeature
 from gmlx_server.protocol import params as p
 from gmlx_server.protocol.neutral import merge_turns, name_tool_results, tool_call_entry, tool_function
-from gmlx_server.protocol.openai import GenerationParams, _bad, _object, _response_format, _thinking
+from gmlx_server.protocol.openai import GenerationParams, body_object, response_format, thinking_controls
+
+if TYPE_CHECKING:
+    from gmlx_server.engine.structured import CompiledGrammar
 
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 _TEXT_PARTS = {"input_text": "text", "output_text": "text", "text": "text", "refusal": "refusal"}
@@ -43,7 +46,7 @@ def _text(content: Any, where: str) -> str:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise _bad(where, f"expected a string or an array of content parts, got {p.json_type(content)}")
+        raise p.bad(where, f"expected a string or an array of content parts, got {p.json_type(content)}")
     texts = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
@@ -52,7 +55,7 @@ def _text(content: Any, where: str) -> str:
                                      "server does not support yet", param=where)
         key = _TEXT_PARTS.get(kind) if isinstance(kind, str) else None
         if key is None or not isinstance(part.get(key), str):
-            raise _bad(f"{where}[{j}]", "expected an input_text or output_text part with a string")
+            raise p.bad(f"{where}[{j}]", "expected an input_text or output_text part with a string")
         texts.append(part[key])
     return "\n".join(texts)
 
@@ -60,12 +63,12 @@ def _text(content: Any, where: str) -> str:
 def _item(i: int, item: Any) -> dict[str, Any] | None:
     where = f"input[{i}]"
     if not isinstance(item, dict):
-        raise _bad(where, f"expected an object, got {p.json_type(item)}")
+        raise p.bad(where, f"expected an object, got {p.json_type(item)}")
     kind = item.get("type", "message")  # "easy" input messages carry no type
     if kind == "message":
         role = item.get("role")
         if not isinstance(role, str) or role not in _ROLES:
-            raise _bad(f"{where}.role", f"expected user, assistant, system or developer, got {role!r}")
+            raise p.bad(f"{where}.role", f"expected user, assistant, system or developer, got {role!r}")
         return {"role": _ROLES[role], "content": _text(item.get("content"), f"{where}.content")}
     if kind == "function_call":
         call = tool_call_entry(p.required_string(item, "call_id", where), p.required_string(item, "name", where),
@@ -85,18 +88,18 @@ def _input(body: Mapping[str, Any]) -> tuple[dict[str, Any], ...]:
     if isinstance(raw, str):
         return ({"role": "user", "content": raw},)
     if raw is None:
-        raise _bad("input", "required: a string or an array of items")
+        raise p.bad("input", "required: a string or an array of items")
     if not isinstance(raw, list):
-        raise _bad("input", f"expected a string or an array of items, got {p.json_type(raw)}")
+        raise p.bad("input", f"expected a string or an array of items, got {p.json_type(raw)}")
     if not raw:
-        raise _bad("input", "must contain at least one item")
+        raise p.bad("input", "must contain at least one item")
     return tuple(m for m in (_item(i, x) for i, x in enumerate(raw)) if m is not None)
 
 
 def _tool(i: int, tool: Any) -> dict[str, Any] | None:
     where = f"tools[{i}]"
     if not isinstance(tool, dict):
-        raise _bad(where, f"expected an object, got {p.json_type(tool)}")
+        raise p.bad(where, f"expected an object, got {p.json_type(tool)}")
     if tool.get("type") != "function":
         # Hosted tools (web_search, file_search, ...) run on OpenAI's side; nothing here can run them.
         p.log.warning("%s of type %r is not a function tool: not offered to the model", where, tool.get("type"))
@@ -111,25 +114,22 @@ def _tool_choice(body: Mapping[str, Any]) -> str | dict[str, Any] | None:
         return choice
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
         return {"type": "function", "function": {"name": choice["name"]}}
-    raise _bad("tool_choice", 'expected none, auto, required or {"type": "function", "name": ...}')
+    raise p.bad("tool_choice", 'expected none, auto, required or {"type": "function", "name": ...}')
 
 
-def _text_format(body: Mapping[str, Any]) -> None:
-    """Responses spells structured output `text.format`; like response_format, not available yet."""
+def _text_format(body: Mapping[str, Any]) -> CompiledGrammar | None:
+    """Responses spells structured output `text.format` (the schema at its top); else response_format."""
     text = p.obj(body, "text") or {}
-    fmt = p.nested(p.obj, text, "format", "text.format") or {}
-    kind = fmt.get("type", "text")
-    if kind in ("json_schema", "json_object"):
-        raise UnsupportedFeature("'text.format': structured output is not supported by this build yet",
-                                 param="text.format")
-    if kind != "text":
-        raise _bad("text.format.type", f"unknown type {kind!r} (expected text, json_object or json_schema)")
+    fmt = p.nested(p.obj, text, "format", "text.format")
+    return response_format(body) if fmt is None else p.structured_format(fmt, "text.format")
 
 
 def _echo(body: Mapping[str, Any], max_tokens: int | None, instructions: str | None, store: bool,
           ) -> dict[str, Any]:
     metadata = body.get("metadata")
+    text = p.obj(body, "text") or {}
     return {"instructions": instructions, "max_output_tokens": max_tokens,
+            "text": {"format": text.get("format") or {"type": "text"}},
             "temperature": body.get("temperature"), "top_p": body.get("top_p"),
             "tools": body.get("tools") or [], "tool_choice": body.get("tool_choice") or "auto",
             "previous_response_id": body.get("previous_response_id"), "store": store,
@@ -138,18 +138,17 @@ def _echo(body: Mapping[str, Any], max_tokens: int | None, instructions: str | N
 
 def parse_responses(raw: Any, path: str = "/v1/responses") -> ResponsesRequest:
     """A /v1/responses body -> ResponsesRequest; warns once about ignored parameters."""
-    body = _object(raw)
+    body = body_object(raw)
     ignored = p.warn_ignored("responses", path, body)
-    _response_format(body)
-    _text_format(body)
+    grammar = _text_format(body)
     instructions = p.string(body, "instructions") or None
     max_tokens = p.max_tokens(body, ("max_output_tokens", "max_tokens"))
     messages = _input(body)
     params = GenerationParams(
-        **p.generation_basics(body), **_thinking(body),
+        **p.generation_basics(body), **thinking_controls(body),
         messages=messages, tools=p.array_of(body, "tools", _tool) or None, tool_choice=_tool_choice(body),
         max_tokens=max_tokens,
-        template_kwargs=p.obj(body, "chat_template_kwargs") or {}, ignored=ignored,
+        template_kwargs=p.obj(body, "chat_template_kwargs") or {}, grammar=grammar, ignored=ignored,
     )
     store = p.boolean(body, "store") is not False
     return ResponsesRequest(params, messages, instructions, p.string(body, "previous_response_id") or None, store,

@@ -1,7 +1,7 @@
-"""Driving an EventEncoder (Anthropic Messages, OpenAI Responses): named SSE events or one body.
+"""Driving an EventEncoder (OpenAI chat/completions, Anthropic Messages, OpenAI Responses): SSE or one body.
 
-Uses the same watcher as the OpenAI routes (keepalive comments while silent, disconnect ->
-cancel) and the same error mapper for a failure after the stream started.
+One driver for every protocol: keepalive comments while silent, disconnect -> cancel, and a
+failure after the stream started becomes the encoder's own error events.
 """
 
 from __future__ import annotations
@@ -18,16 +18,17 @@ from gmlx_server.protocol.neutral import Event, EventEncoder
 from gmlx_server.protocol.openai_out import event_error
 from gmlx_server.routes.common import GmlxRequest
 from gmlx_server.routes.errors import as_gmlx_error
-from gmlx_server.routes.generation import _SSE_HEADERS
-from gmlx_server.routes.streaming import KEEPALIVE, ClientDisconnected, Receive, watch_events
+from gmlx_server.routes.streaming import KEEPALIVE, SSE_HEADERS, ClientDisconnected, Receive, watch_events
 
 OnDone = Callable[[], None]
 
 
 def frame(event: Event) -> bytes:
+    """`event: NAME` (omitted for OpenAI's unnamed events) and `data: JSON` (or raw text such as [DONE])."""
     name, payload = event
-    data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-    return f"event: {name}\ndata: {data}\n\n".encode()
+    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    head = f"event: {name}\n" if name else ""
+    return f"{head}data: {data}\n\n".encode()
 
 
 async def event_stream(handle: RequestHandle, encoder: EventEncoder, receive: Receive, keepalive_s: float,
@@ -74,7 +75,7 @@ async def send(req: GmlxRequest, resp: falcon.asgi.Response, handle: RequestHand
                stream: bool, keepalive_s: float, on_done: OnDone | None = None) -> None:
     if stream:
         resp.content_type = "text/event-stream"
-        resp.set_headers(_SSE_HEADERS)
+        resp.set_headers(SSE_HEADERS)
         resp.stream = event_stream(handle, encoder, req.asgi_receive, keepalive_s, on_done)
         return
     resp.media = await collect_body(handle, encoder, req.asgi_receive)

@@ -9,12 +9,11 @@ import falcon.asgi
 
 from gmlx_server.protocol.openai import GenerationParams, parse_chat, parse_completion
 from gmlx_server.protocol.openai_out import OpenAIEncoder, ResponseMeta
+from gmlx_server.protocol.tool_calls import with_tool_calls
 from gmlx_server.routes.common import GmlxRequest, body_of
-from gmlx_server.routes.streaming import collect, openai_sse
+from gmlx_server.routes.events import send
 from gmlx_server.service.generate import start_generation
 from gmlx_server.service.host import ModelHost
-
-_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 async def respond(req: GmlxRequest, resp: falcon.asgi.Response, host: ModelHost, params: GenerationParams,
@@ -25,14 +24,8 @@ async def respond(req: GmlxRequest, resp: falcon.asgi.Response, host: ModelHost,
     meta = ResponseMeta(rid, started.model_id, int(time.time()), started.prompt_tokens,
                         "chat" if chat else "completion", params.include_usage, params.timings_per_token,
                         params.logprobs)
-    tokenizer = started.tokenizer
-    encoder = OpenAIEncoder(meta, lambda tid: tokenizer.decode([tid]))
-    if params.stream:
-        resp.content_type = "text/event-stream"
-        resp.set_headers(_SSE_HEADERS)
-        resp.stream = openai_sse(started.handle, encoder, req.asgi_receive, host.env.sse_keepalive_s)
-    else:
-        resp.media = await collect(started.handle, encoder, req.asgi_receive)
+    encoder = with_tool_calls(OpenAIEncoder(meta, started.tokenizer), params, started.template)
+    await send(req, resp, started.handle, encoder, params.stream, host.env.sse_keepalive_s)
 
 
 class ChatCompletions:

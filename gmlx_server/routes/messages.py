@@ -8,6 +8,7 @@ import falcon.asgi
 from gmlx_server.protocol.anthropic import parse_messages
 from gmlx_server.protocol.anthropic_out import AnthropicEncoder, MessageMeta
 from gmlx_server.protocol.neutral import new_id
+from gmlx_server.protocol.tool_calls import with_tool_calls
 from gmlx_server.routes.common import GmlxRequest, body_of
 from gmlx_server.routes.events import send
 from gmlx_server.service.generate import count_prompt_tokens, start_generation
@@ -22,7 +23,8 @@ class Messages:
         params = parse_messages(body_of(req), req.path)
         message_id = new_id("msg_")
         started = await start_generation(self.host, params, message_id)
-        encoder = AnthropicEncoder(MessageMeta(message_id, started.model_id, started.prompt_tokens))
+        encoder = with_tool_calls(AnthropicEncoder(MessageMeta(message_id, started.model_id, started.prompt_tokens)),
+                                  params, started.template)
         await send(req, resp, started.handle, encoder, params.stream, self.host.env.sse_keepalive_s)
 
 

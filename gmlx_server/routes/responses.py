@@ -9,6 +9,7 @@ import falcon.asgi
 from gmlx_server.protocol.neutral import new_id
 from gmlx_server.protocol.responses import parse_responses
 from gmlx_server.protocol.responses_out import ResponsesEncoder, ResponsesMeta
+from gmlx_server.protocol.tool_calls import with_tool_calls
 from gmlx_server.routes.common import GmlxRequest, body_of
 from gmlx_server.routes.events import send
 from gmlx_server.service.conversations import ResponseStore
@@ -34,4 +35,5 @@ class Responses:
             if request.store:
                 self.store.put(response_id, [*history, *request.input_messages, *encoder.output_messages()])
 
-        await send(req, resp, started.handle, encoder, params.stream, self.host.env.sse_keepalive_s, remember)
+        await send(req, resp, started.handle, with_tool_calls(encoder, params, started.template), params.stream,
+                   self.host.env.sse_keepalive_s, remember)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gmlx_server.engine.types import (
     ChatTemplate,
@@ -21,9 +21,12 @@ from gmlx_server.engine.types import (
     ThinkingControl,
     Tokenizer,
 )
-from gmlx_server.errors import ContextOverflow, InvalidRequest
+from gmlx_server.errors import ContextOverflow, InvalidRequest, UnsupportedFeature
 from gmlx_server.service.addressing import Settings, merge_sampling, resolve_address, resolve_settings
 from gmlx_server.service.host import ModelHost
+
+if TYPE_CHECKING:
+    from gmlx_server.engine.structured import CompiledGrammar
 
 _LONG_PROMPT_CHARS = 32_768  # above this, tokenize off the loop so /health never waits
 
@@ -48,7 +51,7 @@ class GenerationInput(Protocol):
     @property
     def max_tokens(self) -> int | None: ...
     @property
-    def stop(self) -> tuple[str, ...]: ...
+    def grammar(self) -> CompiledGrammar | None: ...
     @property
     def logprobs(self) -> bool: ...
     @property
@@ -62,6 +65,8 @@ class GenerationInput(Protocol):
     @property
     def reasoning_effort(self) -> str | None: ...
 
+    def stop_strings(self, template: ChatTemplate) -> tuple[str, ...]: ...
+
 
 @dataclass(frozen=True)
 class Started:
@@ -73,6 +78,7 @@ class Started:
     prompt_tokens: int
     max_tokens: int
     tokenizer: Tokenizer
+    template: ChatTemplate  # the model's: its tool-call syntax decides how the reply is parsed
 
 
 def thinking_variables(inp: GenerationInput, variables: frozenset[str]) -> dict[str, Any]:
@@ -178,16 +184,30 @@ async def start_generation(host: ModelHost, inp: GenerationInput, request_id: st
                              prompt.model_id)
     thinking = thinking_control(inp, text)
     opened = thinking is not None and text.rstrip().endswith(thinking.open_tag)
+    if inp.grammar is not None:
+        check_constrainable(engine)
     request = GenerationRequest(
         request_id=request_id, prompt_tokens=ids, max_tokens=max_tokens,
-        sampling=build_sampling(settings, inp, engine.tokenizer.vocab_size), stop=inp.stop,
+        sampling=build_sampling(settings, inp, engine.tokenizer.vocab_size),
+        stop=inp.stop_strings(engine.template),
         logprobs=inp.logprobs, top_logprobs=min(inp.top_logprobs, host.env.top_logprobs_k),
-        thinking=thinking, starts_in_thinking=opened,
+        thinking=thinking, starts_in_thinking=opened, grammar=inp.grammar,
     )
     host.capacity.preflight(prompt.model_id, len(ids), inp.max_tokens)  # memory 400 before any prefill
     host.admission.admit(prompt.model_id, engine.stats())  # no await between this and submit: no race
     handle = host.telemetry.track(prompt.model_id, engine.submit(request))
-    return Started(handle, prompt.model_id, settings.profile, len(ids), max_tokens, engine.tokenizer)
+    return Started(handle, prompt.model_id, settings.profile, len(ids), max_tokens, engine.tokenizer,
+                   engine.template)
+
+
+def check_constrainable(engine: Engine) -> None:
+    """Structured output needs per-request logits processors, which a speculative engine cannot take."""
+    from gmlx_server.engine.structured import StructuredOutputError, ensure_constrainable  # loads llguidance
+
+    try:
+        ensure_constrainable(drafts=engine.info.drafts)
+    except StructuredOutputError as e:
+        raise UnsupportedFeature(f"'{e.param}': {e}", param=e.param) from None
 
 
 def thinking_control(inp: GenerationInput, text: str) -> ThinkingControl | None:

@@ -161,7 +161,8 @@ def test_logprobs_capped_by_top_logprobs_k() -> None:
     s = serve(make_config(env=RuntimeEnv(top_logprobs_k=2)))
     body = s.chat({"logprobs": True, "top_logprobs": 5}).json()
     items = body["choices"][0]["logprobs"]["content"]
-    assert len(items) == 4 and items[0]["token"] == "Hello" and len(items[0]["top_logprobs"]) == 2
+    assert len(items) == 4 and len(items[0]["top_logprobs"]) == 2
+    assert items[0]["token"] == "H" and items[0]["bytes"] == [72]  # the fake's token id is its piece's first char
     events = _stream(s, {"logprobs": True})
     assert events[1]["choices"][0]["logprobs"]["content"][0]["top_logprobs"] == []
 

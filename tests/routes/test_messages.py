@@ -105,7 +105,7 @@ def test_every_stop_reason(served: Served, body: dict[str, Any], reason: str, se
 
 
 def test_tool_use_stop_reason_and_blocks_from_a_parsed_call() -> None:
-    """Tool-call parsing lands later; the encoder already emits a parsed call the Anthropic way."""
+    """A whole parsed call (tool_call) the Anthropic way; test_tools.py drives it from model text."""
     enc = AnthropicEncoder(MessageMeta("msg_1", "m1", 7))
     events = [*enc.start(), *enc.text("Let me check."), *enc.tool_call(ToolCall("get_weather", '{"city": "Paris"}')),
               *enc.feed(TokenEvent("", None, finish_reason="stop"))]
@@ -309,9 +309,13 @@ def test_unsupported_features_are_typed() -> None:
     err = anthropic_error(post(s, {"messages": [{"role": "user", "content": [image]}]}), 400,
                           "invalid_request_error")
     assert err["code"] == "unsupported_feature" and "vision" in err["message"]
+    bad_schema = {"format": {"type": "json_schema", "schema": {"type": "nope"}}}
+    err = anthropic_error(post(s, {"output_config": bad_schema}), 400, "invalid_request_error")
+    assert "output_config.format" in err["message"] and "malformed JSON schema" in err["message"]
     schema = {"format": {"type": "json_schema", "schema": {"type": "object"}}}
-    err = anthropic_error(post(s, {"output_config": schema}), 400, "invalid_request_error")
-    assert err["code"] == "unsupported_feature" and "structured output" in err["message"]
+    assert post(s, {"output_config": schema}).status_code == 200
+    grammar = s.engine().submitted[-1].grammar
+    assert grammar is not None and grammar.schema == {"type": "object"}
 
 
 def test_context_overflow_is_the_prompt_too_long_400() -> None:

@@ -105,7 +105,7 @@ def test_empty_generation_still_answers_one_message(served: Served) -> None:
 
 
 def test_function_call_items_from_a_parsed_call() -> None:
-    """Tool-call parsing lands later; the encoder already emits a parsed call as a function_call item."""
+    """A whole parsed call (tool_call) as a function_call item; test_tools.py drives it from model text."""
     enc = ResponsesEncoder(ResponsesMeta("resp_1", "m1", 0, 5))
     events = [*enc.start(), *enc.text("Checking."), *enc.tool_call(ToolCall("weather", '{"city": "Paris"}')),
               *enc.feed(TokenEvent("", None, finish_reason="stop"))]
@@ -238,7 +238,9 @@ def test_each_app_has_its_own_store() -> None:
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content",
      "unsupported_feature"),
     ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0]", "unsupported_feature"),
-    ({"text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format", "unsupported_feature"),
+    ({"text": {"format": {"type": "json_schema", "schema": {"type": "nope"}}}}, "text.format.schema",
+     "invalid_request_error"),
+    ({"text": {"format": {"type": "yaml"}}}, "text.format.type", "invalid_request_error"),
     ({"tool_choice": "always"}, "tool_choice", "invalid_request_error"),
     ({"max_output_tokens": 0}, "max_output_tokens", "invalid_request_error"),
     ({"previous_response_id": 5}, "previous_response_id", "invalid_request_error"),

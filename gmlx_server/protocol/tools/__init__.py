@@ -1,6 +1,7 @@
 """Tool-call parsing: infer the syntax from a chat template, then parse a response as it streams.
 
     fmt = infer_tool_format(template_text)       # None: the template defines no tool calls
+    fmt = tool_format_for(engine.template)       # the same, once per loaded template
     parser = fmt.streaming(tools)                # one per response
     events = parser.feed(delta) ... parser.finish()
 """
@@ -14,6 +15,7 @@ from gmlx_server.protocol.tools.events import (
     ToolEvent,
 )
 from gmlx_server.protocol.tools.formats import FORMATS, infer_tool_format
+from gmlx_server.protocol.tools.inference import tool_format_for
 from gmlx_server.protocol.tools.stream import ToolFormat, ToolStreamParser
 
 __all__ = [
@@ -27,4 +29,5 @@ __all__ = [
     "ToolFormat",
     "ToolStreamParser",
     "infer_tool_format",
+    "tool_format_for",
 ]

@@ -1,0 +1,92 @@
+"""Tool calls in a reply: the model's text runs through its template's tool-call parser, and the
+parser's events drive any protocol's EventEncoder (OpenAI tool_calls, Anthropic tool_use blocks,
+Responses function_call items), streamed or not.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import Any
+
+from gmlx_server.engine.types import ChatTemplate, TokenEvent
+from gmlx_server.errors import GmlxError
+from gmlx_server.protocol.neutral import Event, EventEncoder, Tally
+from gmlx_server.protocol.openai import GenerationParams
+from gmlx_server.protocol.tools import (
+    TextDelta,
+    ToolCallArgsDelta,
+    ToolCallStart,
+    ToolEvent,
+    ToolStreamParser,
+    tool_format_for,
+)
+
+log = logging.getLogger("gmlx.tools")
+
+
+class ToolCallEncoder:
+    """An EventEncoder that parses tool calls out of the text before `inner` sees it."""
+
+    def __init__(self, inner: EventEncoder, parser: ToolStreamParser, params: GenerationParams,
+                 format_stops: tuple[str, ...]) -> None:
+        self.inner, self.parser = inner, parser
+        self._choice = params.tool_choice
+        self._format_stops = tuple(s for s in format_stops if s not in params.stop)
+
+    def start(self) -> list[Event]:
+        return self.inner.start()
+
+    def feed(self, ev: TokenEvent) -> list[Event]:
+        events = self._render(self.parser.feed(ev.text))
+        if ev.finish_reason is not None:
+            events += self._render(self.parser.finish())
+            self._check_forced(ev)
+            if ev.stop_string in self._format_stops:  # our stop, not the client's: no stop_sequence
+                ev = replace(ev, stop_string=None)
+        return events + self.inner.feed(replace(ev, text=""))
+
+    def _render(self, parsed: list[ToolEvent]) -> list[Event]:
+        out: list[Event] = []
+        for e in parsed:
+            if isinstance(e, TextDelta):
+                out += self.inner.text(e.text)
+            elif isinstance(e, ToolCallStart):
+                out += self.inner.tool_start(e.id, e.name)
+            elif isinstance(e, ToolCallArgsDelta):
+                out += self.inner.tool_arguments(e.json_fragment)
+            else:
+                out += self.inner.tool_end(e.arguments)
+        return out
+
+    def _check_forced(self, ev: TokenEvent) -> None:
+        forced = self._choice == "required" or isinstance(self._choice, dict)
+        if forced and self.parser.calls == 0 and Tally.ends_well(ev):
+            log.warning("tool_choice %s asked for a call, but the model produced none (the template "
+                        "decides whether it can force one)", self._choice)
+
+    def text(self, text: str) -> list[Event]:
+        return self.inner.text(text)
+
+    def tool_start(self, call_id: str, name: str) -> list[Event]:
+        return self.inner.tool_start(call_id, name)
+
+    def tool_arguments(self, fragment: str) -> list[Event]:
+        return self.inner.tool_arguments(fragment)
+
+    def tool_end(self, arguments: Any = None) -> list[Event]:
+        return self.inner.tool_end(arguments)
+
+    def fail(self, err: GmlxError) -> list[Event]:
+        return self.inner.fail(err)
+
+    def body(self) -> dict[str, Any]:
+        return self.inner.body()
+
+
+def with_tool_calls(encoder: EventEncoder, params: GenerationParams, template: ChatTemplate) -> EventEncoder:
+    """`encoder` as is, unless the request offers tools and the template defines a call syntax."""
+    fmt = tool_format_for(template) if params.offers_tools else None
+    if fmt is None:
+        return encoder
+    return ToolCallEncoder(encoder, fmt.streaming(params.tools), params, fmt.stop)
