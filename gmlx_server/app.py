@@ -20,6 +20,7 @@ from gmlx_server.routes.health import Health
 from gmlx_server.routes.messages import CountTokens, Messages
 from gmlx_server.routes.metrics import Metrics
 from gmlx_server.routes.models import Model, Models
+from gmlx_server.routes.residency import Keep, Reload, Unload
 from gmlx_server.routes.responses import Responses
 from gmlx_server.service.conversations import ResponseStore
 from gmlx_server.service.estimate import Estimator
@@ -32,17 +33,27 @@ log = logging.getLogger("gmlx.app")
 
 
 GOVERNOR_PERIOD_S = 0.5
+SWEEP_PERIOD_S = 1.0  # the idle sweep's tick; a shorter idle_timeout_s ticks at a quarter of it
 
 
 class Lifespan:
-    """Runs the memory governor while the app lives; closes every engine when the ASGI server shuts down."""
+    """Runs the memory governor and the idle sweep while the app lives; closes every engine at shutdown."""
 
     def __init__(self, host: ModelHost) -> None:
         self.host = host
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
 
     async def process_startup(self, scope: dict[str, Any], event: dict[str, Any]) -> None:
-        self._task = asyncio.create_task(self._govern())
+        self._tasks = [asyncio.create_task(self._govern()), asyncio.create_task(self._sweep())]
+
+    async def _sweep(self) -> None:
+        while True:
+            timeout = self.host.config.server.idle_timeout_s  # read each tick: /v1/reload may change it
+            await asyncio.sleep(min(SWEEP_PERIOD_S, max(0.05, timeout / 4)) if timeout > 0 else SWEEP_PERIOD_S)
+            try:
+                await self.host.sweep()
+            except Exception:  # a failing unload must not stop the sweep
+                log.exception("idle sweep failed")
 
     async def _govern(self) -> None:
         while True:
@@ -53,14 +64,15 @@ class Lifespan:
             await asyncio.sleep(GOVERNOR_PERIOD_S)
 
     async def process_shutdown(self, scope: dict[str, Any], event: dict[str, Any]) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        for task in self._tasks:
+            task.cancel()
         self.host.close()
 
 
 def _metrics(host: ModelHost, config: ServerConfig) -> Metrics:
     snaps = Snapshotter(lambda: host.resident, host.telemetry, host.admission, host.governor,
-                        config.server.decode_batch, host.capacity_section, host.config.models.get)
+                        config.server.decode_batch, host.capacity_section, lambda m: host.config.models.get(m),
+                        host.marks)
     return Metrics(snaps, make_registry(snaps.snapshot, host.telemetry))
 
 
@@ -82,6 +94,9 @@ def _routes(host: ModelHost, config: ServerConfig) -> list[tuple[str, object]]:
         ("/v1/capacity/plan", CapacityPlan(estimator)),
         ("/v1/metrics", metrics),
         ("/metrics", metrics),
+        ("/unload", Unload(host)),
+        ("/v1/keep", Keep(host)),
+        ("/v1/reload", Reload(host)),
     ]
 
 

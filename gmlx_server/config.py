@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import logging
 import os
 import re
 from collections.abc import Mapping
@@ -19,12 +20,14 @@ from typing import Any, Literal
 import yaml
 
 from gmlx_server.engine.types import SamplingParams
+from gmlx_server.hf_cache import looks_like_repo_id, resolve_file, split_hf_ref
 
 BUILTIN_INTENTS = ("chat", "coding", "creative", "precise")
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024  # room for base64 images in vision messages
 DEFAULT_MODEL_ID = "smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 WeightsLayout = Literal["auto", "packed", "dense"]
+log = logging.getLogger("gmlx.config")
 
 
 class ConfigError(Exception):
@@ -52,6 +55,7 @@ class RuntimeEnv:
     preflight_mem: bool = True
     governor: bool = True
     top_logprobs_k: int = 0
+    hf_hub_cache: str | None = None  # HF_HUB_CACHE, else HF_HOME/hub; None = the default under ~/.cache
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,12 @@ class ModelEntry:
     chat_template: str | None = None
     weights: WeightsLayout = "auto"
     discovered: bool = False  # found under server.models_dir rather than listed in models:
+
+    @property
+    def load_key(self) -> tuple[object, ...]:
+        """What the engine is built from: a reload keeps a loaded engine while this is unchanged."""
+        return (self.path, self.weights, self.max_kv_size, self.chat_template, self.kv_quant, self.mmproj,
+                self.draft)
 
 
 @dataclass(frozen=True)
@@ -159,7 +169,21 @@ def read_env(environ: Mapping[str, str] | None = None) -> RuntimeEnv:
         preflight_mem=pick(_env_value(e, "GMLX_PREFLIGHT_MEM", bool), d.preflight_mem),
         governor=pick(_env_value(e, "GMLX_GOVERNOR", bool), d.governor),
         top_logprobs_k=pick(top_k, d.top_logprobs_k),
+        hf_hub_cache=_hf_hub_cache(e),
     )
+
+
+def _hf_hub_cache(e: Mapping[str, str]) -> str | None:
+    """huggingface_hub's own lookup order for the hub cache; None when no variable names one."""
+    if e.get("HF_HUB_CACHE") or e.get("HUGGINGFACE_HUB_CACHE"):
+        return e.get("HF_HUB_CACHE") or e.get("HUGGINGFACE_HUB_CACHE")
+    if e.get("HF_HOME"):
+        return str(Path(e["HF_HOME"]) / "hub")
+    return str(Path(e["XDG_CACHE_HOME"]) / "huggingface" / "hub") if e.get("XDG_CACHE_HOME") else None
+
+
+def hf_hub_cache_dir(env: RuntimeEnv) -> Path:
+    return Path(env.hf_hub_cache or Path.home() / ".cache" / "huggingface" / "hub").expanduser()
 
 
 # --- YAML checking helpers ---------------------------------------------------------------------
@@ -170,8 +194,8 @@ _KINDS = {"str": (str,), "int": (int,), "bool": (bool,), "number": (int, float),
 class _Checker:
     """Type checks that raise ConfigError with the file and dotted key."""
 
-    def __init__(self, source: str) -> None:
-        self.source = source
+    def __init__(self, source: str, hf_cache: Path | None = None) -> None:
+        self.source, self.hf_cache = source, hf_cache
 
     def fail(self, key: str, what: str) -> ConfigError:
         return ConfigError(self.source, key, what)
@@ -200,14 +224,31 @@ class _Checker:
             raise self.fail(f"{key}.{name}", f"must not be negative, got {v}")
         return v
 
-    def path(self, raw: str, key: str, base: Path, must_exist: bool = True) -> str:
+    def path(self, raw: str, key: str, base: Path, must_exist: bool = True, repo_ok: bool = False) -> str:
         if raw.startswith("hf:"):
-            return raw  # resolved from the local Hugging Face cache by the loader, never the network
+            return self.hf_ref(raw, key)
         p = Path(raw).expanduser()
         p = p if p.is_absolute() else base / p
         if must_exist and not p.exists():
+            if repo_ok and looks_like_repo_id(raw):
+                # The loader decides: 403 hf_access_disabled, or the local cache under server.hf_cache.
+                log.warning("%s: %s: %r is not a local path; treated as a Hugging Face repo id", self.source,
+                            key, raw)
+                return raw
             raise self.fail(key, f"file not found: {p}")
         return str(p)
+
+    def hf_ref(self, raw: str, key: str) -> str:
+        """hf:org/repo/file.gguf -> its path in the local Hugging Face cache; never a download."""
+        ref = split_hf_ref(raw)
+        if ref is None:
+            raise self.fail(key, f"expected hf:org/repo/path/file.gguf, got {raw!r}")
+        cache = self.hf_cache or hf_hub_cache_dir(RuntimeEnv())
+        found = resolve_file(cache, *ref)
+        if found is None:
+            raise self.fail(key, f"{raw} is not in the local Hugging Face cache ({cache}); the server never "
+                                 f"downloads models: fetch it first (huggingface-cli download {ref[0]} {ref[1]})")
+        return str(found)
 
 
 _SERVER_KINDS = {
@@ -269,7 +310,7 @@ def _model(c: _Checker, mid: str, raw: Any, base: Path) -> ModelEntry:
     kw = {k: c.value(data, key, k, kind) for k, kind in _MODEL_KINDS.items()}
     if kw["path"] is None:
         raise c.fail(f"{key}.path", "missing (a GGUF file, hf:org/repo/file.gguf or a local MLX dir)")
-    kw["path"] = c.path(kw["path"], f"{key}.path", base)
+    kw["path"] = c.path(kw["path"], f"{key}.path", base, repo_ok=True)
     if kw["mmproj"] is not None:
         kw["mmproj"] = c.path(kw["mmproj"], f"{key}.mmproj", base)
     tpl = kw["chat_template"]
@@ -339,8 +380,8 @@ def _check_refs(c: _Checker, cfg: ServerConfig) -> None:
         raise c.fail("server.default_model", f"unknown model id {dm!r}")
 
 
-def _parse(source: str, text: str) -> ServerConfig:
-    c = _Checker(source)
+def _parse(source: str, text: str, hf_cache: Path | None = None) -> ServerConfig:
+    c = _Checker(source, hf_cache)
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -405,7 +446,7 @@ def load_config(
             text = Path(path).expanduser().read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise ConfigError(path, "", f"cannot read config file: {e}") from None
-        cfg = _parse(str(Path(path).expanduser().resolve()), text)
+        cfg = _parse(str(Path(path).expanduser().resolve()), text, hf_hub_cache_dir(env))
     else:
         cfg = _single_model(model)
     s = cfg.server
@@ -419,7 +460,18 @@ def load_config(
     )
     # Engines see only RuntimeEnv: give them the effective width (env > YAML > default).
     env = dataclasses.replace(env, decode_batch=merged.decode_batch)
+    if merged.hf_cache:
+        # Set at config load, before any Hugging Face library is imported (the service models use them).
+        os.environ["HF_HUB_OFFLINE"] = "1"
     return ServerConfig(merged, cfg.models, cfg.profiles, cfg.aliases, cfg.services, env, cfg.source)
+
+
+def reload_config(old: ServerConfig) -> ServerConfig:
+    """Re-read the running server's file; bind address, API key and decode width stay as the server started."""
+    if old.source is None:
+        raise ConfigError("reload", "", "not in config mode")
+    s = old.server
+    return load_config(old.source, env=old.env, host=s.host, port=s.port, api_key=s.api_key)
 
 
 def load_config_from_env(environ: Mapping[str, str] | None = None) -> ServerConfig:

@@ -1,14 +1,16 @@
-"""The model host: model ids -> engines, created lazily through an injected factory.
+"""The model host: model ids -> engines, created lazily through an injected factory, several at once.
 
-Also the /v1/models listing and the /health readiness verdict, both read without waiting on
-an engine (stats() is a snapshot; GGUF headers are read off the loop and cached).
+Loads pass the Hugging Face policy and the load gate, one at a time (one lock); unloads happen on /unload,
+on the idle sweep and to make room for a load. Also the /v1/models listing and the /health readiness
+verdict, both read without waiting on an engine (stats() is a snapshot; GGUF headers are read off the loop).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +22,11 @@ from gmlx_server.service.addressing import Catalog
 from gmlx_server.service.admission import Admission
 from gmlx_server.service.capacity import CapacityService
 from gmlx_server.service.governor import Governor
+from gmlx_server.service.hf_policy import local_entry
+from gmlx_server.service.load_gate import LoadGate
 from gmlx_server.service.memory import MemoryReading, read_memory
+from gmlx_server.service.reload import ModelChanges, diff_models, rebuild_capacity
+from gmlx_server.service.residency import Residency, close_engine, release_memory, streaming, warm_up
 from gmlx_server.service.telemetry import Telemetry
 
 EngineFactory = Callable[[ModelEntry, RuntimeEnv], Engine]
@@ -39,22 +45,32 @@ class ModelLoadFailed(GmlxError):
     status, type = 500, "model_load_failed"
 
 
+class ModelBusy(GmlxError):
+    status, type = 409, "model_busy"
+
+
 class ModelHost:
-    def __init__(self, config: ServerConfig, engine_factory: EngineFactory | None = None) -> None:
+    def __init__(self, config: ServerConfig, engine_factory: EngineFactory | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.catalog = Catalog.from_config(config)
         self._factory = engine_factory or default_engine_factory
         self._engines: dict[str, Engine] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._load_lock = asyncio.Lock()  # loads, unloads and reloads, one at a time: the gate's view holds
         self._context: dict[str, int | None] = {}  # model id -> trained context length (GGUF header)
         self.telemetry = Telemetry()
         self.admission = Admission(config.env, self.telemetry)
         self.governor = Governor(config.env.governor, self._read_memory)
         self.capacity = CapacityService(config)
+        self.residency = Residency(clock)
+        self.gate = LoadGate(self)  # real time: its 3 s wait is wall-clock
 
     def _read_memory(self) -> MemoryReading:
+        # MLX's allocator is process-wide: each engine's snapshot measures all of it, so summing them would count
+        # every byte once per resident engine. The largest is the most complete (roughly the latest).
         snaps = [m for e in self._engines.values() if (m := getattr(e, "memory", None)) is not None]
-        return read_memory(self.config.server.memory_budget, snaps)
+        latest = [max(snaps, key=lambda m: int(m.active_bytes))] if snaps else []
+        return read_memory(self.config.server.memory_budget, latest)
 
     @property
     def env(self) -> RuntimeEnv:
@@ -71,28 +87,147 @@ class ModelHost:
         return dict(self._engines)
 
     async def engine(self, model_id: str) -> Engine:
-        """The model's engine, loading it on first use (one load per model even under concurrency)."""
+        """The model's engine, loading it on first use (one load at a time, each behind the load gate)."""
         engine = self._engines.get(model_id)
-        if engine is not None:
-            return engine
-        entry = self.entry(model_id)
-        async with self._locks.setdefault(model_id, asyncio.Lock()):
-            engine = self._engines.get(model_id)
-            if engine is None:
-                engine = await self._load(entry)
-                self._engines[model_id] = engine
+        if engine is None or self.residency.state(model_id).stale:
+            entry = self.entry(model_id)
+            async with self._load_lock:
+                engine = await self._current(entry)
+        self.residency.touch(model_id)
         return engine
 
+    async def _current(self, entry: ModelEntry) -> Engine:
+        """Under the load lock: the resident engine, unless a reload changed its entry and it is idle."""
+        engine = self._engines.get(entry.id)
+        if engine is not None and self.residency.state(entry.id).stale and not streaming(engine):
+            await self.evict(entry.id)
+            engine = None
+        return engine if engine is not None else await self._load(entry)
+
     async def _load(self, entry: ModelEntry) -> Engine:
-        log.info("loading model %s from %s", entry.id, entry.path)
+        local = local_entry(entry, self.config)  # 403 before any memory is judged or freed
+        need = await self._need(entry.id)
+        if need is not None and not self.env.overcommit:
+            await self.gate.admit(entry.id, need)
+        log.info("loading model %s from %s", entry.id, local.path)
         try:
             # The factory may block while the engine's own thread loads weights; keep the loop free.
-            return await asyncio.to_thread(self._factory, entry, self.env)
+            engine = await asyncio.to_thread(self._factory, local, self.env)
         except GmlxError:
             raise
         except Exception as exc:
             log.exception("model %s failed to load", entry.id)
             raise ModelLoadFailed(f"model '{entry.id}' failed to load: {exc}") from exc
+        self._engines[entry.id] = engine
+        self.residency.loaded(entry.id, engine.info.weights_bytes)
+        await asyncio.to_thread(release_memory)  # the load's transients, back to the OS
+        return engine
+
+    async def _need(self, model_id: str) -> int | None:
+        """The weights a load will add: as last loaded, else the planner's figure from the GGUF header."""
+        known = self.residency.state(model_id).weights_bytes
+        if known is not None:
+            return known
+        mm = await asyncio.to_thread(self.capacity.memory_model, model_id)
+        return mm.weights_bytes if mm is not None else None
+
+    # --- residency: what the load gate reads, and the unloads -------------------------------------
+
+    def is_pinned(self, model_id: str) -> bool:
+        entry = self.config.models.get(model_id)
+        return entry is not None and entry.pinned
+
+    def weights_of(self, model_id: str) -> int:
+        return self._engines[model_id].info.weights_bytes
+
+    def drain_eta_s(self, model_ids: Iterable[str]) -> float | None:
+        etas = [self.admission.eta_s(m, self._engines[m].stats()) for m in model_ids if m in self._engines]
+        return max(etas) if etas else None
+
+    def marks(self, model_id: str) -> dict[str, object]:
+        """resident_models[] markers: pinned (config), kept (/v1/keep) and how often the model loaded."""
+        return {"pinned": self.is_pinned(model_id), **self.residency.marks(model_id)}
+
+    async def evict(self, model_id: str, explicit: bool = False) -> None:
+        """Unload now; the caller holds the load lock and has checked that the model is not streaming."""
+        engine = self._engines.pop(model_id, None)
+        if engine is None:
+            return
+        self.residency.unloaded(model_id, explicit)
+        log.info("unloading model %s%s", model_id, "" if explicit else " (idle or evicted for room)")
+        await asyncio.to_thread(close_engine, model_id, engine)
+        del engine  # the last reference: release_memory can free the arrays
+        await asyncio.to_thread(release_memory)
+
+    async def unload(self, model_id: str) -> bool:
+        """/unload {"model": id}: pinned ones too. False when it was not resident; 409 while it streams."""
+        await self._settle([model_id])
+        async with self._load_lock:
+            engine = self._engines.get(model_id)
+            if engine is None:
+                return False
+            if streaming(engine):
+                s = engine.stats()
+                raise ModelBusy(f"model '{model_id}' is streaming ({s.in_flight} in flight, {s.waiting} waiting); "
+                                "unload it when its requests finish", param="model")
+            await self.evict(model_id, explicit=True)
+        return True
+
+    async def unload_idle(self) -> tuple[list[str], list[str]]:
+        """/unload with no model: every resident model that is not streaming. (unloaded, still busy)."""
+        await self._settle(list(self._engines))
+        async with self._load_lock:
+            busy = [m for m, e in self._engines.items() if streaming(e)]
+            idle = [m for m in self._engines if m not in busy]
+            for model_id in idle:
+                await self.evict(model_id, explicit=True)
+        return idle, busy
+
+    async def _settle(self, model_ids: list[str]) -> None:
+        """An explicit unload first waits out the handout grace: a request that was just given the engine may
+        not have submitted yet, and would wait forever on a closed one."""
+        left = max((self.residency.grace_left(m) for m in model_ids), default=0.0)
+        if left > 0:
+            await asyncio.sleep(left)
+
+    async def sweep(self) -> list[str]:
+        """The periodic idle task: unload models idle past server.idle_timeout_s, and stale ones once idle."""
+        if self._load_lock.locked():
+            return []  # a load or unload is under way: next tick
+        async with self._load_lock:
+            due = self.residency.expired(self._engines, self.is_pinned, self.config.server.idle_timeout_s)
+            for model_id in due:
+                await self.evict(model_id)
+        return due
+
+    async def keep(self, model_id: str, keep: bool = True, warm: bool = True) -> dict[str, Any]:
+        """/v1/keep: load if needed and warm; keep=False only releases (the idle timeout counts from now)."""
+        state = self.residency.state(model_id)
+        warm_s = None
+        if keep:
+            engine = await self.engine(model_id)
+            state.kept = True
+            warm_s = round(await warm_up(engine), 3) if warm else None
+        else:
+            state.kept = False
+            self.residency.touch(model_id)
+        return {"model": model_id, "kept": state.kept, "resident": model_id in self._engines,
+                "warm_s": warm_s, "loads": state.loads}
+
+    async def reconfigure(self, config: ServerConfig) -> ModelChanges:
+        """Swap in a re-read config (POST /v1/reload). Engines of unchanged entries stay loaded; changed or
+        removed ones unload now if idle, else once their requests finish (until then they serve them)."""
+        async with self._load_lock:
+            changes = diff_models(self.config.models, config.models)
+            self.capacity = rebuild_capacity(self.capacity, self.config, config)
+            self.config, self.catalog = config, Catalog.from_config(config)
+            for model_id in (*changes.changed, *changes.removed):
+                self._context.pop(model_id, None)
+                self.residency.retire(model_id, resident=model_id in self._engines)
+            for model_id in self.residency.expired(self._engines, self.is_pinned, 0.0):
+                await self.evict(model_id)
+            self.residency.forget(set(config.models) | set(self._engines))
+        return changes
 
     def capacity_section(self) -> dict[str, Any] | None:
         """The boot capacity table for /v1/metrics; None without one (no readable GGUF default model)."""

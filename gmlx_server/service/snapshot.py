@@ -50,9 +50,10 @@ class StatsCache:
 class Snapshotter:
     def __init__(self, engines: Callable[[], Mapping[str, Engine]], telemetry: Telemetry, admission: Admission,
                  governor: Governor, decode_batch: int, capacity: Callable[[], dict[str, Any] | None],
-                 entries: Callable[[str], Any]) -> None:
+                 entries: Callable[[str], Any], marks: Callable[[str], Mapping[str, object]] | None = None) -> None:
         self._engines, self.telemetry, self.admission, self.governor = engines, telemetry, admission, governor
         self.decode_batch, self._capacity, self._entry = decode_batch, capacity, entries
+        self._marks = marks  # pinned, kept and load count per resident model (the host's residency)
         self.stats = StatsCache()
 
     def snapshot(self) -> dict[str, Any]:
@@ -99,9 +100,9 @@ class Snapshotter:
         for m, e in engines.items():
             entry = self._entry(m)
             mem = getattr(e, "memory", None)
+            marks = self._marks(m) if self._marks else {"pinned": bool(entry and entry.pinned), "kept": False}
             out.append({"id": m, "in_flight": stats[m].in_flight, "waiting": stats[m].waiting,
-                        "decode_batch": stats[m].decode_batch, "pinned": bool(entry and entry.pinned),
-                        "kept": False, "profile": entry.profile if entry else None,
+                        "decode_batch": stats[m].decode_batch, **marks, "profile": entry.profile if entry else None,
                         "weights_bytes": e.info.weights_bytes, "weights_layout": e.info.weights_layout,
                         "active_bytes": mem.active_bytes if mem else None, "load_s": round(e.info.load_s, 3)})
         return out

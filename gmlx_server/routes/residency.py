@@ -1,0 +1,74 @@
+"""POST /unload, POST /v1/keep and POST /v1/reload: the residency routes (spec: Endpoints)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import falcon.asgi
+
+from gmlx_server.errors import InvalidRequest
+from gmlx_server.routes.common import GmlxRequest, body_of
+from gmlx_server.service.addressing import resolve_address
+from gmlx_server.service.host import ModelHost
+from gmlx_server.service.reload import reload
+
+
+def _body(req: GmlxRequest) -> dict[str, Any]:
+    body = body_of(req)
+    if body is None:
+        return {}
+    if not isinstance(body, dict):
+        raise InvalidRequest("the request body must be a JSON object")
+    return body
+
+
+def _model(host: ModelHost, body: dict[str, Any]) -> str | None:
+    """The model id the body names (an id, alias or id@profile); None when it names none."""
+    raw = body.get("model")
+    if raw is None or raw == "":
+        return None
+    if not isinstance(raw, str):
+        raise InvalidRequest(f"'model' must be a string, got {type(raw).__name__}", param="model")
+    return resolve_address(raw, None, host.catalog).model_id
+
+
+def _flag(body: dict[str, Any], name: str) -> bool:
+    value = body.get(name, True)
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"'{name}' must be true or false, got {value!r}", param=name)
+    return value
+
+
+class Unload:
+    """{"model": id} unloads that model (pinned too; 409 while it streams); no model: every idle one."""
+
+    def __init__(self, host: ModelHost) -> None:
+        self.host = host
+
+    async def on_post(self, req: GmlxRequest, resp: falcon.asgi.Response) -> None:
+        model = _model(self.host, _body(req))
+        if model is None:
+            unloaded, busy = await self.host.unload_idle()
+        else:
+            unloaded, busy = ([model] if await self.host.unload(model) else []), []
+        resp.media = {"status": "ok", "unloaded": unloaded, "busy": busy}
+
+
+class Keep:
+    """{"model": id} keeps it resident past the idle timeout and warms it; "warm": false, "keep": false."""
+
+    def __init__(self, host: ModelHost) -> None:
+        self.host = host
+
+    async def on_post(self, req: GmlxRequest, resp: falcon.asgi.Response) -> None:
+        body = _body(req)
+        model = _model(self.host, body) or resolve_address(None, None, self.host.catalog).model_id
+        resp.media = await self.host.keep(model, keep=_flag(body, "keep"), warm=_flag(body, "warm"))
+
+
+class Reload:
+    def __init__(self, host: ModelHost) -> None:
+        self.host = host
+
+    async def on_post(self, req: GmlxRequest, resp: falcon.asgi.Response) -> None:
+        resp.media = await reload(self.host)

@@ -1,0 +1,67 @@
+"""POST /v1/reload: re-read the config file and re-register models, keeping engines whose load parameters
+(ModelEntry.load_key) did not change. A broken file keeps the running config and says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from gmlx_server.config import ConfigError, ModelEntry, ServerConfig, reload_config
+from gmlx_server.errors import GmlxError
+from gmlx_server.service.capacity import CapacityService
+
+if TYPE_CHECKING:  # the host calls into this module; only its type is needed here
+    from gmlx_server.service.host import ModelHost
+
+
+class InvalidConfig(GmlxError):
+    status, type = 400, "invalid_config"
+
+
+@dataclass(frozen=True)
+class ModelChanges:
+    added: tuple[str, ...]
+    removed: tuple[str, ...]
+    changed: tuple[str, ...]  # same id, different load parameters: a new engine on the next request
+    unchanged: tuple[str, ...]  # profile, pinned and the like may differ: the engine stays
+
+
+def diff_models(old: Mapping[str, ModelEntry], new: Mapping[str, ModelEntry]) -> ModelChanges:
+    both = [m for m in new if m in old]
+    return ModelChanges(
+        added=tuple(m for m in new if m not in old),
+        removed=tuple(m for m in old if m not in new),
+        changed=tuple(m for m in both if old[m].load_key != new[m].load_key),
+        unchanged=tuple(m for m in both if old[m].load_key == new[m].load_key),
+    )
+
+
+def rebuild_capacity(old_service: CapacityService, old: ServerConfig, new: ServerConfig) -> CapacityService:
+    """Capacity for the new config, keeping the boot table unless what it was built from changed (an auto
+    budget is measured again at build time: with models loaded it would read smaller than at boot)."""
+    service = CapacityService(new)
+    before, after = old_service.boot, service.boot
+    if before is None or after is None or before.model_id != after.model_id:
+        return service
+    same_entry = old.models[before.model_id].load_key == new.models[after.model_id].load_key
+    same_server = (old.server.memory_budget, old.server.decode_batch) == (new.server.memory_budget,
+                                                                           new.server.decode_batch)
+    if same_entry and same_server:
+        service.boot = before
+    return service
+
+
+async def reload(host: ModelHost) -> dict[str, Any]:
+    """{"status": "unsupported"} outside config mode; else the re-registered models (400 on a broken file)."""
+    if host.config.source is None:
+        return {"status": "unsupported"}
+    try:
+        config = await asyncio.to_thread(reload_config, host.config)
+    except ConfigError as e:
+        raise InvalidConfig(f"reload failed, the running config is kept: {e}", param=e.key or None) from e
+    changes = await host.reconfigure(config)
+    loaded = [m for m in changes.unchanged if m in host.resident]
+    return {"status": "reloaded", "source": config.source, **asdict(changes), "kept_loaded": loaded}
