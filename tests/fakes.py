@@ -111,6 +111,8 @@ class FakeHandle:
         self.engine.running.add(self)
         try:
             async for ev in self._events():
+                if ev.finish_reason is not None:  # like the real engine: out of stats before the final event
+                    self.engine.running.discard(self)
                 yield ev
         finally:
             self.engine.running.discard(self)

@@ -23,6 +23,10 @@ from gmlx_server.engine.types import EngineStats, GenerationRequest, RequestRow,
 log = logging.getLogger("gmlx.engine")
 
 
+class EngineClosed(RuntimeError):
+    """submit() after close(): nothing would read the job, so refuse instead of hanging."""
+
+
 class Handle:
     """The asyncio side of one request: iterate its events, or cancel it."""
 
@@ -90,6 +94,8 @@ class MLXEngine:
             self._live.pop(job.request.request_id, None)
 
     def submit(self, request: GenerationRequest) -> Handle:
+        if not self._thread.is_alive():
+            raise EngineClosed(f"the engine of {self.info.model_id} is closed")
         loop = asyncio.get_running_loop()
         cancelled = threading.Event()
         handle = Handle(request.request_id, cancelled)

@@ -40,17 +40,18 @@ def _header_tools(path: str, chat_template: str | None, max_kv_size: int | None)
 class Estimator:
     def __init__(self, host: ModelHost) -> None:
         self.host = host
-        self._tools: dict[str, PromptTools] = {}
+        self._tools: dict[tuple[object, ...], PromptTools] = {}  # keyed by load parameters: a reload refreshes
 
     async def tools(self, model_id: str) -> tuple[PromptTools, Engine | None]:
         engine = self.host.resident.get(model_id)
         if engine is not None:
             info = engine.info
             return PromptTools(info.family, info.context_length, engine.tokenizer, engine.template), engine
-        if model_id not in self._tools:
-            e = self.host.entry(model_id)
-            self._tools[model_id] = await asyncio.to_thread(_header_tools, e.path, e.chat_template, e.max_kv_size)
-        return self._tools[model_id], None
+        e = self.host.entry(model_id)
+        key = e.load_key
+        if key not in self._tools:
+            self._tools[key] = await asyncio.to_thread(_header_tools, e.path, e.chat_template, e.max_kv_size)
+        return self._tools[key], None
 
     async def estimate(self, inp: GenerationInput) -> dict[str, Any]:
         host = self.host
