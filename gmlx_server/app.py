@@ -81,7 +81,7 @@ def _routes(host: ModelHost, config: ServerConfig) -> list[tuple[str, object]]:
     metrics = _metrics(host, config)
     estimator = Estimator(host)
     return [
-        ("/v1/chat/completions", ChatCompletions(host)),
+        ("/v1/chat/completions", ChatCompletions(host, estimator)),
         ("/v1/completions", Completions(host)),
         ("/v1/messages", Messages(host)),
         ("/v1/messages/count_tokens", CountTokens(host)),

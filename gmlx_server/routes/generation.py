@@ -12,6 +12,7 @@ from gmlx_server.protocol.openai_out import OpenAIEncoder, ResponseMeta
 from gmlx_server.protocol.tool_calls import with_tool_calls
 from gmlx_server.routes.common import GmlxRequest, body_of
 from gmlx_server.routes.events import send
+from gmlx_server.service.estimate import Estimator
 from gmlx_server.service.generate import start_generation
 from gmlx_server.service.host import ModelHost
 
@@ -29,11 +30,16 @@ async def respond(req: GmlxRequest, resp: falcon.asgi.Response, host: ModelHost,
 
 
 class ChatCompletions:
-    def __init__(self, host: ModelHost) -> None:
-        self.host = host
+    def __init__(self, host: ModelHost, estimator: Estimator) -> None:
+        self.host, self.estimator = host, estimator
 
     async def on_post(self, req: GmlxRequest, resp: falcon.asgi.Response) -> None:
-        await respond(req, resp, self.host, parse_chat(body_of(req), req.path), "chat")
+        body = body_of(req)
+        params = parse_chat(body, req.path)
+        if isinstance(body, dict) and body.get("dry_run") is True:
+            resp.media = await self.estimator.estimate(params)  # the same estimate as POST /v1/estimate
+            return
+        await respond(req, resp, self.host, params, "chat")
 
 
 class Completions:

@@ -135,3 +135,11 @@ def test_preflight_switch_off_admits_the_same_request(monkeypatch: pytest.Monkey
 def test_metrics_capacity_section_is_the_boot_table(s: Served) -> None:
     cap = s.client.get("/v1/metrics").json()["server"]["capacity"]
     assert cap["model"] == "m1" and cap["max_ctx"]["1"] == 8192 and cap["weights_bytes"] > 0
+
+
+def test_dry_run_on_chat_returns_the_estimate_and_generates_nothing(s: Served) -> None:
+    body = {"model": "m1", **QUESTION, "max_tokens": 50}
+    dry = s.client.post("/v1/chat/completions", json={**body, "dry_run": True})
+    assert dry.status_code == 200
+    assert dry.json() == s.client.post("/v1/estimate", json=body).json()
+    assert "m1" not in s.factory.engines  # neither call loaded the model
