@@ -7,6 +7,7 @@
    the first to the last content chunk. The ratio is the HTTP path's cost.
 3. While a stream decodes, /health is polled every 20 ms: p50/p99 latency (it must never wait on the engine).
 4. Aggregate decode tok/s with 1, 2 and 4 concurrent streams (continuous batching) and the scaling ratio.
+5. /v1/metrics (JSON) and the Prometheus scrape p50/p99 while 4 streams decode.
 """
 
 from __future__ import annotations
@@ -95,13 +96,32 @@ def aggregate_decode(base: str, gen: int, eos_ids: list[int], width: int) -> flo
     return tokens / (max(st[-1] for st in stamps) - start)
 
 
-def health_latency(base: str, stop: threading.Event, out: list[float]) -> None:
+def health_latency(base: str, stop: threading.Event, out: list[float], path: str = "/health") -> None:
     with httpx.Client(timeout=10) as c:
         while not stop.is_set():
             t = time.perf_counter()
-            c.get(base + "/health")
+            c.get(base + path).raise_for_status()
             out.append(time.perf_counter() - t)
             time.sleep(0.02)
+
+
+def scrape_latency(base: str, gen: int, eos_ids: list[int]) -> dict[str, list[float]]:
+    """/v1/metrics JSON and Prometheus scrape latency while 4 streams decode."""
+    lat: dict[str, list[float]] = {"/v1/metrics": [], "/v1/metrics?format=prometheus": []}
+    stop = threading.Event()
+    pollers = [threading.Thread(target=health_latency, args=(base, stop, out, path)) for path, out in lat.items()]
+    for p in pollers:
+        p.start()
+    aggregate_decode(base, gen, eos_ids, 4)
+    stop.set()
+    for p in pollers:
+        p.join()
+    return lat
+
+
+def _pct(values: list[float]) -> str:
+    q = statistics.quantiles(values, n=100)
+    return f"p50 {q[49] * 1000:.1f} ms  p99 {q[98] * 1000:.1f} ms  ({len(values)} probes)"
 
 
 def main() -> None:
@@ -122,13 +142,15 @@ def main() -> None:
             stop.set()
             poller.join()
         widths = {w: aggregate_decode(server.base_url, args.gen, eos, w) for w in (1, 2, 4)}
+        scrapes = scrape_latency(server.base_url, args.gen // 2, eos)
     http = statistics.median(rates)
-    q = statistics.quantiles(lat, n=100)
     print(f"HTTP streaming    decode {http:6.1f} tok/s  -> HTTP/engine {http / eng:.3f} "
           f"(HTTP path costs {100 * (1 - http / eng):+.1f}%)")
-    print(f"/health during decode: p50 {q[49] * 1000:.1f} ms  p99 {q[98] * 1000:.1f} ms  ({len(lat)} probes)")
+    print(f"/health during decode: {_pct(lat)}")
     for w, rate in widths.items():
         print(f"width {w}: aggregate decode {rate:6.1f} tok/s  ({rate / widths[1]:.2f}x width 1)")
+    for path, values in scrapes.items():
+        print(f"{path} while 4 streams decode: {_pct(values)}")
 
 
 if __name__ == "__main__":
