@@ -133,7 +133,8 @@ def main() -> None:
     print(f"engine alone      decode {eng:6.1f} tok/s  (median of {args.runs}, {args.gen} tokens)")
     with tempfile.TemporaryDirectory() as d, gmlx_serve([], Path(d)) as server:
         http_decode(server.base_url, 8, eos)  # load + warm up
-        rates, lat = [], []
+        rates: list[float] = []
+        lat: list[float] = []
         for _ in range(args.runs):
             stop = threading.Event()
             poller = threading.Thread(target=health_latency, args=(server.base_url, stop, lat))

@@ -12,6 +12,7 @@ import falcon.inspect
 
 from gmlx_server.config import ServerConfig
 from gmlx_server.errors import GmlxError
+from gmlx_server.routes.cache import CacheReset, CacheStats
 from gmlx_server.routes.capacity import CapacityPlan, Estimate
 from gmlx_server.routes.common import ApiKeyMiddleware, GmlxRequest, JsonBodyMiddleware
 from gmlx_server.routes.errors import handle_error
@@ -97,6 +98,8 @@ def _routes(host: ModelHost, config: ServerConfig) -> list[tuple[str, object]]:
         ("/unload", Unload(host)),
         ("/v1/keep", Keep(host)),
         ("/v1/reload", Reload(host)),
+        ("/v1/cache/stats", CacheStats(host)),
+        ("/v1/cache/reset", CacheReset(host)),
     ]
 
 

@@ -51,6 +51,7 @@ class RuntimeEnv:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     queue_depth_cap: int | None = None
     decode_batch: int | None = None
+    prompt_cache_bytes: int | None = None  # the server's setting, handed to engines (0 = off)
     overcommit: bool = False
     preflight_mem: bool = True
     governor: bool = True
@@ -109,6 +110,7 @@ class ServerSettings:
     idle_timeout_s: float = 900.0
     decode_batch: int = 4
     memory_budget: int | None = None  # None = auto (measured)
+    prompt_cache_bytes: int = 512 << 20  # per resident model; 0 disables the prompt cache
 
 
 @dataclass(frozen=True)
@@ -254,6 +256,7 @@ class _Checker:
 _SERVER_KINDS = {
     "host": "str", "port": "int", "api_key": "str", "default_model": "str", "models_dir": "str",
     "hf_cache": "bool", "idle_timeout_s": "number", "decode_batch": "int", "memory_budget": "any",
+    "prompt_cache_bytes": "any",
 }
 _MODEL_KINDS = {
     "path": "str", "profile": "str", "max_kv_size": "int", "pinned": "bool", "mmproj": "str",
@@ -267,15 +270,25 @@ _SERVICE_KEYS = frozenset({"embeddings", "rerank", "stt", "tts"})
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
-def _memory_budget(c: _Checker, v: Any) -> int | None:
+def _memory_budget(c: _Checker, v: Any, key: str = "server.memory_budget") -> int | None:
     if v is None or v == "auto":
         return None
     if isinstance(v, int) and not isinstance(v, bool) and v > 0:
         return v
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", str(v).lower())
     if not m:
-        raise c.fail("server.memory_budget", f"expected bytes, a size like 24GiB, or auto; got {v!r}")
+        raise c.fail(key, f"expected bytes, a size like 24GiB, or auto; got {v!r}")
     return int(float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def _cache_bytes(c: _Checker, v: Any) -> int:
+    if v == 0 or v is False:
+        return 0
+    if v is None or v == "auto":
+        raise c.fail("server.prompt_cache_bytes", "expected bytes or a size like 512MiB (0 disables)")
+    size = _memory_budget(c, v, "server.prompt_cache_bytes")
+    assert size is not None
+    return size
 
 
 def _server(c: _Checker, raw: Any) -> ServerSettings:
@@ -284,6 +297,7 @@ def _server(c: _Checker, raw: Any) -> ServerSettings:
     kw = {k: c.value(data, "server", k, kind, getattr(d, k))
           for k, kind in _SERVER_KINDS.items() if kind != "any"}
     kw["memory_budget"] = _memory_budget(c, data.get("memory_budget"))
+    kw["prompt_cache_bytes"] = _cache_bytes(c, data.get("prompt_cache_bytes", ServerSettings.prompt_cache_bytes))
     if kw["decode_batch"] < 1:
         raise c.fail("server.decode_batch", "must be at least 1")
     if kw["port"] > 65535:
@@ -456,10 +470,10 @@ def load_config(
         api_key=api_key or env.api_key or s.api_key,
         default_model=s.default_model, models_dir=s.models_dir, hf_cache=s.hf_cache,
         idle_timeout_s=s.idle_timeout_s, decode_batch=env.decode_batch or s.decode_batch,
-        memory_budget=s.memory_budget,
+        memory_budget=s.memory_budget, prompt_cache_bytes=s.prompt_cache_bytes,
     )
-    # Engines see only RuntimeEnv: give them the effective width (env > YAML > default).
-    env = dataclasses.replace(env, decode_batch=merged.decode_batch)
+    # Engines see only RuntimeEnv: give them the effective width (env > YAML > default) and cache bound.
+    env = dataclasses.replace(env, decode_batch=merged.decode_batch, prompt_cache_bytes=merged.prompt_cache_bytes)
     if merged.hf_cache:
         # Set at config load, before any Hugging Face library is imported (the service models use them).
         os.environ["HF_HUB_OFFLINE"] = "1"

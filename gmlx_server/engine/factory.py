@@ -16,4 +16,5 @@ def create_engine(entry: ModelEntry, env: RuntimeEnv) -> MLXEngine:
         return load_gguf_model(entry.path, model_id=entry.id, layout=entry.weights,
                                max_kv_size=entry.max_kv_size, chat_template=entry.chat_template)
 
-    return MLXEngine(load, decode_batch=env.decode_batch or 1)
+    cache_bytes = env.prompt_cache_bytes if env.prompt_cache_bytes is not None else 512 << 20
+    return MLXEngine(load, decode_batch=env.decode_batch or 1, prompt_cache_bytes=cache_bytes)

@@ -9,11 +9,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import mlx.core as mx
 
 from gmlx_server.engine.detokenizer import IncrementalDetokenizer
+from gmlx_server.engine.kv_snapshot import has_window, restore, take
+from gmlx_server.engine.prompt_cache import PromptCache
 from gmlx_server.engine.sampling import Draw, RequestSampler, top_alternatives
 from gmlx_server.engine.stream import StepResult, TextStream
 from gmlx_server.engine.structured import GrammarConstraint, GrammarViolation
@@ -33,6 +35,8 @@ class Progress:
     started: float | None = None
     first_token: float | None = None
     generated: int = 0
+    cache_tier: str = "miss"
+    warm_tokens: int = 0
 
 
 class Sequence:
@@ -40,7 +44,7 @@ class Sequence:
 
     def __init__(self, model: Any, tokenizer: Any, req: GenerationRequest, emit: Callable[[TokenEvent], None],
                  cancelled: Callable[[], bool], progress: Progress, chunk: int = PREFILL_CHUNK,
-                 grammar_tokenizer: GrammarTokenizer | None = None) -> None:
+                 grammar_tokenizer: GrammarTokenizer | None = None, prompt_cache: PromptCache | None = None) -> None:
         self.model, self.req, self.emit, self.cancelled, self.progress = model, req, emit, cancelled, progress
         self._grammar_tokenizer = grammar_tokenizer
         self.constraint: GrammarConstraint | None = None
@@ -53,6 +57,7 @@ class Sequence:
         self.cache: list[Any] | None = None
         self._prompt = mx.array(list(req.prompt_tokens), dtype=mx.int32)
         self._pos, self._chunk = 0, chunk
+        self._store, self._stops, self._window = prompt_cache, [len(req.prompt_tokens)], False
         self.next_input: int | None = None  # the token the next decode step feeds for this row
         self.prefill_s = 0.0
         self._t_decode = 0.0
@@ -66,22 +71,59 @@ class Sequence:
         if self.cache is None:
             self.progress.state, self.progress.started = "prefill", time.perf_counter()
             self._start_grammar()
-            self.cache = self.model.make_cache()
+            self.cache = self._warm_start()
         if self.cancelled():
             return self.finish("cancelled")
         n = len(self.req.prompt_tokens)
-        if n - self._pos > self._chunk:
-            self.model(self._prompt[self._pos: self._pos + self._chunk][None], cache=self.cache)
+        end = min(self._pos + self._chunk, next(s for s in self._stops if s > self._pos))
+        if end < n:
+            self.model(self._prompt[self._pos: end][None], cache=self.cache)
             mx.eval([c.state for c in self.cache])
-            self._pos += self._chunk
+            self._pos = end
+            self._checkpoint()
             return False
         logits = self.model(self._prompt[self._pos:][None], cache=self.cache).logits[:, -1, :]
         draw = self.draw(logits)
         mx.eval(draw.token)  # sync once so prefill time is measured, not deferred into decode
         self.prefill_s = time.perf_counter() - (self.progress.started or 0.0)
+        if self._store is not None and not self._window:
+            self._save(len(self.req.prompt_tokens), "prompt")
         self.progress.state = "decode"
         self._t_decode = time.perf_counter()
         return self.accept(draw)
+
+    def _warm_start(self) -> list[Any]:
+        """Fresh caches, or ones restored from the longest cached prefix; plan where to checkpoint."""
+        make, prompt, store = self.model.make_cache, self.req.prompt_tokens, self._store
+        if store is None:
+            return make()
+        hit = store.lookup(prompt)
+        cache: list[Any] = restore(hit.entry, hit.tokens, make) if hit else make()
+        if hit is not None:
+            self._pos = self.progress.warm_tokens = hit.tokens
+            self.progress.cache_tier = hit.tier
+        self._window = has_window(cache)
+        n = len(prompt)
+        # A sliding-window cache cannot be cut back: snapshot it one short of the prompt (the exact tier)
+        # and at message boundaries (the ckpt tier). Any cache may pin an anchor prefix.
+        stops = {n - 1, *self.req.cache_boundaries} if self._window else set()
+        if self.req.cache_anchor is not None:
+            stops.add(self.req.cache_anchor)
+        self._stops = [*sorted(s for s in stops if self._pos < s < n), n]
+        return cache
+
+    def _checkpoint(self) -> None:
+        if self._store is not None and self._pos in self._stops:
+            last = self._pos == len(self.req.prompt_tokens) - 1 and self._window
+            self._save(self._pos, "prompt" if last else "ckpt")
+
+    def _save(self, upto: int, kind: Literal["prompt", "ckpt"]) -> None:
+        prompt = self.req.prompt_tokens
+        assert self._store is not None and self.cache is not None
+        tail = prompt[upto] if upto == len(prompt) - 1 else None
+        entry = take(self.cache, prompt[:upto], kind, tail, pinned=upto == self.req.cache_anchor)
+        if entry is not None:
+            self._store.store(entry)
 
     def _start_grammar(self) -> None:
         """The request's grammar becomes its sampler's last processor (the tokenizer is built once per model)."""
@@ -135,7 +177,8 @@ class Sequence:
         p = self.progress
         ttft = p.first_token - p.submitted if p.first_token else None
         decode_s = time.perf_counter() - self._t_decode if self._t_decode else 0.0
-        timings = Timings(len(self.req.prompt_tokens), self.stream.generated, self.prefill_s, decode_s, ttft)
+        timings = Timings(len(self.req.prompt_tokens), self.stream.generated, self.prefill_s, decode_s, ttft,
+                          p.warm_tokens)
         ev = last or TokenEvent("", None)
         p.state = "done"  # before the final event: a client that sees it must not find this row in flight
         self.emit(TokenEvent(ev.text, ev.token_id, ev.logprob, ev.top_logprobs, reason, ev.stop_string,

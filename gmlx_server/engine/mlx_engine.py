@@ -15,8 +15,9 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from gmlx_server.engine.arch import vocab_size
+from gmlx_server.engine.prompt_cache import PromptCache
+from gmlx_server.engine.scheduler import Inbox, MemorySnapshot, Scheduler
 from gmlx_server.engine.scheduler import Job as _Job
-from gmlx_server.engine.scheduler import MemorySnapshot, Scheduler
 from gmlx_server.engine.structured import GrammarTokenizerCache
 from gmlx_server.engine.types import EngineStats, GenerationRequest, RequestRow, TokenEvent
 
@@ -55,8 +56,10 @@ class Handle:
 class MLXEngine:
     """Runs one model's requests on its own thread, decoding up to `decode_batch` of them together."""
 
-    def __init__(self, loader: Callable[[], Any], decode_batch: int = 1) -> None:
-        self._jobs: queue.Queue[_Job | None] = queue.Queue()
+    def __init__(self, loader: Callable[[], Any], decode_batch: int = 1, prompt_cache_bytes: int = 0) -> None:
+        self._jobs: Inbox = queue.Queue()
+        # Pure Python, but only the engine thread touches it; others read its published stats.
+        self._prompt_cache = PromptCache(prompt_cache_bytes) if prompt_cache_bytes > 0 else None
         self._live: dict[str, _Job] = {}
         self._lock = threading.Lock()
         self._decode_batch = max(1, decode_batch)
@@ -87,7 +90,7 @@ class MLXEngine:
             return self.grammar_tokenizers.get(loaded.tokenizer, n_vocab)
 
         Scheduler(loaded.model, loaded.tokenizer, self._decode_batch, self._jobs, self._forget, self.memory,
-                  grammar_tokenizer).run()
+                  grammar_tokenizer, self._prompt_cache).run()
 
     def _forget(self, job: _Job) -> None:
         with self._lock:
@@ -138,6 +141,16 @@ class MLXEngine:
         rows = tuple(sorted(rows, key=lambda r: r.state != "queued"))
         return EngineStats(self._decode_batch, len(rows) - queued, queued, rows)
 
+    def cache_stats(self) -> dict[str, Any]:
+        """The prompt cache's counters as the engine thread last published them, or {"enabled": False}."""
+        pc = self._prompt_cache
+        return dict(pc.published) if pc is not None else {"enabled": False}
+
+    def reset_cache(self) -> None:
+        """Empty the prompt cache; the engine thread does it between steps."""
+        if self._prompt_cache is not None and self._thread.is_alive():
+            self._jobs.put(self._prompt_cache.reset)
+
     def shed(self, request_id: str, reason: str) -> bool:
         """Ask the engine thread to end a decoding request with finish_reason "shed" (memory governor)."""
         with self._lock:
@@ -162,4 +175,4 @@ def _row(job: _Job, now: float) -> RequestRow:
     if p.first_token and p.generated > 1:
         rate = (p.generated - 1) / max(now - p.first_token, 1e-9)
     return RequestRow(r.request_id, p.state, len(r.prompt_tokens), p.generated, r.max_tokens,
-                      now - p.submitted, ttft, rate)
+                      now - p.submitted, ttft, rate, p.cache_tier, p.warm_tokens)

@@ -17,6 +17,7 @@ import mlx.core as mx
 
 from gmlx_server.engine.batch import BatchDecoder
 from gmlx_server.engine.generate import GrammarTokenizer, Progress, Sequence
+from gmlx_server.engine.prompt_cache import PromptCache
 from gmlx_server.engine.types import GenerationRequest, TokenEvent
 
 log = logging.getLogger("gmlx.engine")
@@ -40,12 +41,16 @@ class MemorySnapshot:
     peak_bytes: int = 0
 
 
+Control = Callable[[], None]  # work another thread asks the engine thread to do (e.g. reset the prompt cache)
+Inbox = queue.Queue[Job | Control | None]
+
+
 class Scheduler:
-    def __init__(self, model: Any, tokenizer: Any, width: int, inbox: queue.Queue[Job | None],
+    def __init__(self, model: Any, tokenizer: Any, width: int, inbox: Inbox,
                  forget: Callable[[Job], None], memory: MemorySnapshot,
-                 grammar_tokenizer: GrammarTokenizer | None = None) -> None:
+                 grammar_tokenizer: GrammarTokenizer | None = None, prompt_cache: PromptCache | None = None) -> None:
         self.model, self.tokenizer, self.width = model, tokenizer, width
-        self.grammar_tokenizer = grammar_tokenizer
+        self.grammar_tokenizer, self.prompt_cache = grammar_tokenizer, prompt_cache
         self.inbox, self.forget, self.memory = inbox, forget, memory
         self.waiting: deque[Job] = deque()
         self.prefilling: tuple[Job, Sequence] | None = None
@@ -74,7 +79,10 @@ class Scheduler:
             while True:
                 if item is None:
                     return False
-                self.waiting.append(item)
+                if isinstance(item, Job):
+                    self.waiting.append(item)
+                else:
+                    item()
                 item = self.inbox.get_nowait()
         except queue.Empty:
             return True
@@ -89,7 +97,7 @@ class Scheduler:
         if self.prefilling is None and self.waiting and len(self.batch) < self.width:
             job = self.waiting.popleft()
             seq = Sequence(self.model, self.tokenizer, job.request, job.emit, job.cancelled.is_set, job.progress,
-                           grammar_tokenizer=self.grammar_tokenizer)
+                           grammar_tokenizer=self.grammar_tokenizer, prompt_cache=self.prompt_cache)
             self.prefilling = (job, seq)
 
     def _prefill_chunk(self) -> None:

@@ -68,6 +68,10 @@ class GenerationRequest:
     # True when the rendered prompt already opened a thinking block (template with enable_thinking).
     starts_in_thinking: bool = False
     grammar: CompiledGrammar | None = None  # response_format, checked before submit; masks every token
+    # Prompt-cache hints: token positions where messages end (checkpoints for sliding-window models)
+    # and the length of a shared prefix (system + tools) to pin as an anchor.
+    cache_boundaries: Sequence[int] = ()
+    cache_anchor: int | None = None
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,7 @@ class Timings:
     prefill_s: float
     decode_s: float
     ttft_s: float | None
+    cached_tokens: int = 0  # prompt tokens restored from the prompt cache instead of prefilled
 
     @property
     def prefill_tok_s(self) -> float:
@@ -115,6 +120,8 @@ class RequestRow:
     elapsed_s: float
     ttft_s: float | None
     decode_tok_s: float | None
+    cache_tier: str = "miss"  # exact, block, ckpt, anchor or miss
+    warm_tokens: int = 0
 
 
 @dataclass(frozen=True)

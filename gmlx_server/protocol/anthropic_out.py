@@ -100,8 +100,10 @@ class AnthropicEncoder:
     # --- the message ------------------------------------------------------------------------------
 
     def usage(self) -> dict[str, int]:
-        return {"input_tokens": self.meta.input_tokens, "output_tokens": self.tally.generated,
-                "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+        # Anthropic counts cache reads apart: input_tokens + cache_read_input_tokens is the whole prompt.
+        cached = min(self.tally.cached, self.meta.input_tokens)
+        return {"input_tokens": self.meta.input_tokens - cached, "output_tokens": self.tally.generated,
+                "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
 
     def _message(self, content: list[dict[str, Any]]) -> dict[str, Any]:
         m = self.meta

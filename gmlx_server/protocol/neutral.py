@@ -104,6 +104,12 @@ class Tally:
             if ev.timings is not None:
                 self.generated = max(self.generated, ev.timings.generated)
 
+    @property
+    def cached(self) -> int:
+        """Prompt tokens the engine's prompt cache supplied (known with the final event)."""
+        t = self.final.timings if self.final is not None else None
+        return t.cached_tokens if t is not None else 0
+
     @staticmethod
     def ends_well(ev: TokenEvent) -> bool:
         """A final event the encoder closes normally (an error or a shed goes through fail())."""

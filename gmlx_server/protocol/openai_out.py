@@ -159,9 +159,10 @@ class OpenAIEncoder:
         value = logprob if math.isfinite(logprob) else _NO_LOGPROB
         return {"token": raw.decode("utf-8", errors="replace"), "logprob": value, "bytes": list(raw)}
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict[str, Any]:
         p, n = self.meta.prompt_tokens, self.tally.generated
-        return {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}
+        return {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n,
+                "prompt_tokens_details": {"cached_tokens": self.tally.cached}}
 
     def timings(self) -> dict[str, Any]:
         """llama.cpp-style timings; predicted_n is the exact cumulative output-token count."""

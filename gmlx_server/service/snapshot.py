@@ -147,6 +147,6 @@ def _requests(stats: Mapping[str, EngineStats]) -> list[dict[str, Any]]:
                     "elapsed_s": round(r.elapsed_s, 3),
                     "ttft_s": round(r.ttft_s, 3) if r.ttft_s is not None else None,
                     "decode_tok_s": round(r.decode_tok_s, 2) if r.decode_tok_s is not None else None,
-                    # Prompt cache and speculative decoding are not built: tier miss, no drafter.
-                    "cache": {"tier": "miss", "warm_tokens": 0}, "speculative": None})
+                    # Speculative decoding is not built: no drafter.
+                    "cache": {"tier": r.cache_tier, "warm_tokens": r.warm_tokens}, "speculative": None})
     return out
