@@ -68,6 +68,8 @@ def _active_bytes_idle(tmp_path: Path) -> int:
 def _stream(server: LiveServer, body: dict[str, object], out: dict[str, list[dict[str, object]]], key: str) -> None:
     events: list[dict[str, object]] = []
     with httpx.stream("POST", server.v1 + "/chat/completions", json={**body, "stream": True}, timeout=600) as r:
+        if r.status_code != 200:
+            events.append({"status": r.status_code, "body": r.read().decode()})
         for line in r.iter_lines():
             if line.startswith("data: {"):
                 events.append(json.loads(line[6:]))
@@ -81,7 +83,9 @@ def test_governor_sheds_the_largest_stream_and_the_others_finish(tmp_path: Path)
     cfg = tmp_path / "gmlx.yaml"
     cfg.write_text(f"server:\n  memory_budget: {budget}\n  decode_batch: 2\n"
                    f"models:\n  smollm2:\n    path: {smollm2_path()}\n")
-    with gmlx_serve(["--config", str(cfg)], tmp_path) as s:
+    # The memory preflight would refuse the big prompt up front (it can never fit this budget): turn it off
+    # so the governor meets the stream while it runs.
+    with gmlx_serve(["--config", str(cfg)], tmp_path, env={"GMLX_PREFLIGHT_MEM": "0"}) as s:
         small = {**BODY, "max_tokens": 40, "logit_bias": {"2": -100}}
         big = {**BODY, "messages": [{"role": "user", "content": "Repeat after me. " + "lorem ipsum dolor " * 600}],
                "max_tokens": 200, "logit_bias": {"2": -100}}
@@ -95,6 +99,7 @@ def test_governor_sheds_the_largest_stream_and_the_others_finish(tmp_path: Path)
         big_finish = [c["choices"][0]["finish_reason"] for c in out["big"] if c.get("choices")  # type: ignore[index]
                       and c["choices"][0].get("finish_reason")]  # type: ignore[index]
         errors = [c["error"] for c in out["big"] if "error" in c]
+        assert big_finish == ["shed"], out["big"][-3:]
         assert big_finish == ["shed"] and errors and errors[0]["type"] == "server_overloaded_shed"  # type: ignore[index]
         small_finish = [c["choices"][0]["finish_reason"] for c in out["small"] if c.get("choices")  # type: ignore[index]
                         and c["choices"][0].get("finish_reason")]  # type: ignore[index]
