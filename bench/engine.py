@@ -20,9 +20,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import gmlx_server.engine  # noqa: F401  (OpenBLAS must be loaded before mlx is first imported)
+
+# isort: split
 import mlx.core as mx
 
-import gmlx_server.engine  # noqa: F401  (OpenBLAS before mlx)
 from gmlx_server.engine.blas import current_blas
 from gmlx_server.engine.loader import load_gguf_model
 from gmlx_server.engine.mlx_engine import MLXEngine
