@@ -154,3 +154,12 @@ def vocab_size(header: GGUFHeader) -> int:
         if t.name == "token_embd.weight":
             return int(t.shape[1])
     return len(header.metadata.get("tokenizer.ggml.tokens", ()))
+
+
+def make_cache(model: Any) -> list[Any]:
+    """The model's own per-layer caches; qwen2/qwen3's text classes have no make_cache: plain KV caches."""
+    if hasattr(model, "make_cache"):
+        return list(model.make_cache())
+    from mlx_vlm.models.cache import KVCache  # imported here: arch.py is read at boot without MLX
+
+    return [KVCache() for _ in model.layers]
