@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 import mlx.core as mx
 
+from gmlx_server.engine.arch import make_cache
 from gmlx_server.engine.detokenizer import IncrementalDetokenizer
 from gmlx_server.engine.kv_snapshot import has_window, restore, take
 from gmlx_server.engine.prompt_cache import PromptCache
@@ -94,7 +95,12 @@ class Sequence:
 
     def _warm_start(self) -> list[Any]:
         """Fresh caches, or ones restored from the longest cached prefix; plan where to checkpoint."""
-        make, prompt, store = self.model.make_cache, self.req.prompt_tokens, self._store
+        model = self.model
+        prompt, store = self.req.prompt_tokens, self._store
+
+        def make() -> list[Any]:
+            return make_cache(model)
+
         if store is None:
             return make()
         hit = store.lookup(prompt)

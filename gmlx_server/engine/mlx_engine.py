@@ -146,6 +146,11 @@ class MLXEngine:
         pc = self._prompt_cache
         return dict(pc.published) if pc is not None else {"enabled": False}
 
+    def cache_peek(self, prompt_tokens: list[int]) -> tuple[str, int]:
+        """The tier and warm tokens a request with this prompt would get now (no MLX: the store is pure)."""
+        hit = self._prompt_cache.peek(prompt_tokens) if self._prompt_cache is not None else None
+        return (hit.tier, hit.tokens) if hit is not None else ("miss", 0)
+
     def reset_cache(self) -> None:
         """Empty the prompt cache; the engine thread does it between steps."""
         if self._prompt_cache is not None and self._thread.is_alive():

@@ -115,7 +115,7 @@ class ResponsesEncoder:
 
     def usage(self) -> dict[str, Any]:
         i, o = self.meta.input_tokens, self.tally.generated
-        return {"input_tokens": i, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": o,
+        return {"input_tokens": i, "input_tokens_details": {"cached_tokens": self.tally.cached}, "output_tokens": o,
                 "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": i + o}
 
     def response(self) -> dict[str, Any]:

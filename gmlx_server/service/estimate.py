@@ -37,6 +37,12 @@ def _header_tools(path: str, chat_template: str | None, max_kv_size: int | None)
                        JinjaChatTemplate.from_metadata(header.metadata, family, chat_template))
 
 
+def _warm(engine: Engine | None, ids: list[int]) -> tuple[str, int]:
+    """The prompt cache's tier and reusable tokens for this prompt; engines without one say miss."""
+    peek = getattr(engine, "cache_peek", None)
+    return peek(ids) if callable(peek) else ("miss", 0)
+
+
 class Estimator:
     def __init__(self, host: ModelHost) -> None:
         self.host = host
@@ -61,17 +67,17 @@ class Estimator:
         text = render_chat(inp, settings, tools.template)
         ids = await asyncio.to_thread(tools.tokenizer.encode, text, False)
         prompt, cap = len(ids), inp.max_tokens
+        tier, warm = _warm(engine, ids)
         need = host.capacity.need(addr.model_id, prompt, cap)
         drained = host.capacity.drained_bytes(addr.model_id)
         free = host.governor.read().available_bytes
         return {
             "model": addr.model_id, "prompt_tokens": prompt,
-            # The prompt cache is not built yet: nothing is warm, every prefix misses.
-            "warm_tokens": 0, "cache_tier": "miss", "need_bytes": need,
+            "warm_tokens": warm, "cache_tier": tier, "need_bytes": need,
             "fits_now": need <= free if need is not None and free is not None else None,
             "fits_drained": need <= drained if need is not None and drained is not None else None,
             "context_ok": prompt + (cap or 0) <= tools.context_length, "context_limit": tools.context_length,
-            "est_ttft_s": self._ttft(addr.model_id, engine, prompt), "resident": engine is not None,
+            "est_ttft_s": self._ttft(addr.model_id, engine, prompt - warm), "resident": engine is not None,
         }
 
     def _ttft(self, model_id: str, engine: Engine | None, prompt_tokens: int) -> float | None:

@@ -88,6 +88,15 @@ def test_full_example_parses(tree: Path) -> None:
     assert dict(cfg.aliases) == {"coder": "smollm2@qwen-coder"} and cfg.source == str(tree / "gmlx.yaml")
 
 
+def test_prompt_cache_bound_defaults_parses_and_reaches_engines(tree: Path) -> None:
+    cfg = load_config(write(tree, FULL))
+    assert cfg.server.prompt_cache_bytes == 512 << 20 == cfg.env.prompt_cache_bytes
+    cfg = load_config(write(tree, FULL.replace("  memory_budget: 24GiB", "  prompt_cache_bytes: 64MiB")))
+    assert cfg.env.prompt_cache_bytes == 64 << 20
+    off = load_config(write(tree, FULL.replace("  memory_budget: 24GiB", "  prompt_cache_bytes: 0")))
+    assert off.env.prompt_cache_bytes == 0
+
+
 @pytest.mark.parametrize("patch, key, what", [
     (("  port: 9000", "  prot: 9000"), "server.prot", "unknown key"),
     (("  port: 9000", "  port: high"), "server.port", "expected int"),
@@ -104,6 +113,7 @@ def test_full_example_parses(tree: Path) -> None:
     (("  embeddings: null", "  speech: null"), "services.speech", "unknown key"),
     (("scheme: kvarn", "scheme: magic"), "models.smollm2.kv_quant.scheme", "expected uniform"),
     (("  memory_budget: 24GiB", "  memory_budget: lots"), "server.memory_budget", "expected bytes"),
+    (("  memory_budget: 24GiB", "  prompt_cache_bytes: lots"), "server.prompt_cache_bytes", "expected bytes"),
 ])
 def test_bad_values_name_file_and_key(tree: Path, patch: tuple[str, str], key: str, what: str) -> None:
     path = write(tree, FULL.replace(*patch))
