@@ -49,14 +49,18 @@ def _read_int(path: Path) -> int | None:
     return int(text) if text.isdigit() else None  # "max" = no limit
 
 
-def meminfo_available(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+def _meminfo_field(field: str, meminfo: Path) -> int | None:
     try:
         for line in meminfo.read_text().splitlines():
-            if line.startswith("MemAvailable:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+def meminfo_available(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    return _meminfo_field("MemAvailable", meminfo)
 
 
 def cgroup_headroom(root: Path = Path("/sys/fs/cgroup")) -> int | None:
@@ -78,13 +82,7 @@ def _darwin_memsize() -> int | None:
 
 
 def meminfo_total(meminfo: Path = Path("/proc/meminfo")) -> int | None:
-    try:
-        for line in meminfo.read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+    return _meminfo_field("MemTotal", meminfo)
 
 
 def cgroup_limit(root: Path = Path("/sys/fs/cgroup")) -> int | None:
