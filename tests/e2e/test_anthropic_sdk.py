@@ -38,7 +38,13 @@ def test_create_stream_and_count_tokens_agree(client: anthropic.Anthropic) -> No
     assert streamed == _text(msg) == _text(final)
     assert (final.stop_reason, final.usage.output_tokens) == (msg.stop_reason, msg.usage.output_tokens)
     count = client.messages.count_tokens(model="smollm2", system=body["system"], messages=QUESTION)
-    assert count.input_tokens == msg.usage.input_tokens == final.usage.input_tokens
+
+    def prompt(u: anthropic.types.Usage) -> int:
+        # Anthropic's convention: input_tokens excludes what the prompt cache served (cache_read_input_tokens).
+        return u.input_tokens + (u.cache_read_input_tokens or 0)
+
+    assert count.input_tokens == prompt(msg.usage) == prompt(final.usage)
+    assert (final.usage.cache_read_input_tokens or 0) > 0  # the same body again: served from the prompt cache
 
 
 def test_stop_sequence_and_max_tokens(client: anthropic.Anthropic) -> None:
