@@ -209,7 +209,10 @@ def test_logprobs_sum_to_the_sequence_logprob(oai: openai.OpenAI) -> None:
                                               logprobs=True, top_logprobs=5, stream=True))
     streamed = [i for c in chunks if c.choices and c.choices[0].logprobs
                 for i in c.choices[0].logprobs.content or []]
-    assert [(i.token, i.logprob) for i in streamed] == [(i.token, i.logprob) for i in items]
+    # The repeat hits the prompt cache (only the last prompt token is prefilled), so the logprobs agree to
+    # float rounding, not bit for bit.
+    assert [i.token for i in streamed] == [i.token for i in items]
+    assert all(math.isclose(a.logprob, b.logprob, abs_tol=1e-3) for a, b in zip(streamed, items, strict=True))
     total = sum(i.logprob for i in items)
     assert math.isclose(total, _reference([bytes(i.bytes or []) for i in items]), abs_tol=1e-2)
 
