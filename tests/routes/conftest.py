@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -128,6 +129,27 @@ def live(request: pytest.FixtureRequest) -> Iterator[tuple[str, Served]]:
     s = serve(cfg)
     with ThreadedServer(s.app) as url:
         yield url, s
+
+
+class Lines(logging.Handler):
+    """Collects the warning lines a logger emits (the ignored-parameter warning)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@pytest.fixture(scope="module")
+def app_and_log() -> Iterator[tuple[Served, Lines]]:
+    s = serve(make_config())
+    handler = Lines()
+    logging.getLogger("gmlx.params").addHandler(handler)
+    yield s, handler
+    logging.getLogger("gmlx.params").removeHandler(handler)
+    s.client.close()
 
 
 __all__ = ["Served", "ThreadedServer", "make_config", "replace", "serve", "sse_events"]

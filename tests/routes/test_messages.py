@@ -4,7 +4,6 @@ sequence, every stop_reason, content blocks -> template messages, Anthropic-shap
 from __future__ import annotations
 
 import json
-import logging
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -22,8 +21,8 @@ from gmlx_server.protocol.anthropic_out import AnthropicEncoder, MessageMeta
 from gmlx_server.protocol.neutral import ToolCall
 from gmlx_server.protocol.params import ignored_params
 from tests.fakes import FakeBehavior, FakeFactory, FakeTemplate
-from tests.routes.conftest import Served, ThreadedServer, make_config, serve
-from tests.routes.test_params import Lines, bodies, json_values
+from tests.routes.conftest import Lines, Served, ThreadedServer, make_config, serve
+from tests.routes.test_params import bodies, json_values
 
 HI = [{"role": "user", "content": "hi"}]
 GOLDEN = ["message_start", "content_block_start", "ping", *["content_block_delta"] * 4, "content_block_stop",
@@ -374,16 +373,6 @@ any_bodies = st.fixed_dictionaries({"messages": st.lists(st.fixed_dictionaries(
     max_size=4)}, optional={"system": json_values | text, "stop_sequences": st.lists(text, max_size=200),
                             "max_tokens": json_values, "tools": json_values, "tool_choice": json_values,
                             "thinking": json_values, "output_config": json_values, "stream": st.booleans()})
-
-
-@pytest.fixture(scope="module")
-def app_and_log() -> Iterator[tuple[Served, Lines]]:
-    s = serve(make_config())
-    handler = Lines()
-    logging.getLogger("gmlx.params").addHandler(handler)
-    yield s, handler
-    logging.getLogger("gmlx.params").removeHandler(handler)
-    s.client.close()
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -3,16 +3,13 @@ and the one warning line names exactly the ignored ones."""
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gmlx_server.protocol.params import PARAMETER_TABLE, ROUTES, ignored_params
-from tests.routes.conftest import Served, make_config, serve
+from tests.routes.conftest import Lines, Served
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
@@ -42,25 +39,6 @@ def _value(name: str) -> st.SearchStrategy[Any]:
 
 bodies = st.lists(st.sampled_from(sorted(PARAMETER_TABLE)), unique=True, max_size=8).flatmap(
     lambda names: st.fixed_dictionaries({n: _value(n) for n in names}))
-
-
-class Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
-@pytest.fixture(scope="module")
-def app_and_log() -> Iterator[tuple[Served, Lines]]:
-    s = serve(make_config())
-    handler = Lines()
-    logging.getLogger("gmlx.params").addHandler(handler)
-    yield s, handler
-    logging.getLogger("gmlx.params").removeHandler(handler)
-    s.client.close()
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -3,7 +3,6 @@ input items -> template messages, previous_response_id and its bounded store, er
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,9 +21,9 @@ from gmlx_server.protocol.params import ignored_params
 from gmlx_server.protocol.responses_out import ResponsesEncoder, ResponsesMeta
 from gmlx_server.service.conversations import ResponseStore
 from tests.fakes import FakeBehavior, FakeFactory, FakeTemplate
-from tests.routes.conftest import Served, ThreadedServer, make_config, serve
+from tests.routes.conftest import Lines, Served, ThreadedServer, make_config, serve
 from tests.routes.test_messages import named_sse
-from tests.routes.test_params import Lines, bodies, json_values
+from tests.routes.test_params import bodies, json_values
 
 ITEM_EVENTS = ["response.output_item.added", "response.content_part.added"]
 CLOSE_EVENTS = ["response.output_text.done", "response.content_part.done", "response.output_item.done"]
@@ -262,16 +261,6 @@ def test_unknown_model_and_overflow_in_openai_shape() -> None:
 
 
 # --- property tests -------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def app_and_log() -> Iterator[tuple[Served, Lines]]:
-    s = serve(make_config())
-    handler = Lines()
-    logging.getLogger("gmlx.params").addHandler(handler)
-    yield s, handler
-    logging.getLogger("gmlx.params").removeHandler(handler)
-    s.client.close()
-
 
 text = st.text(max_size=10)
 items = st.one_of(
