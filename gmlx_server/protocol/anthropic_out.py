@@ -13,7 +13,7 @@ from typing import Any
 from gmlx_server.engine.types import TokenEvent
 from gmlx_server.errors import GmlxError
 from gmlx_server.protocol.errors import error_body
-from gmlx_server.protocol.neutral import Event, Tally, ToolCall, arguments_object, new_id
+from gmlx_server.protocol.neutral import Event, Tally, TextFeed, ToolCall, arguments_object, new_id
 
 # The field each block kind accumulates, and the delta type that streams it.
 _DELTAS = {"text": ("text", "text_delta"), "thinking": ("thinking", "thinking_delta")}
@@ -26,7 +26,7 @@ class MessageMeta:
     input_tokens: int
 
 
-class AnthropicEncoder:
+class AnthropicEncoder(TextFeed):
     """Turns one request's events into Anthropic stream events, and accumulates the message body."""
 
     def __init__(self, meta: MessageMeta) -> None:
@@ -113,13 +113,6 @@ class AnthropicEncoder:
     def start(self) -> list[Event]:
         return [("message_start", {"type": "message_start", "message": self._message([])}),
                 *self._start_block({"type": "text", "text": ""}), ("ping", {"type": "ping"})]
-
-    def feed(self, ev: TokenEvent) -> list[Event]:
-        self.tally.count(ev)
-        events = self.text(ev.text)
-        if Tally.ends_well(ev):
-            events += self._finish(ev)
-        return events
 
     def _finish(self, ev: TokenEvent) -> list[Event]:
         if any(b["type"] == "tool_use" for b in self.blocks):

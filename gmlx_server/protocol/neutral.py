@@ -116,6 +116,25 @@ class Tally:
         return ev.finish_reason is not None and ev.finish_reason not in ("error", "shed")
 
 
+class TextFeed:
+    """feed() shared by encoders whose events are text until a final event that ended well."""
+
+    tally: Tally
+
+    def text(self, text: str) -> list[Event]:
+        raise NotImplementedError
+
+    def _finish(self, ev: TokenEvent) -> list[Event]:
+        raise NotImplementedError
+
+    def feed(self, ev: TokenEvent) -> list[Event]:
+        self.tally.count(ev)
+        events = self.text(ev.text)
+        if Tally.ends_well(ev):
+            events += self._finish(ev)
+        return events
+
+
 class EventEncoder(Protocol):
     """One request's output in a protocol's terms: events to stream, and the whole body.
 

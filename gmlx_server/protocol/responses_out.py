@@ -15,7 +15,7 @@ from typing import Any
 
 from gmlx_server.engine.types import TokenEvent
 from gmlx_server.errors import GmlxError
-from gmlx_server.protocol.neutral import Event, Tally, ToolCall, new_id, tool_call_entry
+from gmlx_server.protocol.neutral import Event, Tally, TextFeed, ToolCall, new_id, tool_call_entry
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class ResponsesMeta:
     echo: Mapping[str, Any] = field(default_factory=dict)  # request fields the object repeats
 
 
-class ResponsesEncoder:
+class ResponsesEncoder(TextFeed):
     """Turns one request's events into Responses stream events, and accumulates the response object."""
 
     def __init__(self, meta: ResponsesMeta) -> None:
@@ -130,13 +130,6 @@ class ResponsesEncoder:
     def start(self) -> list[Event]:
         return [self._event("response.created", response=self.response()),
                 self._event("response.in_progress", response=self.response())]
-
-    def feed(self, ev: TokenEvent) -> list[Event]:
-        self.tally.count(ev)
-        events = self.text(ev.text)
-        if Tally.ends_well(ev):
-            events += self._finish(ev)
-        return events
 
     def _finish(self, ev: TokenEvent) -> list[Event]:
         events = self._close_message()
