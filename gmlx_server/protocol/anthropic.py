@@ -18,6 +18,7 @@ from gmlx_server.protocol.openai import GenerationParams, body_object, response_
 if TYPE_CHECKING:
     from gmlx_server.engine.structured import CompiledGrammar
 
+_EFFORTS = {"low": "low", "medium": "medium", "high": "high", "xhigh": "xhigh", "max": "xhigh"}
 STOP_SEQUENCES_LIMIT = 64  # Anthropic publishes no limit; this bounds the engine's per-token stop check
 _MEDIA = ("image", "document")
 
@@ -108,15 +109,17 @@ def _conversation(body: Mapping[str, Any]) -> tuple[dict[str, Any], ...]:
     if not msgs:
         raise p.bad("messages", "must contain at least one message")
     out = _system(body)
+    # A mid-conversation system message (Claude Code's mid-conversation-system beta) joins the user
+    # turn beside it: most chat templates accept a system message only first, and reject two users in a row.
     for i, msg in enumerate(msgs):
         where = f"messages[{i}]"
         role = msg.get("role") if isinstance(msg, dict) else None
-        if role not in ("user", "assistant"):
-            raise p.bad(f"{where}.role", f"expected user or assistant, got {role!r}")
+        if role not in ("user", "assistant", "system"):
+            raise p.bad(f"{where}.role", f"expected user, assistant or system, got {role!r}")
         if "content" not in msg:
             raise p.bad(f"{where}.content", "required")
         content, at = msg["content"], f"{where}.content"
-        out.extend(_user_turn(content, at) if role == "user" else [_assistant_turn(content, at)])
+        out.extend([_assistant_turn(content, at)] if role == "assistant" else _user_turn(content, at))
     return tuple(name_tool_results(merge_turns(out)))
 
 
@@ -161,6 +164,10 @@ def _thinking_fields(body: Mapping[str, Any]) -> dict[str, Any]:
         out["thinking_budget"] = budget if out["thinking_budget"] is None else out["thinking_budget"]
     elif kind == "disabled" and out["enable_thinking"] is None:
         out["enable_thinking"] = False
+    # `adaptive` leaves the choice to the model (the template's default); output_config.effort is its dial.
+    effort = p.nested(p.string, p.obj(body, "output_config") or {}, "effort", "output_config.effort")
+    if out["reasoning_effort"] is None and effort is not None:
+        out["reasoning_effort"] = _EFFORTS.get(effort)  # a newer level than we know: the template's default
     return out
 
 

@@ -196,6 +196,25 @@ def test_system_and_blocks_become_template_messages(served: Served) -> None:
     assert template_call(served)["messages"][0] == {"role": "system", "content": "plain"}
 
 
+def test_mid_conversation_system_messages_join_the_user_turn_beside_them(served: Served) -> None:
+    # Claude Code's mid-conversation-system beta puts a system message after the first user turn.
+    msgs = [{"role": "user", "content": [{"type": "text", "text": "hi"}]}, {"role": "system", "content": "R"},
+            {"role": "assistant", "content": "yo"}, {"role": "system", "content": [{"type": "text", "text": "Q"}]},
+            {"role": "user", "content": "next"}]
+    post(served, {"system": "S", "messages": msgs})
+    assert template_call(served)["messages"] == [
+        {"role": "system", "content": "S"}, {"role": "user", "content": "hi\nR"},
+        {"role": "assistant", "content": "yo"}, {"role": "user", "content": "Q\nnext"}]
+
+
+@pytest.mark.parametrize("config, effort", [({"effort": "high"}, "high"), ({"effort": "max"}, "xhigh"),
+                                            ({"effort": "ultra"}, None), ({}, None)])
+def test_output_config_effort_is_the_reasoning_effort(served: Served, config: dict[str, Any],
+                                                      effort: str | None) -> None:
+    post(served, {"thinking": {"type": "adaptive"}, "output_config": config})
+    assert template_call(served)["variables"].get("reasoning_effort") == effort
+
+
 def test_tool_use_and_tool_result_render_as_transformers_expects(served: Served) -> None:
     msgs = [{"role": "user", "content": "Weather in Paris and Rome?"},
             {"role": "assistant", "content": [
@@ -248,7 +267,8 @@ def test_sampling_stop_and_thinking_reach_the_engine(served: Served) -> None:
     sp = req.sampling
     assert (sp.temperature, sp.top_p, sp.top_k, sp.seed) == (0.2, 0.9, 7, 3)
     assert req.stop == ("END",) and req.max_tokens == 64 and req.thinking is not None
-    assert req.thinking.budget == 48 and template_call(served)["variables"] == {"enable_thinking": True}
+    assert req.thinking.budget == 48 and template_call(served)["variables"] == {"enable_thinking": True,
+                                                                                "reasoning_effort": "low"}
     post(served, {"thinking": {"type": "disabled"}, "stop": ["ignored"]})
     assert template_call(served)["variables"] == {"enable_thinking": False}
     assert served.engine().submitted[-1].stop == ()
@@ -284,7 +304,8 @@ def test_unknown_model_is_anthropic_not_found_with_the_model_list() -> None:
 
 @pytest.mark.parametrize("body, param", [
     ({"messages": []}, "messages"),
-    ({"messages": [{"role": "system", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "developer", "content": "x"}]}, "messages[0].role"),
+    ({"output_config": {"effort": 3}}, "output_config.effort"),
     ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
     ({"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "1", "name": "f", "input": {}}]}]},
      "messages[0].content[0]"),
