@@ -52,6 +52,7 @@ class RuntimeEnv:
     queue_depth_cap: int | None = None
     decode_batch: int | None = None
     prompt_cache_bytes: int | None = None  # the server's setting, handed to engines (0 = off)
+    clamp_max_tokens: bool | None = None  # GMLX_CLAMP_MAX_TOKENS: overrides server.clamp_max_tokens
     overcommit: bool = False
     preflight_mem: bool = True
     governor: bool = True
@@ -80,6 +81,7 @@ class ModelEntry:
     draft: str | None = None
     chat_template: str | None = None
     weights: WeightsLayout = "auto"
+    clamp_max_tokens: bool | None = None  # None: the server's setting
     discovered: bool = False  # found under server.models_dir rather than listed in models:
 
     @property
@@ -111,6 +113,7 @@ class ServerSettings:
     decode_batch: int = 4
     memory_budget: int | None = None  # None = auto (measured)
     prompt_cache_bytes: int = 512 << 20  # per resident model; 0 disables the prompt cache
+    clamp_max_tokens: bool = False  # lower an oversized max_tokens to what the window leaves (opt-in)
 
 
 @dataclass(frozen=True)
@@ -170,6 +173,7 @@ def read_env(environ: Mapping[str, str] | None = None) -> RuntimeEnv:
         overcommit=pick(_env_value(e, "GMLX_OVERCOMMIT", bool), d.overcommit),
         preflight_mem=pick(_env_value(e, "GMLX_PREFLIGHT_MEM", bool), d.preflight_mem),
         governor=pick(_env_value(e, "GMLX_GOVERNOR", bool), d.governor),
+        clamp_max_tokens=_env_value(e, "GMLX_CLAMP_MAX_TOKENS", bool),
         top_logprobs_k=pick(top_k, d.top_logprobs_k),
         hf_hub_cache=_hf_hub_cache(e),
     )
@@ -256,11 +260,11 @@ class _Checker:
 _SERVER_KINDS = {
     "host": "str", "port": "int", "api_key": "str", "default_model": "str", "models_dir": "str",
     "hf_cache": "bool", "idle_timeout_s": "number", "decode_batch": "int", "memory_budget": "any",
-    "prompt_cache_bytes": "any",
+    "prompt_cache_bytes": "any", "clamp_max_tokens": "bool",
 }
 _MODEL_KINDS = {
     "path": "str", "profile": "str", "max_kv_size": "int", "pinned": "bool", "mmproj": "str",
-    "kv_quant": "mapping", "draft": "str", "chat_template": "str", "weights": "str",
+    "kv_quant": "mapping", "draft": "str", "chat_template": "str", "weights": "str", "clamp_max_tokens": "bool",
 }
 _KVQ_KINDS = {"scheme": "str", "bits": "int", "group_size": "int", "value_bits": "int", "tail_tokens": "int"}
 SAMPLING_KEYS = frozenset(f.name for f in fields(SamplingParams)) - {"logit_bias"}
@@ -471,6 +475,7 @@ def load_config(
         default_model=s.default_model, models_dir=s.models_dir, hf_cache=s.hf_cache,
         idle_timeout_s=s.idle_timeout_s, decode_batch=env.decode_batch or s.decode_batch,
         memory_budget=s.memory_budget, prompt_cache_bytes=s.prompt_cache_bytes,
+        clamp_max_tokens=s.clamp_max_tokens if env.clamp_max_tokens is None else env.clamp_max_tokens,
     )
     # Engines see only RuntimeEnv: give them the effective width (env > YAML > default) and cache bound.
     env = dataclasses.replace(env, decode_batch=merged.decode_batch, prompt_cache_bytes=merged.prompt_cache_bytes)

@@ -6,6 +6,7 @@ One worker: every worker would hold its own copy of each model, so one process i
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 from typing import Any
@@ -24,6 +25,9 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--host", help="address to bind (default 127.0.0.1, or GMLX_HOST)")
     p.add_argument("--port", type=int, help="port to bind (default 8080, or GMLX_PORT)")
     p.add_argument("--api-key", help="require this key on every route but /health (or GMLX_API_KEY)")
+    p.add_argument("--clamp-max-tokens", action="store_true", default=None,
+                   help="lower an oversized max_tokens to what the context window leaves, instead of a 400 "
+                        "(or GMLX_CLAMP_MAX_TOKENS=1; per model: clamp_max_tokens in the config)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run_serve)
     return p
@@ -32,7 +36,10 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
 def _config(args: argparse.Namespace) -> ServerConfig:
     if args.config and args.model:
         raise ConfigError("command line", "", "give a MODEL or --config, not both")
-    return load_config(args.config, model=args.model, env=read_env(), host=args.host, port=args.port,
+    env = read_env()
+    if args.clamp_max_tokens:
+        env = dataclasses.replace(env, clamp_max_tokens=True)  # in env, so /v1/reload keeps it
+    return load_config(args.config, model=args.model, env=env, host=args.host, port=args.port,
                        api_key=args.api_key)
 
 

@@ -93,3 +93,10 @@ def parse_json(raw: bytes) -> Any:
 
 def body_of(req: falcon.asgi.Request) -> Any:
     return getattr(req.context, "body", None)
+
+
+def report_clamp(resp: falcon.asgi.Response, requested: int | None, granted: int) -> None:
+    """Tell the client its max_tokens was lowered to fit the window (headers precede any stream)."""
+    if requested is not None:
+        resp.set_header("X-Gmlx-Max-Tokens", str(granted))
+        resp.set_header("X-Gmlx-Max-Tokens-Requested", str(requested))

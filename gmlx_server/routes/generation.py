@@ -10,7 +10,7 @@ import falcon.asgi
 from gmlx_server.protocol.openai import GenerationParams, parse_chat, parse_completion
 from gmlx_server.protocol.openai_out import OpenAIEncoder, ResponseMeta
 from gmlx_server.protocol.tool_calls import with_tool_calls
-from gmlx_server.routes.common import GmlxRequest, body_of
+from gmlx_server.routes.common import GmlxRequest, body_of, report_clamp
 from gmlx_server.routes.events import send
 from gmlx_server.service.estimate import Estimator
 from gmlx_server.service.generate import start_generation
@@ -26,6 +26,7 @@ async def respond(req: GmlxRequest, resp: falcon.asgi.Response, host: ModelHost,
                         "chat" if chat else "completion", params.include_usage, params.timings_per_token,
                         params.logprobs)
     encoder = with_tool_calls(OpenAIEncoder(meta, started.tokenizer), params, started.template)
+    report_clamp(resp, started.requested_max_tokens, started.max_tokens)
     await send(req, resp, started.handle, encoder, params.stream, host.env.sse_keepalive_s)
 
 

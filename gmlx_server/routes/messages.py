@@ -9,7 +9,7 @@ from gmlx_server.protocol.anthropic import parse_messages
 from gmlx_server.protocol.anthropic_out import AnthropicEncoder, MessageMeta
 from gmlx_server.protocol.neutral import new_id
 from gmlx_server.protocol.tool_calls import with_tool_calls
-from gmlx_server.routes.common import GmlxRequest, body_of
+from gmlx_server.routes.common import GmlxRequest, body_of, report_clamp
 from gmlx_server.routes.events import send
 from gmlx_server.service.generate import count_prompt_tokens, start_generation
 from gmlx_server.service.host import ModelHost
@@ -25,6 +25,7 @@ class Messages:
         started = await start_generation(self.host, params, message_id)
         encoder = with_tool_calls(AnthropicEncoder(MessageMeta(message_id, started.model_id, started.prompt_tokens)),
                                   params, started.template)
+        report_clamp(resp, started.requested_max_tokens, started.max_tokens)
         await send(req, resp, started.handle, encoder, params.stream, self.host.env.sse_keepalive_s)
 
 

@@ -10,7 +10,7 @@ from gmlx_server.protocol.neutral import new_id
 from gmlx_server.protocol.responses import parse_responses
 from gmlx_server.protocol.responses_out import ResponsesEncoder, ResponsesMeta
 from gmlx_server.protocol.tool_calls import with_tool_calls
-from gmlx_server.routes.common import GmlxRequest, body_of
+from gmlx_server.routes.common import GmlxRequest, body_of, report_clamp
 from gmlx_server.routes.events import send
 from gmlx_server.service.conversations import ResponseStore
 from gmlx_server.service.generate import start_generation
@@ -30,6 +30,7 @@ class Responses:
         started = await start_generation(self.host, params, response_id)
         meta = ResponsesMeta(response_id, started.model_id, int(time.time()), started.prompt_tokens, request.echo)
         encoder = ResponsesEncoder(meta)
+        report_clamp(resp, started.requested_max_tokens, started.max_tokens)
 
         def remember() -> None:  # only a finished, stored response can be continued
             if request.store:

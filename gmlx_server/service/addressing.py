@@ -26,6 +26,7 @@ class Catalog:
     profiles: Mapping[str, Profile] = field(default_factory=dict)
     aliases: Mapping[str, str] = field(default_factory=dict)
     model_profiles: Mapping[str, str | None] = field(default_factory=dict)  # model.profile per id
+    clamped: frozenset[str] = frozenset()  # ids whose oversized max_tokens is lowered rather than refused
 
     @classmethod
     def from_config(cls, cfg: ServerConfig) -> Catalog:
@@ -35,6 +36,8 @@ class Catalog:
             profiles=cfg.profiles,
             aliases=cfg.aliases,
             model_profiles=MappingProxyType({m.id: m.profile for m in cfg.models.values()}),
+            clamped=frozenset(m.id for m in cfg.models.values()
+                              if (cfg.server.clamp_max_tokens if m.clamp_max_tokens is None else m.clamp_max_tokens)),
         )
 
     @property

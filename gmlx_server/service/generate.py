@@ -8,6 +8,7 @@ layer's GenerationParams satisfies it structurally; protocol and service never i
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -28,6 +29,7 @@ from gmlx_server.service.host import ModelHost
 if TYPE_CHECKING:
     from gmlx_server.engine.structured import CompiledGrammar
 
+log = logging.getLogger("gmlx.generate")
 _LONG_PROMPT_CHARS = 32_768  # above this, tokenize off the loop so /health never waits
 
 
@@ -79,6 +81,7 @@ class Started:
     max_tokens: int
     tokenizer: Tokenizer
     template: ChatTemplate  # the model's: its tool-call syntax decides how the reply is parsed
+    requested_max_tokens: int | None = None  # set when the clamp lowered the client's max_tokens
 
 
 def thinking_variables(inp: GenerationInput, variables: frozenset[str]) -> dict[str, Any]:
@@ -117,17 +120,25 @@ def render_chat(inp: GenerationInput, settings: Settings, template: ChatTemplate
         raise InvalidRequest(f"the chat template rejected the request: {exc}", param="messages") from exc
 
 
+@dataclass(frozen=True)
+class OutputCap:
+    max_tokens: int
+    requested: int | None = None  # the client's max_tokens when the clamp lowered it
+
+
 def fit_context(prompt_tokens: int, explicit: int | None, profile_cap: int | None, budget: int,
-                model: str) -> int:
-    """The output cap: an explicit one must fit the window; otherwise use what is left of it."""
-    if explicit is not None:
-        if prompt_tokens + explicit > budget:
-            raise ContextOverflow(prompt_tokens, explicit, budget, model)
-        return explicit
+                model: str, clamp: bool = False) -> OutputCap:
+    """The output cap: an explicit one must fit the window (or, clamped, shrinks to what is left)."""
     room = budget - prompt_tokens
+    if explicit is not None and prompt_tokens + explicit <= budget:
+        return OutputCap(explicit)
+    if explicit is not None and not (clamp and room >= 1):
+        raise ContextOverflow(prompt_tokens, explicit, budget, model)
     if room < 1:
         raise ContextOverflow(prompt_tokens, 1, budget, model)
-    return min(room, profile_cap) if profile_cap is not None else room
+    if explicit is not None:
+        return OutputCap(room, requested=explicit)
+    return OutputCap(min(room, profile_cap) if profile_cap is not None else room)
 
 
 def build_sampling(settings: Settings, inp: GenerationInput, vocab_size: int) -> SamplingParams:
@@ -180,8 +191,12 @@ async def start_generation(host: ModelHost, inp: GenerationInput, request_id: st
     """Everything that can refuse the request happens here, before a byte of response is sent."""
     prompt = await prepare_prompt(host, inp)
     engine, settings, text, ids = prompt.engine, prompt.settings, prompt.text, prompt.ids
-    max_tokens = fit_context(len(ids), inp.max_tokens, settings.max_tokens, engine.info.context_length,
-                             prompt.model_id)
+    cap = fit_context(len(ids), inp.max_tokens, settings.max_tokens, engine.info.context_length,
+                      prompt.model_id, clamp=prompt.model_id in host.catalog.clamped)
+    max_tokens = cap.max_tokens
+    if cap.requested is not None:
+        log.info("%s: max_tokens %d clamped to %d (%d prompt tokens, context window %d of model '%s')",
+                 request_id, cap.requested, max_tokens, len(ids), engine.info.context_length, prompt.model_id)
     thinking = thinking_control(inp, text)
     opened = thinking is not None and text.rstrip().endswith(thinking.open_tag)
     if inp.grammar is not None:
@@ -193,11 +208,12 @@ async def start_generation(host: ModelHost, inp: GenerationInput, request_id: st
         logprobs=inp.logprobs, top_logprobs=min(inp.top_logprobs, host.env.top_logprobs_k),
         thinking=thinking, starts_in_thinking=opened, grammar=inp.grammar,
     )
-    host.capacity.preflight(prompt.model_id, len(ids), inp.max_tokens)  # memory 400 before any prefill
+    pinned = inp.max_tokens if cap.requested is None else max_tokens
+    host.capacity.preflight(prompt.model_id, len(ids), pinned)  # memory 400 before any prefill
     host.admission.admit(prompt.model_id, engine.stats())  # no await between this and submit: no race
     handle = host.telemetry.track(prompt.model_id, engine.submit(request))
     return Started(handle, prompt.model_id, settings.profile, len(ids), max_tokens, engine.tokenizer,
-                   engine.template)
+                   engine.template, cap.requested)
 
 
 def check_constrainable(engine: Engine) -> None:
