@@ -24,6 +24,7 @@ from gmlx_server.engine.types import (
     TokenEvent,
     Tokenizer,
 )
+from gmlx_server.service.cache_points import MARK
 
 
 class FakeTokenizer:
@@ -58,7 +59,8 @@ class FakeTemplate:
     def render(self, messages: Sequence[Mapping[str, object]],
                tools: Sequence[Mapping[str, object]] | None = None,
                add_generation_prompt: bool = True, **variables: object) -> str:
-        self.calls.append({"messages": list(messages), "tools": tools, "variables": variables})
+        if not any(m.get("content") == MARK for m in messages):  # prompt-cache probes are not the prompt
+            self.calls.append({"messages": list(messages), "tools": tools, "variables": variables})
         text = "".join(f"<|{m['role']}|>{m.get('content') or ''}\n" for m in messages)
         if tools:
             text = f"<|tools|>{len(tools)}\n" + text

@@ -24,6 +24,7 @@ from gmlx_server.engine.types import (
 )
 from gmlx_server.errors import ContextOverflow, InvalidRequest, UnsupportedFeature
 from gmlx_server.service.addressing import Settings, merge_sampling, resolve_address, resolve_settings
+from gmlx_server.service.cache_points import request_hints
 from gmlx_server.service.host import ModelHost
 
 if TYPE_CHECKING:
@@ -207,6 +208,7 @@ async def start_generation(host: ModelHost, inp: GenerationInput, request_id: st
         stop=inp.stop_strings(engine.template),
         logprobs=inp.logprobs, top_logprobs=min(inp.top_logprobs, host.env.top_logprobs_k),
         thinking=thinking, starts_in_thinking=opened, grammar=inp.grammar,
+        **await request_hints(inp, settings, engine, ids, render_chat),  # prompt-cache snapshot points
     )
     pinned = inp.max_tokens if cap.requested is None else max_tokens
     host.capacity.preflight(prompt.model_id, len(ids), pinned)  # memory 400 before any prefill

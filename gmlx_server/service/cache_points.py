@@ -1,0 +1,144 @@
+"""Where a request's prompt-cache snapshots go: the anchor and the message-boundary checkpoints.
+
+The engine snapshots KV at these token positions while it prefills (engine/generate.py): the anchor,
+the end of the shared system/tools prefix, is pinned on every model so it outlives LRU eviction;
+message boundaries matter on sliding-window models, whose caches cannot be cut back to any prefix.
+
+A position is found by rendering the conversation with one message's content replaced by a marker:
+the text before the marker is what every conversation sharing those messages renders first. The
+position is the longest common prefix of that text's tokens with the real prompt's ids, so a template
+or tokenizer that renders the prefix differently can only make it shorter, never wrong. At most two
+renders and two tokenizations; the anchor's tokens are memoized (its text repeats across requests).
+Pure Python (no MLX, no falcon).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypedDict
+
+from gmlx_server.engine.types import ChatTemplate, Engine
+from gmlx_server.service.addressing import Settings
+
+MARK = "gmlxcachepoint"  # alphanumeric, so trim, tojson and escaping leave it findable
+PREFIX_ROLES = frozenset({"system", "developer"})
+TURN_ROLES = frozenset({"user", "tool"})
+OFF_LOOP_TOKENS = 8192  # above this prompt length the renders and tokenizations run in a thread
+_MEMO_SIZE = 32
+
+Message = Mapping[str, Any]
+Render = Callable[[Sequence[Message]], str]
+Encode = Callable[[str], list[int]]
+ChatRenderer = Callable[[Any, Settings, ChatTemplate], str]  # service/generate.py's render_chat
+
+
+class CacheHints(TypedDict):
+    """GenerationRequest's prompt-cache fields, ready to unpack into it."""
+
+    cache_boundaries: tuple[int, ...]
+    cache_anchor: int | None
+
+
+NO_HINTS = CacheHints(cache_boundaries=(), cache_anchor=None)
+_memo: OrderedDict[tuple[int, str], list[int]] = OrderedDict()
+_memo_lock = threading.Lock()  # probes of long prompts run in threads
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def position(messages: Sequence[Message], probe: int, render: Render, encode: Encode, ids: Sequence[int],
+             memo_key: int | None = None) -> int | None:
+    """Tokens of `ids` that precede message `probe`'s content; None when the template hides the marker."""
+    probed = [*messages[:probe], {**messages[probe], "content": MARK}] if probe < len(messages) else [
+        *messages, {"role": "user", "content": MARK}]
+    try:
+        text = render(probed)
+    except Exception:  # a template that refuses the cut conversation: no position, the request goes on
+        return None
+    cut = text.find(MARK)
+    if cut <= 0:
+        return None
+    n = common_prefix(_encode(text[:cut], encode, memo_key), ids)
+    return n if 0 < n < len(ids) else None
+
+
+def _encode(text: str, encode: Encode, memo_key: int | None) -> list[int]:
+    if memo_key is None:
+        return encode(text)
+    key = (memo_key, text)
+    with _memo_lock:
+        if key in _memo:
+            _memo.move_to_end(key)
+            return _memo[key]
+    ids = encode(text)
+    with _memo_lock:
+        _memo[key] = ids
+        if len(_memo) > _MEMO_SIZE:
+            _memo.popitem(last=False)
+    return ids
+
+
+def cache_hints(messages: Sequence[Message], render: Render, encode: Encode, ids: Sequence[int], *,
+                shared_prefix: bool, window: int | None, memo_key: int | None = None) -> CacheHints:
+    """The anchor (only when there is a system/tools prefix to share) and, for a sliding-window model
+    whose prompt outgrows its window, the end of the conversation before the newest user/tool turn."""
+    first = next((i for i, m in enumerate(messages) if m.get("role") not in PREFIX_ROLES), len(messages))
+    anchor = position(messages, first, render, encode, ids, memo_key) if shared_prefix else None
+    boundaries: set[int] = set()
+    if window is not None and len(ids) > window:  # shorter prompts stay trimmable: the block tier covers them
+        newest = _newest_turn(messages)
+        if newest is not None and newest > first:
+            at = position(messages, newest, render, encode, ids)
+            boundaries.update({at} if at is not None else set())
+    if anchor is not None:
+        boundaries.add(anchor)
+    return CacheHints(cache_boundaries=tuple(sorted(boundaries)), cache_anchor=anchor)
+
+
+def _newest_turn(messages: Sequence[Message]) -> int | None:
+    """The first message of the trailing run of user/tool messages (None when the last is the model's)."""
+    i = len(messages)
+    while i > 0 and messages[i - 1].get("role") in TURN_ROLES:
+        i -= 1
+    return i if i < len(messages) else None
+
+
+class _WithMessages:
+    """The request as render_chat reads it, with other messages: every other field is the request's."""
+
+    def __init__(self, inp: Any, messages: Sequence[Message]) -> None:
+        self._inp, self.messages = inp, tuple(messages)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inp, name)
+
+
+async def request_hints(inp: Any, settings: Settings, engine: Engine, ids: Sequence[int],
+                        render_chat: ChatRenderer) -> CacheHints:
+    """generate.py's entry: probes rendered through the request's own path (profile system prompt,
+    tools, template variables), so they agree with the prompt it rendered."""
+    if inp.prompt is not None:  # a raw completion has no messages
+        return NO_HINTS
+
+    def hints() -> CacheHints:
+        def render(messages: Sequence[Message]) -> str:
+            return render_chat(_WithMessages(inp, messages), settings, engine.template)
+
+        def encode(text: str) -> list[int]:
+            return engine.tokenizer.encode(text, False)
+
+        shared = bool(settings.system or (inp.tools and inp.tool_choice != "none")
+                      or any(m.get("role") in PREFIX_ROLES for m in inp.messages))
+        return cache_hints(inp.messages, render, encode, ids, shared_prefix=shared,
+                           window=engine.info.sliding_window, memo_key=id(engine.tokenizer))
+
+    return await asyncio.to_thread(hints) if len(ids) > OFF_LOOP_TOKENS else hints()
