@@ -21,6 +21,7 @@ from typing import Any, Literal
 Tier = Literal["exact", "block", "ckpt", "anchor"]
 TIERS: tuple[Tier, ...] = ("exact", "block", "ckpt", "anchor")
 BLOCK = 64
+PIN_SHARE = 0.5  # pinned anchors hold at most this share of the bound; older pins fall back to plain LRU
 Key = tuple[int, ...]
 
 
@@ -153,10 +154,14 @@ class PromptCache:
     def _store(self, entry: Entry) -> bool:
         old = self._entries.get(entry.tokens)
         if old is not None:
-            old.pinned = old.pinned or entry.pinned
             old.kind = "ckpt" if entry.kind == "ckpt" else old.kind
             self._entries.move_to_end(entry.tokens)
+            if entry.pinned and not old.pinned:
+                self._pin(old)
+            self._publish()
             return True
+        if entry.pinned:
+            self._pin(entry)
         if not self._make_room(entry.nbytes):
             self.rejected += 1
             self._publish()
@@ -170,6 +175,19 @@ class PromptCache:
                 self._blocks.setdefault(h, OrderedDict())[entry.tokens] = None
         self._publish()
         return True
+
+    def _pin(self, entry: Entry) -> None:
+        """Pin `entry` within PIN_SHARE of the bound, unpinning the least recently used pins to make room;
+        without a cap, every distinct system prompt would stay forever and crowd out everything else."""
+        limit = self.max_bytes * PIN_SHARE
+        entry.pinned = entry.nbytes <= limit
+        pins = [e for e in self._entries.values() if e.pinned and e is not entry]  # least recent first
+        total = sum(e.nbytes for e in pins) + (entry.nbytes if entry.pinned else 0)
+        for old in pins:
+            if total <= limit:
+                break
+            old.pinned = False
+            total -= old.nbytes
 
     def _make_room(self, nbytes: int) -> bool:
         if nbytes > self.max_bytes:
@@ -209,8 +227,9 @@ class PromptCache:
     # --- stats -------------------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
+        pins = [e.nbytes for e in self._entries.values() if e.pinned]
         return {"enabled": True, "max_bytes": self.max_bytes, "bytes": self.bytes, "entries": len(self._entries),
-                "pinned": sum(1 for e in self._entries.values() if e.pinned), "hits": dict(self.hits),
+                "pinned": len(pins), "pinned_bytes": sum(pins), "hits": dict(self.hits),
                 "misses": self.misses, "tokens_reused": self.tokens_reused, "evictions": self.evictions,
                 "stores": self.stores, "rejected": self.rejected, "block_tokens": self.block}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gmlx_server.engine.prompt_cache import Entry, PromptCache
+from gmlx_server.engine.prompt_cache import PIN_SHARE, Entry, PromptCache
 
 
 def _entry(tokens: list[int], nbytes: int = 100, trimmable: bool = True, **kw: object) -> Entry:
@@ -79,6 +79,17 @@ def test_a_block_entry_is_unindexed_when_evicted() -> None:
     assert all(set(owners) <= set(pc._entries) for owners in pc._blocks.values())
 
 
+def test_pins_hold_at_most_their_share_and_the_oldest_pin_falls_back_to_lru() -> None:
+    pc = PromptCache(1000, block=4)
+    pc.store(_entry([1], nbytes=300, pinned=True))
+    pc.store(_entry([2], nbytes=300, pinned=True))  # 600 > half the bound: [1] is unpinned
+    assert [e.pinned for e in pc._entries.values()] == [False, True] and pc.stats()["pinned_bytes"] == 300
+    pc.store(_entry([3], nbytes=501, pinned=True))  # over the share on its own: a plain entry
+    assert pc._entries[(3,)].pinned is False and pc.evictions == 1  # [1], now plain LRU, made room
+    pc.store(_entry([2], nbytes=300, kind="ckpt"))  # a repeated store keeps the pin
+    assert pc._entries[(2,)].pinned and pc._entries[(2,)].kind == "ckpt"
+
+
 ops = st.lists(st.tuples(st.booleans(), st.lists(st.integers(0, 3), min_size=1, max_size=24),
                          st.integers(1, 400), st.booleans(), st.booleans()), max_size=60)
 
@@ -88,15 +99,19 @@ ops = st.lists(st.tuples(st.booleans(), st.lists(st.integers(0, 3), min_size=1, 
 def test_bytes_never_exceed_the_bound(seq: list[tuple[bool, list[int], int, bool, bool]]) -> None:
     pc = PromptCache(1000, block=4)
     for is_store, tokens, nbytes, trimmable, pinned in seq:
+        before, evicted = set(pc._entries), pc.evictions
         if is_store:
-            pc.store(_entry(tokens, nbytes, trimmable, pinned=pinned and nbytes < 100))
+            pc.store(_entry(tokens, nbytes, trimmable, pinned=pinned))
         else:
             hit = pc.lookup(tokens)
             if hit is not None:
                 assert 0 < hit.tokens < len(tokens)
                 assert tuple(tokens[:hit.tokens]) == hit.entry.tokens[:hit.tokens]
                 assert hit.tokens == len(hit.entry.tokens) or hit.entry.trimmable
+        assert pc.evictions - evicted == len(before - set(pc._entries))  # every entry that left was counted
         assert pc.bytes == sum(e.nbytes for e in pc._entries.values()) <= pc.max_bytes
+        assert sum(e.nbytes for e in pc._entries.values() if e.pinned) <= pc.max_bytes * PIN_SHARE
+        assert pc.published == pc.stats()  # what other threads read is current
         assert sum(pc._lengths.values()) == len(pc)
         assert all(owners and set(owners) <= set(pc._entries) for owners in pc._blocks.values())
     s = pc.stats()
