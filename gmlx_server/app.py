@@ -23,6 +23,7 @@ from gmlx_server.routes.metrics import Metrics
 from gmlx_server.routes.models import Model, Models
 from gmlx_server.routes.residency import Keep, Reload, Unload
 from gmlx_server.routes.responses import Responses
+from gmlx_server.service.cache_stats import resident_cache_stats
 from gmlx_server.service.conversations import ResponseStore
 from gmlx_server.service.estimate import Estimator
 from gmlx_server.service.host import EngineFactory, ModelHost
@@ -74,7 +75,7 @@ def _metrics(host: ModelHost, config: ServerConfig) -> Metrics:
     snaps = Snapshotter(lambda: host.resident, host.telemetry, host.admission, host.governor,
                         config.server.decode_batch, host.capacity_section, lambda m: host.config.models.get(m),
                         host.marks)
-    return Metrics(snaps, make_registry(snaps.snapshot, host.telemetry))
+    return Metrics(snaps, make_registry(snaps.snapshot, host.telemetry, lambda: resident_cache_stats(host.resident)))
 
 
 def _routes(host: ModelHost, config: ServerConfig) -> list[tuple[str, object]]:

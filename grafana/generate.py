@@ -180,7 +180,31 @@ def overview_rows() -> list[Row]:
                Target(m("gmlx_capacity_weights_bytes"), "weights"),
                Target(m("gmlx_capacity_prefill_transient_bytes"), "prefill transient"), unit="bytes"),
     ])
-    return [now, throughput, latency, queue, governor, capacity]
+    return [now, throughput, latency, queue, governor, capacity, prompt_cache_row()]
+
+
+def prompt_cache_row() -> Row:
+    return Row("Prompt cache", [
+        series("Prompt cache lookups/s by tier",
+               Target(rate("gmlx_prompt_cache_hits_total", "tier", model=True), "{{tier}}"),
+               Target(rate("gmlx_prompt_cache_misses_total", model=True), "miss"), unit="reqps", stack=True,
+               description="Requests whose prompt prefix the cache served, by tier (exact, block, ckpt, anchor)."),
+        series("Prompt tokens reused vs prefilled",
+               Target(rate("gmlx_prompt_cache_tokens_reused_total", "model", model=True), "{{model}} reused"),
+               Target(rate("gmlx_prompt_tokens_total", "model", model=True), "{{model}} prompt")),
+        series("Prompt cache memory",
+               Target(f"sum by (model) ({m('gmlx_prompt_cache_bytes', model=True)})", "{{model}} held"),
+               Target(f"sum by (model) ({m('gmlx_prompt_cache_pinned_bytes', model=True)})", "{{model}} pinned"),
+               Target(f"sum by (model) ({m('gmlx_prompt_cache_max_bytes', model=True)})", "{{model}} bound"),
+               unit="bytes"),
+        series("Prompt cache entries", Target(f"sum by (model) ({m('gmlx_prompt_cache_entries', model=True)})",
+                                              "{{model}}"), width=12),
+        series("Prompt cache evictions/s",
+               Target(rate("gmlx_prompt_cache_evictions_total", "model", model=True), "{{model}} evicted"),
+               Target(rate("gmlx_prompt_cache_rejected_total", "model", model=True), "{{model}} not stored"),
+               width=12, description="Entries evicted to stay within server.prompt_cache_bytes, and snapshots "
+                                     "too large to store."),
+    ])
 
 
 def model_rows() -> list[Row]:
@@ -199,6 +223,14 @@ def model_rows() -> list[Row]:
                Target(m("gmlx_resident_models_weights_bytes", model=True), "weights"),
                Target(m("gmlx_resident_models_active_bytes", model=True), "active"), unit="bytes", width=16),
         stat("Load time", Target(f"max({m('gmlx_resident_models_load_s', model=True)})"), unit="s", width=8),
+        series("Prompt cache lookups/s by tier",
+               Target(rate("gmlx_prompt_cache_hits_total", "tier", model=True), "{{tier}}"),
+               Target(rate("gmlx_prompt_cache_misses_total", model=True), "miss"), unit="reqps", stack=True),
+        series("Prompt cache memory", Target(m("gmlx_prompt_cache_bytes", model=True), "held"),
+               Target(m("gmlx_prompt_cache_max_bytes", model=True), "bound"), unit="bytes"),
+        series("Prompt cache reuse",
+               Target(rate("gmlx_prompt_cache_tokens_reused_total", model=True), "tokens reused/s"),
+               Target(rate("gmlx_prompt_cache_evictions_total", model=True), "evictions/s")),
     ], repeat="model")]
 
 
@@ -259,7 +291,8 @@ def dashboards() -> dict[str, dict[str, Any]]:
     return {
         "gmlx-overview.json": dashboard(
             "gmlx-overview", "gmlx overview",
-            "Throughput, latency, queue and admission, the memory governor, memory and the boot capacity table.",
+            "Throughput, latency, queue and admission, the memory governor, memory, the boot capacity table and "
+            "the prompt cache.",
             overview_rows()),
         "gmlx-models.json": dashboard(
             "gmlx-models", "gmlx models", "One row per resident model (repeated over the model variable).",

@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 import falcon.asgi
 
 from gmlx_server.routes.common import GmlxRequest
 from gmlx_server.routes.residency import _body, _model
+from gmlx_server.service.cache_stats import cache_totals, resident_cache_stats
 from gmlx_server.service.host import ModelHost
-
-
-def _stats(engine: object) -> dict[str, Any]:
-    fn = getattr(engine, "cache_stats", None)  # engines without a prompt cache (fakes, services) lack it
-    return dict(fn()) if callable(fn) else {"enabled": False}
 
 
 class CacheStats:
@@ -24,18 +17,8 @@ class CacheStats:
         self.host = host
 
     async def on_get(self, req: GmlxRequest, resp: falcon.asgi.Response) -> None:
-        models = {m: _stats(e) for m, e in self.host.resident.items()}
-        enabled = {m: s for m, s in models.items() if s.get("enabled")}
-        resp.media = {"enabled": True, "models": enabled, **_totals(enabled)} if enabled else {"enabled": False}
-
-
-def _totals(models: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    keys = ("bytes", "entries", "tokens_reused", "evictions", "misses")
-    hits: dict[str, int] = {}
-    for s in models.values():
-        for tier, n in s.get("hits", {}).items():
-            hits[tier] = hits.get(tier, 0) + n
-    return {**{k: sum(int(s.get(k, 0)) for s in models.values()) for k in keys}, "hits": hits}
+        enabled = resident_cache_stats(self.host.resident)
+        resp.media = {"enabled": True, "models": enabled, **cache_totals(enabled)} if enabled else {"enabled": False}
 
 
 class CacheReset:

@@ -1,7 +1,8 @@
 """Prometheus text rendering of the metrics snapshot, through a custom collector read at scrape time.
 
 Snapshot sections flatten to `gmlx_<section>_<field>` gauges; requests[] is high-cardinality and
-contributes only counts by state. Counters and histograms in base units come from telemetry.
+contributes only counts by state. Counters and histograms in base units come from telemetry, and
+`gmlx_prompt_cache_*` per model from the engines' prompt caches (what /v1/cache/stats reports).
 """
 
 from __future__ import annotations
@@ -19,6 +20,13 @@ from gmlx_server.service.telemetry import Histogram, Telemetry
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _FLAT = ("concurrency", "queue", "memory", "rates")
 _COUNTERS = {"rejections"}  # snapshot fields that are counts since start
+CacheStats = Callable[[], Mapping[str, Mapping[str, Any]]]  # model -> its prompt cache's counters
+_CACHE_COUNTERS = {"misses": "prompt cache lookups that found nothing",
+                   "tokens_reused": "prompt tokens restored from the prompt cache instead of prefilled",
+                   "evictions": "prompt cache entries evicted to stay within the bound",
+                   "rejected": "snapshots not stored: larger than what eviction could free"}
+_CACHE_GAUGES = {"entries": "prompt cache entries", "bytes": "prompt cache bytes held",
+                 "max_bytes": "prompt cache bound", "pinned_bytes": "bytes of pinned (anchor) entries"}
 
 
 def _num(value: Any) -> float | None:
@@ -112,21 +120,39 @@ def _telemetry(t: Telemetry) -> Iterator[Metric]:
     yield rej
 
 
+def _prompt_cache(caches: Mapping[str, Mapping[str, Any]]) -> Iterator[Metric]:
+    hits = CounterMetricFamily("gmlx_prompt_cache_hits", "prompt cache hits by tier", labels=["model", "tier"])
+    families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
+    for kind, docs in ((CounterMetricFamily, _CACHE_COUNTERS), (GaugeMetricFamily, _CACHE_GAUGES)):
+        families.update({k: kind(f"gmlx_prompt_cache_{k}", doc, labels=["model"]) for k, doc in docs.items()})
+    for model, stats in caches.items():
+        for tier, n in (stats.get("hits") or {}).items():
+            hits.add_metric([model, tier], float(n))
+        for k, family in families.items():
+            v = _num(stats.get(k))
+            if v is not None:
+                family.add_metric([model], v)
+    yield from (hits, *families.values())
+
+
 class SnapshotCollector(Collector):
-    def __init__(self, snapshot: Callable[[], Mapping[str, Any]], telemetry: Telemetry) -> None:
-        self._snapshot, self._telemetry = snapshot, telemetry
+    def __init__(self, snapshot: Callable[[], Mapping[str, Any]], telemetry: Telemetry,
+                 caches: CacheStats | None = None) -> None:
+        self._snapshot, self._telemetry, self._caches = snapshot, telemetry, caches
 
     def collect(self) -> Iterator[Metric]:
         server = self._snapshot().get("server", {})
         for part in (_flat_sections, _governor, _requests, _resident, _capacity):
             yield from part(server)
         yield from _telemetry(self._telemetry)
+        yield from _prompt_cache(self._caches() if self._caches is not None else {})
 
 
-def make_registry(snapshot: Callable[[], Mapping[str, Any]], telemetry: Telemetry) -> CollectorRegistry:
+def make_registry(snapshot: Callable[[], Mapping[str, Any]], telemetry: Telemetry,
+                  caches: CacheStats | None = None) -> CollectorRegistry:
     """A registry of our own (no process-global default registry)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(snapshot, telemetry))
+    registry.register(SnapshotCollector(snapshot, telemetry, caches))
     return registry
 
 

@@ -31,3 +31,24 @@ def test_stats_per_model_and_reset_of_one(served: Served) -> None:
     assert served.client.post("/v1/cache/reset", json={"model": "m1"}).json()["reset"] == ["m1"]
     assert served.client.post("/v1/cache/reset").json()["reset"] == ["m1"]
     assert resets == ["m1", "m1"]
+
+
+def test_a_chat_request_carries_its_anchor_to_the_engine(served: Served) -> None:
+    system = {"role": "system", "content": "Be brief."}
+    assert served.chat({"messages": [system, {"role": "user", "content": "hi"}]}).status_code == 200
+    assert served.chat().status_code == 200  # no system prompt, no tools: nothing to anchor
+    with_system, plain = served.engine().submitted
+    assert with_system.cache_anchor == len("<|system|>Be brief.\n<|user|>")  # the fake tokenizer: one id a char
+    assert with_system.cache_boundaries == (with_system.cache_anchor,) and plain.cache_anchor is None
+
+
+def test_prometheus_has_the_cache_counters_per_model(served: Served) -> None:
+    assert served.chat().status_code == 200
+    _give_cache(served.engine(), [])
+    text = served.client.get("/v1/metrics", params={"format": "prometheus"}).text
+    for line in ('gmlx_prompt_cache_hits_total{model="m1",tier="exact"} 1.0',
+                 'gmlx_prompt_cache_hits_total{model="m1",tier="ckpt"} 0.0',
+                 'gmlx_prompt_cache_evictions_total{model="m1"} 2.0',
+                 'gmlx_prompt_cache_tokens_reused_total{model="m1"} 40.0',
+                 'gmlx_prompt_cache_entries{model="m1"} 1.0', 'gmlx_prompt_cache_bytes{model="m1"} 10.0'):
+        assert line in text.splitlines(), line

@@ -16,6 +16,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from gmlx_server.engine.prompt_cache import PromptCache
 from gmlx_server.service.prometheus import make_registry, render
 from gmlx_server.service.telemetry import Telemetry
 from tests.top.fakes import recorded
@@ -33,13 +34,15 @@ def _generator() -> ModuleType:
 
 
 def _rendered_names() -> set[str]:
-    """What the collector exports for the busy recording with telemetry that saw traffic and a rejection."""
+    """What the collector exports for the busy recording with telemetry that saw traffic and a rejection,
+    and one model's prompt cache."""
     t = Telemetry()
     t.model("smollm2").finished["stop"] += 1
     t.ttft.observe(0.4)
     t.latency.observe(2.0)
     t.record_reject("queue_full")
-    text = render(make_registry(lambda: recorded("busy"), t)).decode()
+    cache = PromptCache(1 << 20).stats()  # a resident model's prompt cache, as /v1/cache/stats reports it
+    text = render(make_registry(lambda: recorded("busy"), t, lambda: {"smollm2": cache})).decode()
     return exported(text_string_to_metric_families(text))
 
 
