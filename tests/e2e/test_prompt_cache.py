@@ -1,16 +1,20 @@
-"""The prompt cache on the real models: greedy output with a cache hit equals the output without one."""
+"""The prompt cache on the real models: greedy output with a cache hit equals the output without one,
+on the engine and through the HTTP API (where the server places the anchor and message checkpoints)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from pathlib import Path
 
+import httpx
 import pytest
 
 from gmlx_server.engine.loader import load_gguf_model
 from gmlx_server.engine.mlx_engine import MLXEngine
 from gmlx_server.engine.types import GenerationRequest, SamplingParams, TokenEvent
 from tests.conftest import gemma_path, smollm2_path
+from tests.e2e.server import LiveServer, gmlx_serve
 
 pytestmark = pytest.mark.slow
 GREEDY = SamplingParams(temperature=0.0)
@@ -76,3 +80,50 @@ def test_exact_and_ckpt_hits_past_the_sliding_window_match_cold_gemma() -> None:
         assert _hits(engine)["ckpt"] == 2
     finally:
         engine.close()
+
+
+# --- through the HTTP API: the server computes the anchor and message boundaries itself -----------------
+
+SYSTEM = "You are a lighthouse keeper's assistant. " + " ".join(
+    f"Rule {i}: log the lamp, the weather and ship {i} at every watch." for i in range(45))  # past the window
+
+
+def _chat(s: LiveServer, messages: list[dict[str, str]]) -> tuple[str, int]:
+    r = httpx.post(s.v1 + "/chat/completions", timeout=600, json={
+        "model": "gemma", "messages": messages, "max_tokens": N, "temperature": 0})
+    r.raise_for_status()
+    body = r.json()
+    return body["choices"][0]["message"]["content"], body["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def _tier_of(s: LiveServer, messages: list[dict[str, str]]) -> tuple[str, str, int]:
+    """(the tier this request hit, its greedy text, its cached tokens), from the stats' hit counts."""
+    before = httpx.get(s.v1 + "/cache/stats").json().get("hits", {})  # {"enabled": false} before the load
+    text, cached = _chat(s, messages)
+    after = httpx.get(s.v1 + "/cache/stats").json()["hits"]
+    hit = [t for t in after if after[t] > before.get(t, 0)]
+    return (hit[0] if hit else "miss"), text, cached
+
+
+def test_follow_up_turns_hit_ckpt_and_anchor_through_http_and_match_cold_gemma(tmp_path: Path) -> None:
+    cfg = tmp_path / "gmlx.yaml"
+    cfg.write_text(f"models:\n  gemma:\n    path: {gemma_path()}\n")
+    with gmlx_serve(["--config", str(cfg)], tmp_path) as s:
+        first = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What happened at dawn?"}]
+        tier, reply, _ = _tier_of(s, first)
+        est = httpx.post(s.v1 + "/estimate", json={"model": "gemma", "messages": first}).json()
+        assert tier == "miss" and est["cache_tier"] == "exact" and est["warm_tokens"] == est["prompt_tokens"] - 1
+        turn = [*first, {"role": "assistant", "content": reply}, {"role": "user", "content": "And at dusk?"}]
+        edited = [*turn[:-1], {"role": "user", "content": "Which ship came in?"}]
+        other = [first[0], {"role": "user", "content": "Describe the lamp."}]
+        warm = [_tier_of(s, m) for m in (turn, edited, other)]
+        # A follow-up restores the first prompt's snapshot; an edited last turn, the boundary saved before it;
+        # a new conversation, the pinned system prefix.
+        assert [w[0] for w in warm] == ["ckpt", "ckpt", "anchor"]
+        assert warm[1][2] > warm[0][2] > warm[2][2] > 500
+        cold = []
+        for m in (turn, edited, other):
+            httpx.post(s.v1 + "/cache/reset", json={}).raise_for_status()
+            cold.append(_tier_of(s, m))
+        assert [c[0] for c in cold] == ["miss"] * 3
+        assert [w[1] for w in warm] == [c[1] for c in cold]  # greedy output identical with and without a hit
