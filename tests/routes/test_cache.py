@@ -52,3 +52,19 @@ def test_prometheus_has_the_cache_counters_per_model(served: Served) -> None:
                  'gmlx_prompt_cache_tokens_reused_total{model="m1"} 40.0',
                  'gmlx_prompt_cache_entries{model="m1"} 1.0', 'gmlx_prompt_cache_bytes{model="m1"} 10.0'):
         assert line in text.splitlines(), line
+
+
+def test_estimate_reports_the_tier_a_repeated_body_would_hit(served: Served) -> None:
+    assert served.chat().status_code == 200
+    peeked: list[list[int]] = []
+
+    def peek(ids: list[int]) -> tuple[str, int]:
+        peeked.append(ids)
+        return "exact", len(ids) - 1
+
+    served.engine().cache_peek = peek
+    e = served.client.post("/v1/estimate", json={"model": "m1", "messages": [{"role": "user", "content": "hi"}]})
+    assert e.status_code == 200, e.text
+    body = e.json()
+    assert (body["cache_tier"], body["warm_tokens"]) == ("exact", body["prompt_tokens"] - 1)
+    assert peeked == [served.engine().submitted[0].prompt_tokens]  # the same ids the chat request prefilled
