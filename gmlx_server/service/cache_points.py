@@ -22,6 +22,7 @@ from typing import Any, TypedDict
 
 from gmlx_server.engine.types import ChatTemplate, Engine
 from gmlx_server.service.addressing import Settings
+from gmlx_server.service.cache_stats import engine_cache_stats
 
 MARK = "gmlxcachepoint"  # alphanumeric, so trim, tojson and escaping leave it findable
 PREFIX_ROLES = frozenset({"system", "developer"})
@@ -126,7 +127,7 @@ async def request_hints(inp: Any, settings: Settings, engine: Engine, ids: Seque
                         render_chat: ChatRenderer) -> CacheHints:
     """generate.py's entry: probes rendered through the request's own path (profile system prompt,
     tools, template variables), so they agree with the prompt it rendered."""
-    if inp.prompt is not None:  # a raw completion has no messages
+    if inp.prompt is not None or not engine_cache_stats(engine).get("enabled"):  # no messages, or no cache
         return NO_HINTS
 
     def hints() -> CacheHints:

@@ -36,8 +36,11 @@ def test_stats_per_model_and_reset_of_one(served: Served) -> None:
 def test_a_chat_request_carries_its_anchor_to_the_engine(served: Served) -> None:
     system = {"role": "system", "content": "Be brief."}
     assert served.chat({"messages": [system, {"role": "user", "content": "hi"}]}).status_code == 200
+    _give_cache(served.engine(), [])  # the first request, to an engine without a cache, got no hints
+    assert served.chat({"messages": [system, {"role": "user", "content": "hi"}]}).status_code == 200
     assert served.chat().status_code == 200  # no system prompt, no tools: nothing to anchor
-    with_system, plain = served.engine().submitted
+    cacheless, with_system, plain = served.engine().submitted
+    assert cacheless.cache_anchor is None
     assert with_system.cache_anchor == len("<|system|>Be brief.\n<|user|>")  # the fake tokenizer: one id a char
     assert with_system.cache_boundaries == (with_system.cache_anchor,) and plain.cache_anchor is None
 

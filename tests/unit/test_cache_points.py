@@ -86,9 +86,13 @@ class _Engine:
     template: FakeTemplate = field(default_factory=FakeTemplate)
     tokenizer: FakeTokenizer = field(default_factory=FakeTokenizer)
     info: Any = field(default_factory=lambda: fake_info("m"))
+    cache_on: bool = True
+
+    def cache_stats(self) -> dict[str, Any]:
+        return {"enabled": self.cache_on}
 
 
-def test_request_hints_render_the_profile_system_prompt_and_skip_raw_prompts() -> None:
+def test_request_hints_render_the_profile_system_prompt_and_skip_raw_prompts_and_cacheless_engines() -> None:
     engine, profile = _Engine(), Settings({}, system="Profile says hi.")
     inp = _Inp(({"role": "user", "content": "Q"},))
     ids = engine.tokenizer.encode(render_chat(inp, profile, engine.template), False)
@@ -97,6 +101,8 @@ def test_request_hints_render_the_profile_system_prompt_and_skip_raw_prompts() -
     assert asyncio.run(request_hints(inp, Settings({}), engine, ids, render_chat)) == NO_HINTS  # type: ignore[arg-type]
     raw = _Inp((), prompt="text")
     assert asyncio.run(request_hints(raw, profile, engine, ids, render_chat)) == NO_HINTS  # type: ignore[arg-type]
+    off = _Engine(cache_on=False)  # no prompt cache: no probes either
+    assert asyncio.run(request_hints(inp, profile, off, ids, render_chat)) == NO_HINTS  # type: ignore[arg-type]
 
 
 # --- the real templates and tokenizers (GGUF headers only, no MLX) -----------------------------------
