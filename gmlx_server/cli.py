@@ -1,4 +1,4 @@
-"""`gmlx serve | run | top | plan`: the one place that parses the command line."""
+"""`gmlx serve | run | top | plan | launch`: the one place that parses the command line."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from gmlx_plan.cli import add_plan_parser
+from gmlx_server.launch.cli import add_launch_parser
 from gmlx_server.run_cmd import add_run_parser
 from gmlx_server.serve import add_serve_parser
 from gmlx_top.cli import add_top_parser
@@ -18,12 +19,23 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_parser(sub)
     add_top_parser(sub)
     add_plan_parser(sub)
+    add_launch_parser(sub)
     return parser
+
+
+def split_passthrough(argv: list[str]) -> tuple[list[str], list[str]]:
+    """`gmlx launch ... -- CLIENT ARGS`: everything after the first -- belongs to the launched client."""
+    if argv[:1] == ["launch"] and "--" in argv:
+        cut = argv.index("--")
+        return argv[:cut], argv[cut + 1:]
+    return argv, []
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    own, passthrough = split_passthrough(list(sys.argv[1:] if argv is None else argv))
+    args = parser.parse_args(own)
+    args.passthrough_args = passthrough
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

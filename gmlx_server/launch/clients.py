@@ -1,0 +1,80 @@
+"""The harnesses `gmlx launch` knows: how each is installed and how it is pointed at gmlx."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gmlx_server.launch.server import ModelTarget
+
+LOCAL_KEY = "gmlx-local"  # harnesses insist on a key; a keyless server ignores it
+
+
+@dataclass(frozen=True)
+class Invocation:
+    argv: list[str]
+    env: dict[str, str]
+    wrote: list[Path] = field(default_factory=list)  # config files written for the client
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Client:
+    name: str
+    binary: str
+    install: str  # the command that installs it
+    configure: Callable[[str, str | None, ModelTarget, list[str], Mapping[str, str]], Invocation]
+
+
+def claude(url: str, key: str | None, t: ModelTarget, args: list[str], env: Mapping[str, str]) -> Invocation:
+    """Claude Code reads environment variables only; every model tier points at the local model."""
+    out = {k: v for k, v in env.items() if k != "ANTHROPIC_API_KEY"}  # it would win over the token
+    out.update({
+        "ANTHROPIC_BASE_URL": url, "ANTHROPIC_AUTH_TOKEN": key or LOCAL_KEY, "ANTHROPIC_MODEL": t.requested,
+        "ANTHROPIC_SMALL_FAST_MODEL": t.requested, "ANTHROPIC_DEFAULT_HAIKU_MODEL": t.requested,
+        "ANTHROPIC_DEFAULT_SONNET_MODEL": t.requested, "ANTHROPIC_DEFAULT_OPUS_MODEL": t.requested,
+        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(t.max_output),
+        "DISABLE_TELEMETRY": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    })
+    # Claude Code cannot lower its auto-compact window below 100k tokens: it compacts when the
+    # server answers "prompt is too long", which gmlx's 400 says.
+    return Invocation(["claude", *args], out, notes=[f"max output {t.max_output} tokens (env)"])
+
+
+def pi_models_file(env: Mapping[str, str]) -> Path:
+    return Path(env.get("PI_CODING_AGENT_DIR") or Path(env.get("HOME", "~")) / ".pi" / "agent").expanduser() \
+        / "models.json"
+
+
+def pi_provider(url: str, key: str | None, t: ModelTarget, existing: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The `gmlx` provider of pi's models.json: the launched model replaces any entry of the same id."""
+    model = {"id": t.requested, "name": f"{t.requested} (gmlx)", "reasoning": False, "input": ["text"],
+             "contextWindow": t.context_window, "maxTokens": t.max_output,
+             "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0}}
+    others = [m for m in (existing or {}).get("models", []) if isinstance(m, dict) and m.get("id") != t.requested]
+    return {"baseUrl": f"{url}/v1", "api": "openai-completions", "apiKey": key or LOCAL_KEY,
+            # gmlx takes the system prompt as a system message; a local template may not know `developer`.
+            "compat": {"supportsDeveloperRole": False}, "models": [*others, model]}
+
+
+def pi(url: str, key: str | None, t: ModelTarget, args: list[str], env: Mapping[str, str]) -> Invocation:
+    path = pi_models_file(env)
+    data: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
+    providers = data.setdefault("providers", {})
+    providers["gmlx"] = pi_provider(url, key, t, providers.get("gmlx"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)  # atomic: pi reloads the file while it runs
+    return Invocation(["pi", "--provider", "gmlx", "--model", t.requested, *args], dict(env), [path],
+                      [f"context window {t.context_window}, max output {t.max_output} tokens"])
+
+
+CLIENTS: dict[str, Client] = {
+    "claude": Client("Claude Code", "claude", "npm install -g @anthropic-ai/claude-code", claude),
+    "pi": Client("pi", "pi", "npm install -g @mariozechner/pi-coding-agent", pi),
+}

@@ -1,0 +1,81 @@
+"""What `gmlx launch` asks the server: is it up, keep the model, and how large is its window."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+# A harness needs room to answer: a quarter of the window, and no more than frontier APIs allow.
+MAX_OUTPUT_CEILING = 32_000
+
+
+class LaunchError(Exception):
+    """A refusal `gmlx launch` prints as one line and exits with `code`."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class ModelTarget:
+    requested: str  # what the client sends as its model (may carry @profile or be an alias)
+    model_id: str  # the configured id it resolves to
+    context_window: int
+    max_output: int
+
+
+def fitting_max_output(window: int) -> int:
+    return max(1, min(window // 4, MAX_OUTPUT_CEILING))
+
+
+def context_window(row: dict[str, Any]) -> int:
+    """The spec's rule: the smaller of context_length and max_context_at_width_1, when that is known."""
+    length = int(row["context_length"])
+    at_width_1 = row.get("max_context_at_width_1")
+    return min(length, int(at_width_1)) if at_width_1 else length
+
+
+class ServerClient:
+    def __init__(self, url: str, api_key: str | None, timeout_s: float = 900.0) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.url = url.rstrip("/")
+        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s)
+
+    def _call(self, method: str, path: str, **kw: Any) -> Any:
+        try:
+            r = self.http.request(method, path, **kw)
+        except httpx.TransportError as e:
+            raise LaunchError(f"no gmlx server answers at {self.url} ({e.__class__.__name__}); start one first, "
+                              "e.g. `gmlx serve` (gmlx launch starts nothing itself)") from None
+        if r.status_code >= 400:
+            raise LaunchError(f"{method} {path}: {r.status_code} {_error_text(r)}")
+        return r.json()
+
+    def check_up(self) -> None:
+        self._call("GET", "/health", timeout=5.0)
+
+    def target(self, model: str, max_output: int | None) -> ModelTarget:
+        """POST /v1/keep (load and warm the model), then size the client from GET /v1/models."""
+        model_id = str(self._call("POST", "/v1/keep", json={"model": model})["model"])
+        rows = self._call("GET", "/v1/models")["data"]
+        row = next((r for r in rows if r["id"] == model_id), None)
+        if row is None:
+            raise LaunchError(f"the server kept '{model_id}' but does not list it in /v1/models")
+        window = context_window(row)
+        out = max_output if max_output is not None else fitting_max_output(window)
+        if not 0 < out < window:
+            raise LaunchError(f"--max-output {out} does not fit the {window}-token window of '{model_id}'", 2)
+        return ModelTarget(model, model_id, window, out)
+
+
+def _error_text(r: httpx.Response) -> str:
+    try:
+        err = r.json().get("error", {})
+    except ValueError:
+        return r.text[:300]
+    text = str(err.get("message", r.text[:300]))
+    available = err.get("available_models")
+    return f"{text} (available: {', '.join(available)})" if available else text

@@ -1,0 +1,140 @@
+"""`gmlx launch` against a real HTTP server (uvicorn over fake engines) with stand-in client binaries.
+
+The real Claude Code and pi run in tests/agents (slow); here the clients are scripts that record
+the argv, environment and config file they were started with, so each refusal and each written
+setting is checked quickly, both with the client present and absent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gmlx_server.config import RuntimeEnv
+from gmlx_server.launch.server import context_window, fitting_max_output
+from tests.e2e.server import free_port
+from tests.routes.conftest import Served, ThreadedServer, make_config, serve
+
+RECORDER = """#!{python}
+import json, os, sys
+from pathlib import Path
+home = Path(os.environ.get("PI_CODING_AGENT_DIR", "/nonexistent")) / "models.json"
+record = {{"argv": sys.argv, "env": dict(os.environ),
+           "models_json": json.loads(home.read_text()) if home.is_file() else None}}
+Path(os.environ["RECORD_TO"]).write_text(json.dumps(record))
+sys.exit(7)
+"""
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[str, Served]]:
+    s = serve(make_config(("m1", "m2"), aliases={"fast": "m2"}, api_key="sekrit",
+                          env=RuntimeEnv(sse_keepalive_s=0.05)))
+    with ThreadedServer(s.app) as url:
+        yield url, s
+
+
+def launch(tmp_path: Path, args: list[str], clients: tuple[str, ...] = ("claude", "pi"),
+           env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess[str], dict[str, Any] | None]:
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    for name in clients:
+        script = bindir / name
+        script.write_text(RECORDER.format(python=sys.executable))
+        script.chmod(0o755)
+    record = tmp_path / "record.json"
+    full_env = {"PATH": f"{bindir}:/usr/bin:/bin", "HOME": str(tmp_path), "RECORD_TO": str(record),
+                "PI_CODING_AGENT_DIR": str(tmp_path / "pi"), "ANTHROPIC_API_KEY": "real-cloud-key",
+                **(env or {})}
+    proc = subprocess.run([sys.executable, "-m", "gmlx_server.cli", "launch", *args], env=full_env,
+                          capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[2])
+    return proc, (json.loads(record.read_text()) if record.is_file() else None)
+
+
+def test_pi_gets_a_provider_that_fits_the_window_and_its_arguments(tmp_path: Path,
+                                                                   server: tuple[str, Served]) -> None:
+    url, s = server
+    (tmp_path / "pi").mkdir()
+    (tmp_path / "pi" / "models.json").write_text(json.dumps({"providers": {
+        "ollama": {"baseUrl": "x", "models": [{"id": "llama"}]},
+        "gmlx": {"models": [{"id": "m1", "contextWindow": 1}, {"id": "other"}]}}}))
+    proc, rec = launch(tmp_path, ["pi", "--model", "m1", "--url", url, "--api-key", "sekrit", "--",
+                                  "-p", "hello"])
+    assert proc.returncode == 7, proc.stderr  # the client's own exit status: launch exec'd it
+    assert rec is not None and rec["argv"][1:] == ["--provider", "gmlx", "--model", "m1", "-p", "hello"]
+    providers = rec["models_json"]["providers"]
+    assert providers["ollama"] == {"baseUrl": "x", "models": [{"id": "llama"}]}  # other providers kept
+    gmlx = providers["gmlx"]
+    assert gmlx["baseUrl"] == f"{url}/v1" and gmlx["api"] == "openai-completions" and gmlx["apiKey"] == "sekrit"
+    assert [m["id"] for m in gmlx["models"]] == ["other", "m1"]
+    m1 = gmlx["models"][1]
+    assert m1["contextWindow"] == 4096 and m1["maxTokens"] == 1024  # the fake engines' window, a quarter
+    assert "m1" in s.factory.engines and "m2" not in s.factory.engines  # /v1/keep loaded it
+
+
+def test_claude_gets_environment_for_every_model_tier(tmp_path: Path, server: tuple[str, Served]) -> None:
+    url, _ = server
+    proc, rec = launch(tmp_path, ["claude", "--model", "fast", "--url", url, "--max-output", "500", "--", "-p", "hi"],
+                       env={"GMLX_API_KEY": "sekrit"})
+    assert proc.returncode == 7, proc.stderr
+    assert rec is not None and rec["argv"][1:] == ["-p", "hi"]
+    env = rec["env"]
+    assert env["ANTHROPIC_BASE_URL"] == url and env["ANTHROPIC_AUTH_TOKEN"] == "sekrit"
+    assert "ANTHROPIC_API_KEY" not in env  # a cloud key in the shell must not win over the local token
+    for name in ("ANTHROPIC_MODEL", "ANTHROPIC_SMALL_FAST_MODEL", "ANTHROPIC_DEFAULT_HAIKU_MODEL"):
+        assert env[name] == "fast"
+    assert env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "500"
+
+
+@pytest.mark.parametrize("client, package", [("claude", "@anthropic-ai/claude-code"),
+                                             ("pi", "@mariozechner/pi-coding-agent")])
+def test_a_missing_client_is_refused_with_how_to_install_it(tmp_path: Path, client: str, package: str) -> None:
+    proc, rec = launch(tmp_path, [client, "--model", "m1", "--url", f"http://127.0.0.1:{free_port()}"],
+                       clients=())
+    assert proc.returncode == 127 and rec is None
+    assert "not installed" in proc.stderr and f"npm install -g {package}" in proc.stderr
+
+
+def test_no_server_is_refused_and_nothing_is_started(tmp_path: Path) -> None:
+    proc, rec = launch(tmp_path, ["pi", "--model", "m1", "--url", f"http://127.0.0.1:{free_port()}"])
+    assert proc.returncode == 1 and rec is None
+    assert "no gmlx server answers" in proc.stderr and "gmlx serve" in proc.stderr
+    assert not (tmp_path / "pi" / "models.json").exists()
+
+
+def test_unknown_model_wrong_key_and_oversized_output_are_refused(tmp_path: Path,
+                                                                  server: tuple[str, Served]) -> None:
+    url, _ = server
+    proc, _ = launch(tmp_path, ["pi", "--model", "nope", "--url", url, "--api-key", "sekrit"])
+    assert proc.returncode == 1 and "404" in proc.stderr and "m1, m2" in proc.stderr
+    proc, _ = launch(tmp_path, ["pi", "--model", "m1", "--url", url, "--api-key", "wrong"])
+    assert proc.returncode == 1 and "401" in proc.stderr
+    proc, rec = launch(tmp_path, ["pi", "--model", "m1", "--url", url, "--api-key", "sekrit",
+                                  "--max-output", "4096"])
+    assert proc.returncode == 2 and "does not fit" in proc.stderr and rec is None
+
+
+def test_dry_run_prints_the_command_without_running_it(tmp_path: Path, server: tuple[str, Served]) -> None:
+    url, _ = server
+    proc, rec = launch(tmp_path, ["claude", "--model", "m1", "--url", url, "--api-key", "sekrit", "--dry-run"])
+    assert proc.returncode == 0 and rec is None and "claude" in proc.stderr
+
+
+def test_window_and_output_rules() -> None:
+    assert context_window({"context_length": 32768, "max_context_at_width_1": None}) == 32768
+    assert context_window({"context_length": 32768, "max_context_at_width_1": 9000}) == 9000
+    assert (fitting_max_output(8192), fitting_max_output(32768), fitting_max_output(1 << 20)) == (2048, 8192, 32000)
+    assert fitting_max_output(2) == 1
+
+
+def test_launch_is_listed_in_gmlx_help() -> None:
+    out = subprocess.run([sys.executable, "-m", "gmlx_server.cli", "--help"], capture_output=True, text=True,
+                         env={**os.environ}, timeout=60).stdout
+    assert "launch" in out
