@@ -96,8 +96,16 @@ def _assistant_turn(content: Any, where: str) -> dict[str, Any]:
     return msg
 
 
+_BILLING_HEADER = "x-anthropic-billing-header:"
+
+
 def _system(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     system = body.get("system")
+    if isinstance(system, list):
+        # Claude Code's first block is a billing header for Anthropic's API, not an instruction: it changes
+        # with every client version (a prompt-cache miss) and small models recite it.
+        system = [b for b in system if not (isinstance(b, dict) and str(b.get("text", "")).startswith(
+            _BILLING_HEADER))]
     text = text_content({"content": system}, "system") if system is not None else None
     return [{"role": "system", "content": text}] if text else []
 

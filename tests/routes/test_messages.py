@@ -192,6 +192,11 @@ def test_system_and_blocks_become_template_messages(served: Served) -> None:
     post(served, {"system": [{"type": "text", "text": "S1"}, {"type": "text", "text": "S2"}], "messages": msgs})
     assert template_call(served)["messages"] == [{"role": "system", "content": "S1\nS2"},
                                                  {"role": "user", "content": "a\nb\nc"}]  # same-role turns merge
+    header = {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.197.123; cc_entrypoint=sdk-cli;"}
+    post(served, {"system": [header, {"type": "text", "text": "S"}], "messages": msgs})
+    assert template_call(served)["messages"][0] == {"role": "system", "content": "S"}  # Claude Code's header
+    post(served, {"system": [header], "messages": msgs})
+    assert template_call(served)["messages"][0]["role"] == "user"
     post(served, {"system": "plain"})
     assert template_call(served)["messages"][0] == {"role": "system", "content": "plain"}
 
