@@ -99,6 +99,7 @@ class Profile:
     max_tokens: int | None = None
     system: str | None = None
     chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    stop: tuple[str, ...] = ()  # added to every request's own stop strings (as Ollama's PARAMETER stop)
 
 
 @dataclass(frozen=True)
@@ -268,7 +269,7 @@ _MODEL_KINDS = {
 }
 _KVQ_KINDS = {"scheme": "str", "bits": "int", "group_size": "int", "value_bits": "int", "tail_tokens": "int"}
 SAMPLING_KEYS = frozenset(f.name for f in fields(SamplingParams)) - {"logit_bias"}
-_PROFILE_KEYS = frozenset({"intent", "system", "chat_template_kwargs", "max_tokens"}) | SAMPLING_KEYS
+_PROFILE_KEYS = frozenset({"intent", "system", "chat_template_kwargs", "max_tokens", "stop"}) | SAMPLING_KEYS
 _TOP_KEYS = frozenset({"server", "models", "profiles", "aliases", "services"})
 _SERVICE_KEYS = frozenset({"embeddings", "rerank", "stt", "tts"})
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -365,8 +366,11 @@ def _profile(c: _Checker, name: str, raw: Any) -> Profile:
     max_tokens = c.value(data, key, "max_tokens", "int")
     if max_tokens is not None and max_tokens < 1:
         raise c.fail(f"{key}.max_tokens", "must be at least 1")
+    stop = data.get("stop") or []
+    if not isinstance(stop, list) or not all(isinstance(x, str) and x for x in stop):
+        raise c.fail(f"{key}.stop", "expected a list of non-empty strings")
     return Profile(name, intent, MappingProxyType(sampling), max_tokens, c.value(data, key, "system", "str"),
-                   MappingProxyType(dict(kwargs)))
+                   MappingProxyType(dict(kwargs)), tuple(stop))
 
 
 def discover_models(models_dir: str, taken: set[str]) -> dict[str, ModelEntry]:

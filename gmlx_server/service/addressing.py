@@ -117,6 +117,7 @@ class Settings:
     system: str | None = None
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     profile: str | None = None  # the profile that applied, if any
+    stop: tuple[str, ...] = ()
 
 
 def resolve_settings(addr: Address, family: str, cat: Catalog) -> Settings:
@@ -129,7 +130,7 @@ def resolve_settings(addr: Address, family: str, cat: Catalog) -> Settings:
         return Settings(family_sampling(family, name), profile=name)
     sampling = family_sampling(family, user.intent)
     sampling.update(user.sampling)
-    return Settings(sampling, user.max_tokens, user.system, dict(user.chat_template_kwargs), name)
+    return Settings(sampling, user.max_tokens, user.system, dict(user.chat_template_kwargs), name, user.stop)
 
 
 def merge_sampling(settings: Settings, explicit: Mapping[str, Any]) -> dict[str, Any]:

@@ -142,6 +142,10 @@ def fit_context(prompt_tokens: int, explicit: int | None, profile_cap: int | Non
     return OutputCap(min(room, profile_cap) if profile_cap is not None else room)
 
 
+def with_profile_stop(own: tuple[str, ...], profile: tuple[str, ...]) -> tuple[str, ...]:
+    return own + tuple(s for s in profile if s not in own)
+
+
 def build_sampling(settings: Settings, inp: GenerationInput, vocab_size: int) -> SamplingParams:
     bad = [t for t in inp.logit_bias if t >= vocab_size]
     if bad:
@@ -205,7 +209,7 @@ async def start_generation(host: ModelHost, inp: GenerationInput, request_id: st
     request = GenerationRequest(
         request_id=request_id, prompt_tokens=ids, max_tokens=max_tokens,
         sampling=build_sampling(settings, inp, engine.tokenizer.vocab_size),
-        stop=inp.stop_strings(engine.template),
+        stop=with_profile_stop(inp.stop_strings(engine.template), settings.stop),
         logprobs=inp.logprobs, top_logprobs=min(inp.top_logprobs, host.env.top_logprobs_k),
         thinking=thinking, starts_in_thinking=opened, grammar=inp.grammar,
         **await request_hints(inp, settings, engine, ids, render_chat),  # prompt-cache snapshot points

@@ -102,12 +102,14 @@ def test_family_base_applies_without_profile(served: Served) -> None:
 
 def test_profiles_and_explicit_fields() -> None:
     prof = Profile("qc", intent="coding", sampling={"top_p": 0.5}, system="be careful",
-                   chat_template_kwargs={"enable_thinking": False, "x": 1})
+                   chat_template_kwargs={"enable_thinking": False, "x": 1}, stop=("END", "\n"))
     s = serve(make_config(("m1",), profiles={"qc": prof}, aliases={"coder": "m1@qc"}))
     s.chat({"model": "m1@coding"})
     sp = s.engine().submitted[-1].sampling
     assert sp.temperature == SAMPLING_TABLE["llama"]["coding"]["temperature"]
-    s.chat({"model": "coder", "temperature": 0.9, "chat_template_kwargs": {"x": 2}})
+    assert s.engine().submitted[-1].stop == ()  # a built-in intent has no stop strings
+    s.chat({"model": "coder", "temperature": 0.9, "chat_template_kwargs": {"x": 2}, "stop": ["\n", "Q:"]})
+    assert s.engine().submitted[-1].stop == ("\n", "Q:", "END")  # the profile's are added to the request's
     sp = s.engine().submitted[-1].sampling
     assert (sp.temperature, sp.top_p) == (0.9, 0.5)  # explicit beats profile; profile beats intent
     call = s.engine().template.calls[-1]

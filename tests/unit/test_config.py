@@ -49,6 +49,7 @@ profiles:
     top_k: 20
     system: "You are a careful coding assistant."
     chat_template_kwargs: {{enable_thinking: false}}
+    stop: ["END", "STOP"]
 aliases:
   coder: smollm2@qwen-coder
 services:
@@ -84,7 +85,7 @@ def test_full_example_parses(tree: Path) -> None:
     assert cfg.models["extra"].discovered
     p = cfg.profiles["qwen-coder"]
     assert p.intent == "coding" and dict(p.sampling) == {"temperature": 0.2, "top_k": 20}
-    assert dict(p.chat_template_kwargs) == {"enable_thinking": False}
+    assert dict(p.chat_template_kwargs) == {"enable_thinking": False} and p.stop == ("END", "STOP")
     assert dict(cfg.aliases) == {"coder": "smollm2@qwen-coder"} and cfg.source == str(tree / "gmlx.yaml")
 
 
@@ -108,6 +109,8 @@ def test_prompt_cache_bound_defaults_parses_and_reaches_engines(tree: Path) -> N
     (("    intent: coding", "    intent: poetry"), "profiles.qwen-coder.intent", "expected one of"),
     (("    top_k: 20", "    top_k: 2.5"), "profiles.qwen-coder.top_k", "expected int"),
     (("    top_k: 20", "    topk: 20"), "profiles.qwen-coder.topk", "unknown key"),
+    (('    stop: ["END", "STOP"]', '    stop: "END"'), "profiles.qwen-coder.stop", "list of non-empty"),
+    (('    stop: ["END", "STOP"]', '    stop: [""]'), "profiles.qwen-coder.stop", "list of non-empty"),
     (("  coder: smollm2@qwen-coder", "  coder: ghost"), "aliases.coder", "not a model id"),
     (("  default_model: smollm2", "  default_model: ghost"), "server.default_model", "unknown model"),
     (("  embeddings: null", "  speech: null"), "services.speech", "unknown key"),
