@@ -52,7 +52,9 @@ def run_launch(args: argparse.Namespace) -> int:
         return e.code
     for path in inv.wrote:
         print(f"gmlx launch: wrote {path}", file=sys.stderr)
-    print(f"gmlx launch: {' '.join(inv.argv)} ({'; '.join(inv.notes)})", file=sys.stderr)
+    print(f"gmlx launch: {' '.join(inv.argv)} ({inv.notes[0]})", file=sys.stderr)
+    for note in inv.notes[1:]:
+        print(f"gmlx launch: note: {note}", file=sys.stderr)
     if args.dry_run:
         return 0
     binary = shutil.which(inv.argv[0], path=inv.env.get("PATH")) or inv.argv[0]

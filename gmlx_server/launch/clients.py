@@ -12,6 +12,7 @@ from typing import Any
 from gmlx_server.launch.server import ModelTarget
 
 LOCAL_KEY = "gmlx-local"  # harnesses insist on a key; a keyless server ignores it
+PI_DEFAULT_RESERVE = 16_384  # pi's compaction.reserveTokens default (docs/compaction.md)
 
 
 @dataclass(frozen=True)
@@ -70,8 +71,22 @@ def pi(url: str, key: str | None, t: ModelTarget, args: list[str], env: Mapping[
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(data, indent=2) + "\n")
     os.replace(tmp, path)  # atomic: pi reloads the file while it runs
-    return Invocation(["pi", "--provider", "gmlx", "--model", t.requested, *args], dict(env), [path],
-                      [f"context window {t.context_window}, max output {t.max_output} tokens"])
+    notes = [f"context window {t.context_window}, max output {t.max_output} tokens"]
+    reserve = pi_compaction_reserve(path.parent / "settings.json")
+    if reserve > t.context_window // 2:
+        # Global to pi, so advised rather than written: lowering it would shrink cloud models' summaries too.
+        notes.append(f"pi's compaction.reserveTokens ({reserve}) leaves this window no room: pi will compact "
+                     f"after every turn and ask {int(0.8 * reserve)} output tokens for the summary; set it to "
+                     f"{t.max_output} in {path.parent / 'settings.json'}, or serve with --clamp-max-tokens")
+    return Invocation(["pi", "--provider", "gmlx", "--model", t.requested, *args], dict(env), [path], notes)
+
+
+def pi_compaction_reserve(settings: Path) -> int:
+    try:
+        value = json.loads(settings.read_text()).get("compaction", {}).get("reserveTokens")
+    except (OSError, ValueError, AttributeError):
+        value = None
+    return int(value) if isinstance(value, int) else PI_DEFAULT_RESERVE
 
 
 CLIENTS: dict[str, Client] = {
