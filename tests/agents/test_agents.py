@@ -1,0 +1,117 @@
+"""Real agent harnesses (npm's Claude Code and pi, installed by scripts/install_agents.sh) against a real
+`gmlx serve` with real models, each in its non-interactive mode and bounded in time.
+
+- pi, started through `gmlx launch` (which writes a max output that fits), answers on SmolLM2 with the
+  clamp off.
+- Claude Code on Gemma 3 270M (32k window) asks max_tokens 32000 beside a ~3k-token prompt: with the
+  clamp on it answers; with it off it reports the overflow through its own "Prompt is too long"
+  handling. The test model is a base model that never ends a turn, so its profile stops at a line break.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import gemma_path
+from tests.e2e.server import ROOT, LiveServer, gmlx_serve
+
+pytestmark = pytest.mark.slow
+CLIENTS = Path(__file__).parent / "node_modules" / ".bin"
+RUN_S = 420  # one client run, prefill of Claude Code's prompt on 2 CPU cores included
+CRASH = re.compile(r"TypeError|ReferenceError|Unhandled|\n\s+at .+\(.+:\d+:\d+\)")
+
+
+def client_bin(name: str) -> Path:
+    path = CLIENTS / name
+    if not path.exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"{path} missing: scripts/install_agents.sh should have installed it")
+        pytest.skip(f"{name} is not installed: bash scripts/install_agents.sh")
+    return path
+
+
+def client_env(home: Path, **extra: str) -> dict[str, str]:
+    """A clean home, no cloud keys, nothing but loopback for the clients to reach."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "OPENAI_", "CLAUDE_"))}
+    return {**env, "HOME": str(home), "PATH": f"{CLIENTS}:{Path(sys.executable).parent}:{env['PATH']}",
+            "PI_OFFLINE": "1", "DISABLE_TELEMETRY": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            "DISABLE_AUTOUPDATER": "1", **extra}
+
+
+def run(cmd: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=RUN_S,
+                          stdin=subprocess.DEVNULL)
+
+
+def test_pi_through_gmlx_launch_answers_on_smollm2_with_the_clamp_off(tmp_path: Path) -> None:
+    client_bin("pi")
+    work = tmp_path / "work"
+    work.mkdir()
+    with gmlx_serve([], tmp_path) as server:
+        env = client_env(tmp_path / "home")
+        cmd = [sys.executable, "-m", "gmlx_server.cli", "launch", "pi", "--model", "smollm2", "--url",
+               server.base_url, "--", "--no-session", "-p", "Say hi in one short sentence."]
+        proc = run(cmd, env, work)
+        log = server.log()
+    assert proc.returncode == 0, proc.stderr + log[-3000:]
+    assert "max output 2048 tokens" in proc.stderr  # a quarter of SmolLM2's 8192-token window
+    assert proc.stdout.strip() and not CRASH.search(proc.stdout + proc.stderr)
+    assert '"POST /v1/chat/completions HTTP/1.1" 200' in log and "clamped" not in log
+    assert (tmp_path / "home" / ".pi" / "agent" / "models.json").is_file()
+
+
+@pytest.fixture(scope="module")
+def gemma_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """One Gemma GGUF under two ids: `gemma` with the clamp on, `gemma-strict` with the spec's 400."""
+    d = tmp_path_factory.mktemp("gemma")
+    config = d / "gmlx.yaml"
+    config.write_text(
+        "server: {decode_batch: 1}\n"
+        "models:\n"
+        f"  gemma: {{path: {gemma_path()}, profile: oneline, clamp_max_tokens: true}}\n"
+        f"  gemma-strict: {{path: {gemma_path()}, profile: oneline}}\n"
+        "profiles:\n"
+        '  oneline: {stop: ["\\n"], seed: 1}\n')
+    with gmlx_serve(["--config", str(config)], d) as server:
+        yield server
+
+
+def claude(server: LiveServer, model: str, home: Path) -> subprocess.CompletedProcess[str]:
+    work = home / "work"
+    work.mkdir(parents=True)
+    env = client_env(home, ANTHROPIC_BASE_URL=server.base_url, ANTHROPIC_API_KEY="gmlx-test")
+    return run([str(client_bin("claude")), "-p", "say hi", "--model", model], env, work)
+
+
+def test_claude_code_answers_on_gemma_with_the_clamp_on(gemma_server: LiveServer, tmp_path: Path) -> None:
+    proc = claude(gemma_server, "gemma", tmp_path)
+    log = gemma_server.log()
+    assert proc.returncode == 0, proc.stdout + proc.stderr + log[-3000:]
+    assert proc.stdout.strip() and not CRASH.search(proc.stdout + proc.stderr)
+    clamp = re.search(r"max_tokens 32000 clamped to (\d+) \((\d+) prompt tokens, context window 32768", log)
+    assert clamp is not None, log[-3000:]
+    assert int(clamp.group(1)) + int(clamp.group(2)) == 32768 and int(clamp.group(2)) > 1000
+    assert '"POST /v1/messages?beta=true HTTP/1.1" 200' in log
+
+
+def test_claude_code_reports_the_overflow_itself_with_the_clamp_off(gemma_server: LiveServer,
+                                                                    tmp_path: Path) -> None:
+    proc = claude(gemma_server, "gemma-strict", tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Prompt is too long" in out, out  # Claude Code's own wording
+    assert not CRASH.search(out)
+    assert '"POST /v1/messages?beta=true HTTP/1.1" 400' in gemma_server.log()
+
+
+def test_the_clients_are_the_pinned_versions() -> None:
+    for name, version in (("claude", "2.1.197"), ("pi", "0.73.1")):
+        out = subprocess.run([str(client_bin(name)), "--version"], capture_output=True, text=True, timeout=60,
+                             cwd=ROOT, env=client_env(Path("/nonexistent")))
+        assert version in out.stdout + out.stderr
