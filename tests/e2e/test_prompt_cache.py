@@ -88,18 +88,18 @@ SYSTEM = "You are a lighthouse keeper's assistant. " + " ".join(
     f"Rule {i}: log the lamp, the weather and ship {i} at every watch." for i in range(45))  # past the window
 
 
-def _chat(s: LiveServer, messages: list[dict[str, str]]) -> tuple[str, int]:
+def _chat(s: LiveServer, messages: list[dict[str, str]], model: str = "gemma") -> tuple[str, int]:
     r = httpx.post(s.v1 + "/chat/completions", timeout=600, json={
-        "model": "gemma", "messages": messages, "max_tokens": N, "temperature": 0})
+        "model": model, "messages": messages, "max_tokens": N, "temperature": 0})
     r.raise_for_status()
     body = r.json()
     return body["choices"][0]["message"]["content"], body["usage"]["prompt_tokens_details"]["cached_tokens"]
 
 
-def _tier_of(s: LiveServer, messages: list[dict[str, str]]) -> tuple[str, str, int]:
+def _tier_of(s: LiveServer, messages: list[dict[str, str]], model: str = "gemma") -> tuple[str, str, int]:
     """(the tier this request hit, its greedy text, its cached tokens), from the stats' hit counts."""
     before = httpx.get(s.v1 + "/cache/stats").json().get("hits", {})  # {"enabled": false} before the load
-    text, cached = _chat(s, messages)
+    text, cached = _chat(s, messages, model)
     after = httpx.get(s.v1 + "/cache/stats").json()["hits"]
     hit = [t for t in after if after[t] > before.get(t, 0)]
     return (hit[0] if hit else "miss"), text, cached
@@ -126,4 +126,24 @@ def test_follow_up_turns_hit_ckpt_and_anchor_through_http_and_match_cold_gemma(t
             httpx.post(s.v1 + "/cache/reset", json={}).raise_for_status()
             cold.append(_tier_of(s, m))
         assert [c[0] for c in cold] == ["miss"] * 3
+        assert [w[1] for w in warm] == [c[1] for c in cold]  # greedy output identical with and without a hit
+
+
+def test_anchor_and_prefix_hits_through_http_match_cold_smollm2(tmp_path: Path) -> None:
+    """SmolLM2 has no sliding window: a follow-up reuses the stored prompt, a new conversation the anchor."""
+    with gmlx_serve([], tmp_path) as s:
+        def chat(m: list[dict[str, str]]) -> tuple[str, str, int]:
+            return _tier_of(s, m, "smollm2")
+
+        first = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What happened at dawn?"}]
+        assert chat(first)[0] == "miss"
+        turn = [*first, {"role": "assistant", "content": "The lamp was lit."}, {"role": "user", "content": "Dusk?"}]
+        other = [first[0], {"role": "user", "content": "Describe the lamp."}]
+        warm = [chat(m) for m in (turn, other)]
+        assert warm[0][0] != "miss" and warm[1][0] == "anchor" and warm[0][2] > warm[1][2] > 500
+        cold = []
+        for m in (turn, other):
+            httpx.post(s.v1 + "/cache/reset", json={}).raise_for_status()
+            cold.append(chat(m))
+        assert [c[0] for c in cold] == ["miss"] * 2
         assert [w[1] for w in warm] == [c[1] for c in cold]  # greedy output identical with and without a hit
