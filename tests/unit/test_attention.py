@@ -1,0 +1,160 @@
+"""The CPU attention path against mx.fast.scaled_dot_product_attention: every mask mlx-vlm passes, the
+fallbacks, and (slow) real models' logits and greedy tokens with and without it installed."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import mlx.core as mx
+import pytest
+
+from gmlx_server.engine.arch import make_cache
+from gmlx_server.engine.attention import cpu_attention, cpu_attention_installed, install_cpu_attention, supported
+from gmlx_server.engine.loader import load_gguf_model
+from tests.conftest import gemma_path, smollm2_path
+
+TOL = 1e-5
+
+
+def _qkv(B: int, H: int, Hk: int, L: int, S: int, D: int) -> tuple[mx.array, mx.array, mx.array]:
+    mx.random.seed(B * 1000 + H * 100 + L + S + D)
+    # Keys sliced from a longer buffer, as KVCache hands them back; scores large enough to be peaked.
+    kbuf, vbuf = mx.random.normal((B, Hk, S + 37, D)) * 2, mx.random.normal((B, Hk, S + 37, D))
+    return mx.random.normal((B, H, L, D)) * 2, kbuf[..., :S, :], vbuf[..., :S, :]
+
+
+def _check(q: mx.array, k: mx.array, v: mx.array, mask: Any) -> None:
+    assert supported(q, k, None, mask, None)
+    scale = q.shape[-1] ** -0.5  # as the models scale
+    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+    got = cpu_attention(q, k, v, scale, mask)
+    assert got.shape == want.shape
+    assert mx.abs(got - want).max().item() < TOL
+
+
+@pytest.mark.parametrize(("H", "Hk", "D"), [(9, 3, 64), (4, 1, 256), (4, 4, 32)])
+@pytest.mark.parametrize(("L", "S"), [(1, 1), (1, 300), (7, 7), (16, 300)])
+def test_matches_sdpa_unmasked_and_causal(H: int, Hk: int, D: int, L: int, S: int) -> None:
+    q, k, v = _qkv(1, H, Hk, L, S, D)
+    _check(q, k, v, None)
+    _check(q, k, v, "causal")
+
+
+def test_matches_sdpa_sliding_window_masks() -> None:
+    q, k, v = _qkv(1, 4, 1, 12, 40, 64)
+    rows, cols = mx.arange(28, 40)[:, None], mx.arange(40)[None]
+    _check(q, k, v, (rows >= cols) & (rows < cols + 16))  # (L, S), as create_causal_mask with a window
+    q1, k1, v1 = _qkv(1, 4, 1, 1, 40, 64)
+    _check(q1, k1, v1, mx.roll(mx.arange(40) >= 8, 5))  # (S,), as RotatingKVCache's decode mask
+
+
+def test_matches_sdpa_batched_left_padding_and_head_masks() -> None:
+    q, k, v = _qkv(2, 9, 3, 5, 20, 64)
+    pad = mx.array([0, 12])  # row 1's first 12 keys are padding: its first queries see no key at all
+    allowed = (mx.arange(15, 20)[:, None] >= mx.arange(20)[None]) & (mx.arange(20)[None] >= pad[:, None, None])
+    _check(q, k, v, allowed[:, None])  # (B, 1, L, S), as BatchKVCache
+    per_head = mx.random.uniform(shape=(2, 9, 5, 20)) > 0.3
+    _check(q, k, v, per_head)  # (B, H, L, S)
+    _check(q, k, v, mx.where(allowed[:, None], 0.0, -1e9) + mx.random.normal((2, 9, 5, 20)))  # additive
+
+
+def test_unsupported_inputs_keep_mlx_vlm_path() -> None:
+    q, k, _ = _qkv(1, 9, 3, 4, 10, 64)
+
+    class Quantized:
+        bits = 8
+
+    assert not supported(q, k, None, None, mx.zeros((9,)))  # sinks
+    assert not supported(q, k, Quantized(), None, None)
+    assert not supported(q.astype(mx.float16), k.astype(mx.float16), None, None, None)
+    assert not supported(q, k, None, mx.ones((1, 4, 10), mx.bool_), None)  # 3-D: which axis is which?
+    assert not supported(q, (k, k, k), None, None, None)
+
+
+def test_install_is_idempotent_and_reversible() -> None:
+    import mlx_vlm.models.qwen2.language as lang
+    from mlx_vlm.models.base import scaled_dot_product_attention as original
+
+    was = cpu_attention_installed("qwen2")
+    try:
+        install_cpu_attention("qwen2")
+        install_cpu_attention("qwen2")
+        assert cpu_attention_installed("qwen2") and lang.scaled_dot_product_attention is not original
+        install_cpu_attention("qwen2", enabled=False)
+        assert lang.scaled_dot_product_attention is original
+    finally:
+        install_cpu_attention("qwen2", enabled=was)
+
+
+# --- real models (slow): the model's own forward with mx.fast's attention, ours, and a float64 one ---
+
+# Gemma 3's logits move by up to ~4e-4 for any change in attention rounding: mx.fast's own differ that much
+# from a float64 attention's. So Gemma is held to 1e-3, and to being no farther from float64 than mx.fast.
+LOGIT_TOL = {"smollm2": 1e-4, "gemma": 1e-3}
+
+
+def _float64_attention(queries: mx.array, keys: Any, values: Any, cache: Any, scale: float, mask: Any,
+                       sinks: Any = None) -> mx.array:
+    f64 = [x.astype(mx.float64) for x in (queries, keys, values)]
+    return cpu_attention(*f64, scale, mask).astype(queries.dtype)
+
+
+@contextmanager
+def _attention(module: str, how: str) -> Iterator[None]:
+    """how: "mx.fast" (mlx-vlm's own), "gmlx" (installed) or "float64"."""
+    lang = importlib.import_module(f"mlx_vlm.models.{module}.language")
+    was, saved = cpu_attention_installed(module), lang.scaled_dot_product_attention
+    install_cpu_attention(module, how == "gmlx")
+    if how == "float64":
+        lang.scaled_dot_product_attention = _float64_attention
+    try:
+        yield
+    finally:
+        lang.scaled_dot_product_attention = saved
+        install_cpu_attention(module, was)
+
+
+def _logits_and_greedy(model: Any, ids: list[int], chunk: int, new: int) -> tuple[mx.array, list[int]]:
+    """Chunked prefill through the model's caches (Gemma: rotating sliding-window ones), then greedy."""
+    cache, rows = make_cache(model), []
+    for s in range(0, len(ids), chunk):
+        rows.append(model(mx.array([ids[s:s + chunk]]), cache=cache).logits[0])
+    logits, out = mx.concatenate(rows), []
+    nxt = int(mx.argmax(logits[-1]).item())
+    for _ in range(new):
+        out.append(nxt)
+        nxt = int(mx.argmax(model(mx.array([[nxt]]), cache=cache).logits[0, -1]).item())
+    return logits, out
+
+
+def _runs(loaded: Any, ids: list[int]) -> dict[str, tuple[mx.array, list[int], mx.array | None]]:
+    """Per attention: chunked logits, greedy ids, and (not for float64) logits of one uncached forward."""
+    out = {}
+    for how in ("mx.fast", "gmlx", "float64"):
+        with _attention(loaded.spec.module, how):
+            logits, greedy = _logits_and_greedy(loaded.model, ids, 300, 12 if how != "float64" else 0)
+            # No cache: Gemma's sliding layers then get an (L, L) window mask array.
+            whole = loaded.model(mx.array([ids])).logits[0] if how != "float64" else None
+        out[how] = (logits, greedy, whole)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["smollm2", "gemma"])
+def test_real_model_logits_and_greedy_unchanged(which: str) -> None:
+    loaded = load_gguf_model(smollm2_path() if which == "smollm2" else gemma_path())
+    assert cpu_attention_installed(loaded.spec.module)  # the loader installs it on the CPU device
+    text = " ".join(f"Line {i}: the pump at station {i % 11} read {i * 37 % 101} kPa." for i in range(60))
+    ids = loaded.tokenizer.encode(text)[:700]
+    assert len(ids) == 700 and (loaded.info.sliding_window or 0) < 700  # longer than Gemma's 512 window
+    runs = _runs(loaded, ids)
+    (fast, fast_ids, fast_whole), (ours, our_ids, our_whole), (f64, _, _) = runs.values()
+    diff = {"chunked": mx.abs(ours - fast).max().item(), "uncached": mx.abs(our_whole - fast_whole).max().item(),
+            "mx.fast-f64": mx.abs(fast - f64).max().item(), "gmlx-f64": mx.abs(ours - f64).max().item()}
+    print(which, {k: f"{v:.1e}" for k, v in diff.items()})
+    assert max(diff["chunked"], diff["uncached"]) < LOGIT_TOL[which]
+    assert diff["gmlx-f64"] <= diff["mx.fast-f64"] * 1.5 + 1e-5
+    assert our_ids == fast_ids
