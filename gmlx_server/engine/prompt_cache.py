@@ -54,7 +54,7 @@ def block_hashes(tokens: Sequence[int], block: int = BLOCK) -> list[int]:
     return out
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:
@@ -120,7 +120,7 @@ class PromptCache:
             owners = self._blocks.get(h)
             if owners:
                 entry = self._entries[next(reversed(owners))]  # the most recently stored
-                use = min(_common_prefix(entry.tokens, prompt), limit)
+                use = min(common_prefix(entry.tokens, prompt), limit)
                 if use > 0:
                     return Hit(entry, use, self._tier(entry, prompt, use))
         return None

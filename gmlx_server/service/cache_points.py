@@ -20,6 +20,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypedDict
 
+from gmlx_server.engine.prompt_cache import common_prefix
 from gmlx_server.engine.types import ChatTemplate, Engine
 from gmlx_server.service.addressing import Settings
 from gmlx_server.service.cache_stats import engine_cache_stats
@@ -46,14 +47,6 @@ class CacheHints(TypedDict):
 NO_HINTS = CacheHints(cache_boundaries=(), cache_anchor=None)
 _memo: OrderedDict[tuple[int, str], list[int]] = OrderedDict()
 _memo_lock = threading.Lock()  # probes of long prompts run in threads
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def position(messages: Sequence[Message], probe: int, render: Render, encode: Encode, ids: Sequence[int],
