@@ -45,12 +45,34 @@ class CacheHints(TypedDict):
 
 
 NO_HINTS = CacheHints(cache_boundaries=(), cache_anchor=None)
-_memo: OrderedDict[tuple[int, str], list[int]] = OrderedDict()
-_memo_lock = threading.Lock()  # probes of long prompts run in threads
+
+
+class TokenMemo:
+    """The anchor prefix's tokens per (tokenizer, text): one per model host, shared by its requests.
+
+    A stale entry can only shorten a position: positions are common prefixes with the real ids."""
+
+    def __init__(self, size: int = _MEMO_SIZE) -> None:
+        self.size = size
+        self._entries: OrderedDict[tuple[int, str], list[int]] = OrderedDict()
+        self._lock = threading.Lock()  # probes of long prompts run in threads
+
+    def encode(self, owner: int, text: str, encode: Encode) -> list[int]:
+        key = (owner, text)
+        with self._lock:
+            if key in self._entries:
+                self._entries.move_to_end(key)
+                return self._entries[key]
+        ids = encode(text)
+        with self._lock:
+            self._entries[key] = ids
+            if len(self._entries) > self.size:
+                self._entries.popitem(last=False)
+        return ids
 
 
 def position(messages: Sequence[Message], probe: int, render: Render, encode: Encode, ids: Sequence[int],
-             memo_key: int | None = None) -> int | None:
+             memo: tuple[TokenMemo, int] | None = None) -> int | None:
     """Tokens of `ids` that precede message `probe`'s content; None when the template hides the marker."""
     probed = [*messages[:probe], {**messages[probe], "content": MARK}] if probe < len(messages) else [
         *messages, {"role": "user", "content": MARK}]
@@ -61,32 +83,17 @@ def position(messages: Sequence[Message], probe: int, render: Render, encode: En
     cut = text.find(MARK)
     if cut <= 0:
         return None
-    n = common_prefix(_encode(text[:cut], encode, memo_key), ids)
+    head = memo[0].encode(memo[1], text[:cut], encode) if memo is not None else encode(text[:cut])
+    n = common_prefix(head, ids)
     return n if 0 < n < len(ids) else None
 
 
-def _encode(text: str, encode: Encode, memo_key: int | None) -> list[int]:
-    if memo_key is None:
-        return encode(text)
-    key = (memo_key, text)
-    with _memo_lock:
-        if key in _memo:
-            _memo.move_to_end(key)
-            return _memo[key]
-    ids = encode(text)
-    with _memo_lock:
-        _memo[key] = ids
-        if len(_memo) > _MEMO_SIZE:
-            _memo.popitem(last=False)
-    return ids
-
-
 def cache_hints(messages: Sequence[Message], render: Render, encode: Encode, ids: Sequence[int], *,
-                shared_prefix: bool, window: int | None, memo_key: int | None = None) -> CacheHints:
+                shared_prefix: bool, window: int | None, memo: tuple[TokenMemo, int] | None = None) -> CacheHints:
     """The anchor (only when there is a system/tools prefix to share) and, for a sliding-window model
     whose prompt outgrows its window, the end of the conversation before the newest user/tool turn."""
     first = next((i for i, m in enumerate(messages) if m.get("role") not in PREFIX_ROLES), len(messages))
-    anchor = position(messages, first, render, encode, ids, memo_key) if shared_prefix else None
+    anchor = position(messages, first, render, encode, ids, memo) if shared_prefix else None
     boundaries: set[int] = set()
     if window is not None and len(ids) > window:  # shorter prompts stay trimmable: the block tier covers them
         newest = _newest_turn(messages)
@@ -117,7 +124,7 @@ class _WithMessages:
 
 
 async def request_hints(inp: Any, settings: Settings, engine: Engine, ids: Sequence[int],
-                        render_chat: ChatRenderer) -> CacheHints:
+                        render_chat: ChatRenderer, memo: TokenMemo | None = None) -> CacheHints:
     """generate.py's entry: probes rendered through the request's own path (profile system prompt,
     tools, template variables), so they agree with the prompt it rendered."""
     if inp.prompt is not None or not engine_cache_stats(engine).get("enabled"):  # no messages, or no cache
@@ -133,6 +140,7 @@ async def request_hints(inp: Any, settings: Settings, engine: Engine, ids: Seque
         shared = bool(settings.system or (inp.tools and inp.tool_choice != "none")
                       or any(m.get("role") in PREFIX_ROLES for m in inp.messages))
         return cache_hints(inp.messages, render, encode, ids, shared_prefix=shared,
-                           window=engine.info.sliding_window, memo_key=id(engine.tokenizer))
+                           window=engine.info.sliding_window,
+                           memo=(memo, id(engine.tokenizer)) if memo is not None else None)
 
     return await asyncio.to_thread(hints) if len(ids) > OFF_LOOP_TOKENS else hints()

@@ -212,7 +212,7 @@ async def start_generation(host: ModelHost, inp: GenerationInput, request_id: st
         stop=with_profile_stop(inp.stop_strings(engine.template), settings.stop),
         logprobs=inp.logprobs, top_logprobs=min(inp.top_logprobs, host.env.top_logprobs_k),
         thinking=thinking, starts_in_thinking=opened, grammar=inp.grammar,
-        **await request_hints(inp, settings, engine, ids, render_chat),  # prompt-cache snapshot points
+        **await request_hints(inp, settings, engine, ids, render_chat, host.token_memo),  # prompt-cache points
     )
     pinned = inp.max_tokens if cap.requested is None else max_tokens
     host.capacity.preflight(prompt.model_id, len(ids), pinned)  # memory 400 before any prefill

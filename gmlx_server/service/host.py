@@ -20,6 +20,7 @@ from gmlx_server.engine.types import Engine
 from gmlx_server.errors import GmlxError, ModelNotFound
 from gmlx_server.service.addressing import Catalog
 from gmlx_server.service.admission import Admission
+from gmlx_server.service.cache_points import TokenMemo
 from gmlx_server.service.capacity import CapacityService
 from gmlx_server.service.governor import Governor
 from gmlx_server.service.hf_policy import local_entry
@@ -59,6 +60,7 @@ class ModelHost:
         self._load_lock = asyncio.Lock()  # loads, unloads and reloads, one at a time: the gate's view holds
         self._context: dict[str, int | None] = {}  # model id -> trained context length (GGUF header)
         self.telemetry = Telemetry()
+        self.token_memo = TokenMemo()  # the prompt cache's anchor probes, per host
         self.admission = Admission(config.env, self.telemetry)
         self.governor = Governor(config.env.governor, self._read_memory)
         self.capacity = CapacityService(config)

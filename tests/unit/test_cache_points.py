@@ -154,3 +154,21 @@ def test_real_points_are_shared_by_every_conversation_that_shares_those_messages
     assert hints["cache_anchor"] <= common_prefix(ids, _ids(which, [msgs[0], {"role": "user", "content": other}]))
     edited = [*msgs[:-1], {"role": "user", "content": other + " then"}]
     assert max(hints["cache_boundaries"]) <= common_prefix(ids, _ids(which, edited))
+
+
+def test_token_memo_reuses_tokenizations_per_owner_and_stays_bounded() -> None:
+    from gmlx_server.service.cache_points import TokenMemo
+
+    calls: list[str] = []
+
+    def encode(text: str) -> list[int]:
+        calls.append(text)
+        return [len(text)]
+
+    memo = TokenMemo(size=2)
+    assert memo.encode(1, "abc", encode) == [3] and memo.encode(1, "abc", encode) == [3]
+    assert calls == ["abc"]  # the second probe of the same prefix is free
+    memo.encode(2, "abc", encode)  # another tokenizer: its own entry
+    memo.encode(1, "de", encode)  # evicts the oldest, (1, "abc")
+    memo.encode(1, "abc", encode)
+    assert calls == ["abc", "abc", "de", "abc"]
