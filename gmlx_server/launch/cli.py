@@ -10,8 +10,7 @@ from typing import Any
 
 from gmlx_server.launch.clients import CLIENTS, Invocation
 from gmlx_server.launch.server import LaunchError, ServerClient
-
-DEFAULT_URL = "http://127.0.0.1:8080"
+from gmlx_top.client import DEFAULT_URL  # the one default address of the client commands
 
 
 def add_launch_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -26,7 +25,7 @@ def add_launch_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-output", type=int, default=None,
                    help="the client's output cap (default: a quarter of the model's window, at most 32000)")
     p.add_argument("--dry-run", action="store_true", help="print what would run instead of running it")
-    p.set_defaults(func=run_launch, passthrough=True)  # what follows -- is the client's (gmlx_server.cli)
+    p.set_defaults(func=run_launch)  # what follows -- is the client's: gmlx_server.cli.split_passthrough
     return p
 
 
