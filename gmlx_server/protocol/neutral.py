@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from gmlx_server.engine.types import TokenEvent
 from gmlx_server.errors import GmlxError
-from gmlx_server.protocol.openai import template_tool_calls
+from gmlx_server.protocol.openai import arguments_value
 
 # (SSE event name, JSON payload); OpenAI streams unnamed events ("") and ends with the raw text [DONE].
 Event = tuple[str, dict[str, Any] | str]
@@ -34,9 +34,9 @@ def tool_function(name: str, description: Any, parameters: Any) -> dict[str, Any
 
 
 def tool_call_entry(call_id: str, name: str, arguments: Any, where: str) -> dict[str, Any]:
-    """An assistant tool call; JSON-string arguments become objects, as templates expect."""
-    raw = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
-    return template_tool_calls([raw], where)[0]
+    """An assistant tool call; JSON-string arguments (`where.arguments`) become objects, as templates expect."""
+    args = arguments_value(arguments, f"{where}.arguments") if isinstance(arguments, str) else arguments
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
 
 
 def _merge(prev: dict[str, Any], cur: Mapping[str, Any]) -> None:

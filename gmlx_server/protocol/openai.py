@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from gmlx_server.engine.types import ChatTemplate
 from gmlx_server.errors import InvalidRequest, UnsupportedFeature
+from gmlx_server.protocol import jsonsafe
 from gmlx_server.protocol import params as p
 from gmlx_server.protocol.tools import tool_format_for
 
@@ -85,17 +86,33 @@ def template_tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
     if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
         raise p.bad(f"{where}.tool_calls", "expected an array of objects")
     out = []
-    for c in calls:
-        fn = dict(c.get("function") or {})
+    for j, c in enumerate(calls):
+        at = f"{where}.tool_calls[{j}].function"
+        given: dict[str, Any] | None = p.nested(p.obj, c, "function", at)
+        fn = dict(given or {})
+        p.nested(p.string, fn, "name", f"{at}.name")
         args = fn.get("arguments")
         if isinstance(args, str):
-            try:
-                parsed = json.loads(args) if args.strip() else {}
-                fn["arguments"] = parsed if isinstance(parsed, dict) else args
-            except ValueError:
-                pass  # keep the string; the template decides
+            fn["arguments"] = arguments_value(args, f"{at}.arguments")
+        elif args is not None and not isinstance(args, dict):
+            raise p.bad(f"{at}.arguments", f"expected a JSON string or an object, got {p.json_type(args)}")
         out.append({**c, "function": fn})
     return out
+
+
+def arguments_value(args: str, where: str) -> dict[str, Any] | str:
+    """JSON-string arguments as an object; text that is not a JSON object stays a string (the template
+    decides), but nesting past the limit or a lone surrogate in it is the client's 400."""
+    if not args.strip():
+        return {}
+    raw = args.encode("utf-8", "surrogatepass")
+    jsonsafe.check_depth(raw, where)
+    try:
+        parsed = json.loads(args)
+    except ValueError:
+        return args
+    jsonsafe.check_unicode(parsed, raw, where)
+    return parsed if isinstance(parsed, dict) else args
 
 
 def _message(i: int, msg: Any) -> dict[str, Any]:

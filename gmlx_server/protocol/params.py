@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from gmlx_server.errors import InvalidRequest
+from gmlx_server.protocol import jsonsafe
 
 if TYPE_CHECKING:  # structured.py loads llguidance and MLX; it is imported when a request needs it
     from gmlx_server.engine.structured import CompiledGrammar
@@ -238,6 +239,9 @@ def structured_format(fmt: Mapping[str, Any] | None, where: str) -> CompiledGram
     output_config.format) compiled now, so a bad one is a 400 naming `where` before generation."""
     if fmt is None:
         return None
+    if jsonsafe.depth_of(fmt) > jsonsafe.MAX_SCHEMA_DEPTH:  # the schema checkers recurse per level
+        raise InvalidRequest(f"'{where}': nested deeper than {jsonsafe.MAX_SCHEMA_DEPTH} levels of arrays and "
+                             "objects (the limit for a JSON schema)", param=where, code="json_too_deep")
     from gmlx_server.engine.structured import StructuredOutputError, compile_response_format
 
     try:

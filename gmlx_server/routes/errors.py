@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -47,4 +48,11 @@ async def handle_error(req: falcon.asgi.Request, resp: falcon.asgi.Response | No
     resp.status = err.status
     for k, v in err.headers.items():
         resp.set_header(k, v)
-    resp.media = error_body(err, anthropic=is_anthropic(req.path))
+    resp.content_type = falcon.MEDIA_JSON
+    resp.data = render(error_body(err, anthropic=is_anthropic(req.path)))
+
+
+def render(body: dict[str, Any]) -> bytes:
+    """JSON that cannot fail to encode: a lone surrogate in a message (an echoed model name) is written
+    as its \\uXXXX escape, a value JSON cannot hold as its str()."""
+    return json.dumps(body, ensure_ascii=False, default=str).encode("utf-8", "backslashreplace")
