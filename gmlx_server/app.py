@@ -17,6 +17,7 @@ from gmlx_server.routes.capacity import CapacityPlan, Estimate
 from gmlx_server.routes.common import ApiKeyMiddleware, GmlxRequest, JsonBodyMiddleware
 from gmlx_server.routes.errors import handle_error
 from gmlx_server.routes.generation import ChatCompletions, Completions
+from gmlx_server.routes.guard import RequestGuard
 from gmlx_server.routes.health import Health
 from gmlx_server.routes.messages import CountTokens, Messages
 from gmlx_server.routes.metrics import Metrics
@@ -29,6 +30,7 @@ from gmlx_server.service.estimate import Estimator
 from gmlx_server.service.host import EngineFactory, ModelHost
 from gmlx_server.service.prometheus import make_registry
 from gmlx_server.service.snapshot import Snapshotter
+from gmlx_server.web_policy import HostPolicy, OriginPolicy
 
 GmlxApp = falcon.asgi.App[GmlxRequest, falcon.asgi.Response]
 log = logging.getLogger("gmlx.app")
@@ -91,7 +93,7 @@ def _routes(host: ModelHost, config: ServerConfig) -> list[tuple[str, object]]:
         ("/v1/models", models),
         ("/models", models),
         ("/v1/models/{model_id:path}", Model(host)),
-        ("/health", Health(host)),
+        ("/health", Health(host, key_required=bool(config.server.api_key))),
         ("/v1/estimate", Estimate(estimator)),
         ("/v1/capacity/plan", CapacityPlan(estimator)),
         ("/v1/metrics", metrics),
@@ -113,9 +115,11 @@ def create_app(
     """The ASGI app. Engines are created lazily, on a model's first request, by `engine_factory`
     (default: gmlx_server.engine.factory.create_engine). Pass `host` to share or inspect it."""
     host = host if host is not None else ModelHost(config, engine_factory)
-    middleware: list[Any] = [Lifespan(host), JsonBodyMiddleware(config.env.max_body_bytes)]
+    middleware: list[Any] = [Lifespan(host), JsonBodyMiddleware(config.env.max_body_bytes, config.env.body_timeout_s)]
     if config.server.api_key:
         middleware.insert(0, ApiKeyMiddleware(config.server.api_key))
+    guard = RequestGuard(OriginPolicy(config.server.allowed_origins), HostPolicy(config.server.allowed_hosts))
+    middleware.insert(0, guard)  # first: a preflight carries no key, a refused page gets no further
     app = falcon.asgi.App(middleware=middleware, request_type=GmlxRequest)
     for path, resource in _routes(host, config):
         app.add_route(path, resource)

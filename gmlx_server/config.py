@@ -11,7 +11,7 @@ import importlib.util
 import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
@@ -21,9 +21,12 @@ import yaml
 
 from gmlx_server.engine.types import SamplingParams
 from gmlx_server.hf_cache import looks_like_repo_id, resolve_file, split_hf_ref
+from gmlx_server.web_policy import host_list, origin_list, split_list
 
 BUILTIN_INTENTS = ("chat", "coding", "creative", "precise")
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024  # room for base64 images in vision messages
+SECRET_KEYS = frozenset({"api_key"})  # config errors name these keys but never show their values
+_ListCheck = Callable[[list[str]], tuple[str, ...]]  # normalizes a list or raises ValueError
 DEFAULT_MODEL_ID = "smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 WeightsLayout = Literal["auto", "packed", "dense"]
@@ -57,6 +60,10 @@ class RuntimeEnv:
     preflight_mem: bool = True
     governor: bool = True
     top_logprobs_k: int = 0
+    allowed_origins: tuple[str, ...] | None = None  # GMLX_ALLOWED_ORIGINS: overrides server.allowed_origins
+    allowed_hosts: tuple[str, ...] | None = None  # GMLX_ALLOWED_HOSTS: overrides server.allowed_hosts
+    body_timeout_s: float = 60.0  # a request body must arrive within this (408 after)
+    header_timeout_s: float = 20.0  # a request line + headers must arrive within this (`gmlx serve`)
     hf_hub_cache: str | None = None  # HF_HUB_CACHE, else HF_HOME/hub; None = the default under ~/.cache
 
 
@@ -115,6 +122,8 @@ class ServerSettings:
     memory_budget: int | None = None  # None = auto (measured)
     prompt_cache_bytes: int = 512 << 20  # per resident model; 0 disables the prompt cache
     clamp_max_tokens: bool = False  # lower an oversized max_tokens to what the window leaves (opt-in)
+    allowed_origins: tuple[str, ...] = ()  # browser origins beside the loopback ones ("*": any)
+    allowed_hosts: tuple[str, ...] = ()  # Host names beside localhost and IP literals ("*": no check)
 
 
 @dataclass(frozen=True)
@@ -176,8 +185,22 @@ def read_env(environ: Mapping[str, str] | None = None) -> RuntimeEnv:
         governor=pick(_env_value(e, "GMLX_GOVERNOR", bool), d.governor),
         clamp_max_tokens=_env_value(e, "GMLX_CLAMP_MAX_TOKENS", bool),
         top_logprobs_k=pick(top_k, d.top_logprobs_k),
+        allowed_origins=_env_list(e, "GMLX_ALLOWED_ORIGINS", origin_list),
+        allowed_hosts=_env_list(e, "GMLX_ALLOWED_HOSTS", host_list),
+        body_timeout_s=pick(_env_value(e, "GMLX_BODY_TIMEOUT_S", float, 0.001), d.body_timeout_s),
+        header_timeout_s=pick(_env_value(e, "GMLX_HEADER_TIMEOUT_S", float, 0.001), d.header_timeout_s),
         hf_hub_cache=_hf_hub_cache(e),
     )
+
+
+def _env_list(e: Mapping[str, str], name: str, check: _ListCheck) -> tuple[str, ...] | None:
+    raw = e.get(name)
+    if raw is None or not raw.strip():
+        return None
+    try:
+        return check(split_list(raw))
+    except ValueError as err:
+        raise ConfigError("environment", name, str(err)) from None
 
 
 def _hf_hub_cache(e: Mapping[str, str]) -> str | None:
@@ -226,7 +249,8 @@ class _Checker:
             return default
         ok = isinstance(v, _KINDS[kind]) and not (kind in ("int", "number") and isinstance(v, bool))
         if not ok:
-            raise self.fail(f"{key}.{name}", f"expected {kind}, got {type(v).__name__} ({v!r})")
+            shown = "" if name in SECRET_KEYS else f" ({v!r})"
+            raise self.fail(f"{key}.{name}", f"expected {kind}, got {type(v).__name__}{shown}")
         if kind in ("int", "number") and v < 0:
             raise self.fail(f"{key}.{name}", f"must not be negative, got {v}")
         return v
@@ -261,7 +285,7 @@ class _Checker:
 _SERVER_KINDS = {
     "host": "str", "port": "int", "api_key": "str", "default_model": "str", "models_dir": "str",
     "hf_cache": "bool", "idle_timeout_s": "number", "decode_batch": "int", "memory_budget": "any",
-    "prompt_cache_bytes": "any", "clamp_max_tokens": "bool",
+    "prompt_cache_bytes": "any", "clamp_max_tokens": "bool", "allowed_origins": "any", "allowed_hosts": "any",
 }
 _MODEL_KINDS = {
     "path": "str", "profile": "str", "max_kv_size": "int", "pinned": "bool", "mmproj": "str",
@@ -310,7 +334,19 @@ def _server(c: _Checker, raw: Any) -> ServerSettings:
     if kw["models_dir"] is not None:
         kw["models_dir"] = c.path(kw["models_dir"], "server.models_dir", Path(c.source).parent)
     kw["idle_timeout_s"] = float(kw["idle_timeout_s"])
+    kw["allowed_origins"] = _name_list(c, data, "allowed_origins", origin_list)
+    kw["allowed_hosts"] = _name_list(c, data, "allowed_hosts", host_list)
     return ServerSettings(**kw)
+
+
+def _name_list(c: _Checker, data: Mapping[str, Any], name: str, check: _ListCheck) -> tuple[str, ...]:
+    raw = data.get(name) or []
+    if not isinstance(raw, list) or not all(isinstance(x, str) for x in raw):
+        raise c.fail(f"server.{name}", "expected a list of strings")
+    try:
+        return check(raw)
+    except ValueError as err:
+        raise c.fail(f"server.{name}", str(err)) from None
 
 
 def _kv_quant(c: _Checker, raw: Any, key: str) -> KVQuant | None:
@@ -480,6 +516,8 @@ def load_config(
         idle_timeout_s=s.idle_timeout_s, decode_batch=env.decode_batch or s.decode_batch,
         memory_budget=s.memory_budget, prompt_cache_bytes=s.prompt_cache_bytes,
         clamp_max_tokens=s.clamp_max_tokens if env.clamp_max_tokens is None else env.clamp_max_tokens,
+        allowed_origins=s.allowed_origins if env.allowed_origins is None else env.allowed_origins,
+        allowed_hosts=s.allowed_hosts if env.allowed_hosts is None else env.allowed_hosts,
     )
     # Engines see only RuntimeEnv: give them the effective width (env > YAML > default) and cache bound.
     env = dataclasses.replace(env, decode_batch=merged.decode_batch, prompt_cache_bytes=merged.prompt_cache_bytes)
@@ -490,11 +528,14 @@ def load_config(
 
 
 def reload_config(old: ServerConfig) -> ServerConfig:
-    """Re-read the running server's file; bind address, API key and decode width stay as the server started."""
+    """Re-read the running server's file; bind address, API key, allowed origins and hosts, and decode width
+    stay as the server started."""
     if old.source is None:
         raise ConfigError("reload", "", "not in config mode")
     s = old.server
-    return load_config(old.source, env=old.env, host=s.host, port=s.port, api_key=s.api_key)
+    new = load_config(old.source, env=old.env, host=s.host, port=s.port, api_key=s.api_key)
+    kept = dataclasses.replace(new.server, allowed_origins=s.allowed_origins, allowed_hosts=s.allowed_hosts)
+    return dataclasses.replace(new, server=kept)
 
 
 def load_config_from_env(environ: Mapping[str, str] | None = None) -> ServerConfig:

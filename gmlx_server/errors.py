@@ -7,6 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+ECHO_CHARS = 200  # how much of a client's string an error message quotes back
+MAX_MESSAGE_CHARS = 2000  # a backstop for messages built from input elsewhere
+
+
+def clip(text: str, limit: int = ECHO_CHARS) -> str:
+    """`text`, or its first `limit` characters, an ellipsis and the full length: errors never echo megabytes."""
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} chars)"
+
 
 class GmlxError(Exception):
     """Base: an HTTP status, a protocol error type, the offending field and extra body fields."""
@@ -25,6 +33,7 @@ class GmlxError(Exception):
         status: int | None = None,
         type: str | None = None,
     ) -> None:
+        message = clip(message, MAX_MESSAGE_CHARS)
         super().__init__(message)
         self.message = message
         self.param = param
@@ -54,7 +63,7 @@ class ModelNotFound(GmlxError):
     def __init__(self, model: str, available: Sequence[str]) -> None:
         names = ", ".join(available) or "none"
         super().__init__(
-            f"model '{model}' not found; available models: {names}",
+            f"model '{clip(model)}' not found; available models: {names}",
             param="model",
             extra={"available_models": list(available)},
         )
@@ -65,7 +74,7 @@ class UnknownProfile(GmlxError):
 
     def __init__(self, profile: str, valid: Sequence[str]) -> None:
         super().__init__(
-            f"unknown profile '{profile}'; valid profiles: {', '.join(valid)}",
+            f"unknown profile '{clip(profile)}'; valid profiles: {', '.join(valid)}",
             param="profile",
             extra={"valid_profiles": list(valid)},
         )
@@ -146,3 +155,41 @@ class InternalError(GmlxError):
 
     def __init__(self, message: str = "internal server error") -> None:
         super().__init__(message)
+
+
+class OriginNotAllowed(GmlxError):
+    """A browser page from an origin outside the allowlist (a cross-site request to a local server)."""
+
+    status, type = 403, "origin_not_allowed"
+
+    def __init__(self, origin: str) -> None:
+        super().__init__(f"origin '{clip(origin)}' is not allowed; loopback origins are, and others can be "
+                         f"added to server.allowed_origins in the config or GMLX_ALLOWED_ORIGINS")
+
+
+class HostNotAllowed(GmlxError):
+    """A Host header naming something other than this server (DNS rebinding)."""
+
+    status, type = 403, "host_not_allowed"
+
+    def __init__(self, host: str) -> None:
+        super().__init__(f"Host '{clip(host)}' is not allowed; use localhost or an IP address, or add the "
+                         f"name to server.allowed_hosts in the config or GMLX_ALLOWED_HOSTS")
+
+
+class UnsupportedMediaType(GmlxError):
+    status, type = 415, "unsupported_media_type"
+
+    def __init__(self, content_type: str, browser: bool) -> None:
+        why = " (a request with an Origin header)" if browser else ""
+        super().__init__(f"Content-Type '{clip(content_type)}' is not accepted{why}; send application/json")
+
+
+class RequestTimeout(GmlxError):
+    """The client stopped sending its body; the connection is closed after the answer."""
+
+    status, type = 408, "request_timeout"
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(f"request body not received within {timeout_s:g} s (GMLX_BODY_TIMEOUT_S)",
+                         headers={"Connection": "close"})

@@ -1,4 +1,8 @@
-"""GET /health: liveness, and with ?ready=1 a coarse readiness verdict. Never waits on an engine."""
+"""GET/HEAD /health: liveness, and with ?ready=1 a coarse readiness verdict. Never waits on an engine.
+
+With an API key configured, a probe without the key sees only status, ready and reason: the PID and
+the queue figures are for key holders (and for everyone on a key-less server).
+"""
 
 from __future__ import annotations
 
@@ -10,18 +14,24 @@ from gmlx_server.service.host import ModelHost
 
 
 class Health:
-    def __init__(self, host: ModelHost) -> None:
+    def __init__(self, host: ModelHost, key_required: bool = False) -> None:
         self.host = host
+        self.key_required = key_required
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        body: dict[str, object] = {"status": "healthy", "pid": os.getpid()}
-        if not req.get_param_as_bool("ready", default=False):
-            resp.media = body
-            return
-        r = self.host.readiness()
-        body.update({"ready": r.ready, "in_flight": r.in_flight, "waiting": r.waiting})
-        if not r.ready:
-            body["reason"] = r.reason
-            resp.status = 503
-            resp.set_header("Retry-After", str(r.retry_after_s))
+        full = not self.key_required or getattr(req.context, "key_ok", False)
+        body: dict[str, object] = {"status": "healthy"}
+        if full:
+            body["pid"] = os.getpid()
+        if req.get_param_as_bool("ready", default=False):
+            r = self.host.readiness()
+            body["ready"] = r.ready
+            if full:
+                body.update({"in_flight": r.in_flight, "waiting": r.waiting})
+            if not r.ready:
+                body["reason"] = r.reason
+                resp.status = 503
+                resp.set_header("Retry-After", str(r.retry_after_s))
         resp.media = body
+
+    on_head = on_get  # load balancers and uptime probes often send HEAD; falcon drops the body

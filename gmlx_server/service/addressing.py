@@ -13,7 +13,7 @@ from types import MappingProxyType
 from typing import Any
 
 from gmlx_server.config import BUILTIN_INTENTS, Profile, ServerConfig
-from gmlx_server.errors import InvalidRequest, ModelNotFound, UnknownProfile
+from gmlx_server.errors import InvalidRequest, ModelNotFound, UnknownProfile, clip
 from gmlx_server.service.intents import family_sampling
 
 
@@ -92,7 +92,7 @@ def _split(name: str, cat: Catalog) -> Address:
     err = ModelNotFound(name, cat.model_ids)
     if sep and head and _lookup(head, cat) is not None:
         # The whole string is the id (spec), but the likelier mistake is the profile name: say so.
-        err.message += f" ('{tail}' is not a profile either; valid profiles: {', '.join(cat.valid_profiles)})"
+        err.message += f" ('{clip(tail)}' is not a profile either; valid profiles: {', '.join(cat.valid_profiles)})"
         err.args = (err.message,)
     raise err
 
