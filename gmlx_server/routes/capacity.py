@@ -7,7 +7,8 @@ import falcon.asgi
 
 from gmlx_server.errors import InvalidRequest
 from gmlx_server.protocol.openai import parse_chat
-from gmlx_server.routes.common import GmlxRequest, body_of
+from gmlx_server.routes.common import GmlxRequest
+from gmlx_server.routes.parsing import parse_body
 from gmlx_server.service.estimate import Estimator
 
 
@@ -16,7 +17,7 @@ class Estimate:
         self.estimator = estimator
 
     async def on_post(self, req: GmlxRequest, resp: falcon.asgi.Response) -> None:
-        resp.media = await self.estimator.estimate(parse_chat(body_of(req), req.path))
+        resp.media = await self.estimator.estimate(await parse_body(req, parse_chat))
 
 
 def _positive_int(req: falcon.asgi.Request, name: str) -> int:

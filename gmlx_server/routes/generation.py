@@ -12,6 +12,7 @@ from gmlx_server.protocol.openai_out import OpenAIEncoder, ResponseMeta
 from gmlx_server.protocol.tool_calls import with_tool_calls
 from gmlx_server.routes.common import GmlxRequest, body_of, report_clamp
 from gmlx_server.routes.events import send
+from gmlx_server.routes.parsing import parse_body
 from gmlx_server.service.estimate import Estimator
 from gmlx_server.service.generate import start_generation
 from gmlx_server.service.host import ModelHost
@@ -36,7 +37,7 @@ class ChatCompletions:
 
     async def on_post(self, req: GmlxRequest, resp: falcon.asgi.Response) -> None:
         body = body_of(req)
-        params = parse_chat(body, req.path)
+        params = await parse_body(req, parse_chat)
         if isinstance(body, dict) and body.get("dry_run") is True:
             resp.media = await self.estimator.estimate(params)  # the same estimate as POST /v1/estimate
             return
@@ -48,4 +49,4 @@ class Completions:
         self.host = host
 
     async def on_post(self, req: GmlxRequest, resp: falcon.asgi.Response) -> None:
-        await respond(req, resp, self.host, parse_completion(body_of(req), req.path), "completion")
+        await respond(req, resp, self.host, await parse_body(req, parse_completion), "completion")

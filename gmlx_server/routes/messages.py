@@ -9,8 +9,9 @@ from gmlx_server.protocol.anthropic import parse_messages
 from gmlx_server.protocol.anthropic_out import AnthropicEncoder, MessageMeta
 from gmlx_server.protocol.neutral import new_id
 from gmlx_server.protocol.tool_calls import with_tool_calls
-from gmlx_server.routes.common import GmlxRequest, body_of, report_clamp
+from gmlx_server.routes.common import GmlxRequest, report_clamp
 from gmlx_server.routes.events import send
+from gmlx_server.routes.parsing import parse_body
 from gmlx_server.service.generate import count_prompt_tokens, start_generation
 from gmlx_server.service.host import ModelHost
 
@@ -20,7 +21,7 @@ class Messages:
         self.host = host
 
     async def on_post(self, req: GmlxRequest, resp: falcon.asgi.Response) -> None:
-        params = parse_messages(body_of(req), req.path)
+        params = await parse_body(req, parse_messages)
         message_id = new_id("msg_")
         started = await start_generation(self.host, params, message_id)
         encoder = with_tool_calls(AnthropicEncoder(MessageMeta(message_id, started.model_id, started.prompt_tokens)),
@@ -36,6 +37,6 @@ class CountTokens:
         self.host = host
 
     async def on_post(self, req: GmlxRequest, resp: falcon.asgi.Response) -> None:
-        params = parse_messages(body_of(req), req.path)
+        params = await parse_body(req, parse_messages)
         _, tokens = await count_prompt_tokens(self.host, params)
         resp.media = {"input_tokens": tokens}

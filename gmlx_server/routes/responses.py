@@ -10,8 +10,9 @@ from gmlx_server.protocol.neutral import new_id
 from gmlx_server.protocol.responses import parse_responses
 from gmlx_server.protocol.responses_out import ResponsesEncoder, ResponsesMeta
 from gmlx_server.protocol.tool_calls import with_tool_calls
-from gmlx_server.routes.common import GmlxRequest, body_of, report_clamp
+from gmlx_server.routes.common import GmlxRequest, report_clamp
 from gmlx_server.routes.events import send
+from gmlx_server.routes.parsing import parse_body
 from gmlx_server.service.conversations import ResponseStore
 from gmlx_server.service.generate import start_generation
 from gmlx_server.service.host import ModelHost
@@ -22,7 +23,7 @@ class Responses:
         self.host, self.store = host, store
 
     async def on_post(self, req: GmlxRequest, resp: falcon.asgi.Response) -> None:
-        request = parse_responses(body_of(req), req.path)
+        request = await parse_body(req, parse_responses)
         prev = request.previous_response_id
         history = self.store.get(prev) if prev is not None else ()
         params = request.with_history(history)

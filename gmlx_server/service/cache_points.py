@@ -28,7 +28,8 @@ from gmlx_server.service.cache_stats import engine_cache_stats
 MARK = "gmlxcachepoint"  # alphanumeric, so trim, tojson and escaping leave it findable
 PREFIX_ROLES = frozenset({"system", "developer"})
 TURN_ROLES = frozenset({"user", "tool"})
-OFF_LOOP_TOKENS = 8192  # above this prompt length the renders and tokenizations run in a thread
+OFF_LOOP_TOKENS = 8192  # above this prompt length, or OFF_LOOP_MESSAGES, the probes run in a thread
+OFF_LOOP_MESSAGES = 64  # each probe renders the whole conversation: thousands of short messages add up
 _MEMO_SIZE = 32
 
 Message = Mapping[str, Any]
@@ -143,4 +144,5 @@ async def request_hints(inp: Any, settings: Settings, engine: Engine, ids: Seque
                            window=engine.info.sliding_window,
                            memo=(memo, id(engine.tokenizer)) if memo is not None else None)
 
-    return await asyncio.to_thread(hints) if len(ids) > OFF_LOOP_TOKENS else hints()
+    heavy = len(ids) > OFF_LOOP_TOKENS or len(inp.messages) > OFF_LOOP_MESSAGES
+    return await asyncio.to_thread(hints) if heavy else hints()

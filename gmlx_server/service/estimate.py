@@ -16,7 +16,7 @@ from gmlx_server.engine.chat_template import JinjaChatTemplate
 from gmlx_server.engine.tokenizer import GGUFTokenizer
 from gmlx_server.engine.types import ChatTemplate, Engine, Tokenizer
 from gmlx_server.service.addressing import resolve_address, resolve_settings
-from gmlx_server.service.generate import GenerationInput, render_chat
+from gmlx_server.service.generate import GenerationInput, check_message_count, tokenize
 from gmlx_server.service.host import ModelHost
 
 
@@ -61,11 +61,13 @@ class Estimator:
 
     async def estimate(self, inp: GenerationInput) -> dict[str, Any]:
         host = self.host
+        check_message_count(inp)
         addr = resolve_address(inp.model, inp.profile, host.catalog)
         tools, engine = await self.tools(addr.model_id)
         settings = resolve_settings(addr, tools.family, host.catalog)
-        text = render_chat(inp, settings, tools.template)
-        ids = await asyncio.to_thread(tools.tokenizer.encode, text, False)
+        # The same render, length guard and tokenization as a generation, off the loop.
+        _, ids = await asyncio.to_thread(tokenize, inp, settings, tools.template, tools.tokenizer, addr.model_id,
+                                         tools.context_length)
         prompt, cap = len(ids), inp.max_tokens
         tier, warm = _warm(engine, ids)
         need = host.capacity.need(addr.model_id, prompt, cap)

@@ -1,7 +1,8 @@
 """Start one generation: address -> engine -> template -> tokens -> context check -> submit.
 
-Rendering and tokenizing are pure Python and run on the event loop (long prompts off it);
-nothing here calls MLX. The input is any object with GenerationInput's fields (the protocol
+Rendering and tokenizing run in a worker thread, never on the event loop: the template is pure Python
+(the GIL switches every 5 ms) and long texts tokenize without the GIL, so /health answers whatever a
+prompt holds. Nothing here calls MLX. The input is any object with GenerationInput's fields (the protocol
 layer's GenerationParams satisfies it structurally; protocol and service never import each other).
 """
 
@@ -22,7 +23,7 @@ from gmlx_server.engine.types import (
     ThinkingControl,
     Tokenizer,
 )
-from gmlx_server.errors import ContextOverflow, InvalidRequest, UnsupportedFeature
+from gmlx_server.errors import ContextOverflow, GmlxError, InvalidRequest, UnsupportedFeature
 from gmlx_server.service.addressing import Settings, merge_sampling, resolve_address, resolve_settings
 from gmlx_server.service.cache_points import request_hints
 from gmlx_server.service.host import ModelHost
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from gmlx_server.engine.structured import CompiledGrammar
 
 log = logging.getLogger("gmlx.generate")
-_LONG_PROMPT_CHARS = 32_768  # above this, tokenize off the loop so /health never waits
+MAX_MESSAGES = 100_000  # per request: bounds the template's work before it starts
 
 
 class GenerationInput(Protocol):
@@ -155,10 +156,44 @@ def build_sampling(settings: Settings, inp: GenerationInput, vocab_size: int) ->
     return SamplingParams(**fields, logit_bias=dict(inp.logit_bias))
 
 
-async def _encode(tokenizer: Tokenizer, text: str, add_special: bool) -> list[int]:
-    if len(text) > _LONG_PROMPT_CHARS:
-        return await asyncio.to_thread(tokenizer.encode, text, add_special)
-    return tokenizer.encode(text, add_special)
+class PromptTooLong(GmlxError):
+    """Refused before tokenizing: the prompt cannot fit whatever its tokens. Agents match the prefix."""
+
+    status, type = 400, "invalid_request_error"
+
+    def __init__(self, detail: str, **extra: int) -> None:
+        super().__init__(f"prompt is too long: {detail}", param="messages", code="context_length_exceeded",
+                         extra=extra)
+
+
+def check_message_count(inp: GenerationInput) -> None:
+    n = len(inp.messages)
+    if n > MAX_MESSAGES:
+        raise PromptTooLong(f"{n} messages, more than the {MAX_MESSAGES} a request may hold", messages=n,
+                            max_messages=MAX_MESSAGES)
+
+
+def check_length(text: str, tokenizer: Tokenizer, model: str, budget: int) -> None:
+    """No token spans more than max_token_chars characters, so a longer text cannot fit: say so untokenized."""
+    per = getattr(tokenizer, "max_token_chars", None)
+    least = -(-len(text) // per) if per else 0
+    if least >= budget:  # as fit_context: at least one output token must fit
+        raise PromptTooLong(f"{len(text)} characters need at least {least} tokens (no token of model '{model}' "
+                            f"spans more than {per} characters), over the context window of {budget} tokens",
+                            prompt_chars=len(text), min_prompt_tokens=least, context_budget=budget)
+
+
+def tokenize(inp: GenerationInput, settings: Settings, template: ChatTemplate, tokenizer: Tokenizer,
+             model: str, budget: int) -> tuple[str, list[int]]:
+    """Render (or take the raw prompt), refuse what cannot fit, tokenize. Blocking: run it in a thread."""
+    raw = inp.prompt is not None
+    text = inp.prompt if inp.prompt is not None else render_chat(inp, settings, template)
+    check_length(text, tokenizer, model, budget)
+    # A rendered chat template carries its own BOS; a raw completion prompt gets the tokenizer's.
+    ids = tokenizer.encode(text, raw)
+    if not ids:
+        raise InvalidRequest("the prompt is empty", param="prompt" if raw else "messages")
+    return text, ids
 
 
 @dataclass(frozen=True)
@@ -174,15 +209,12 @@ class Prompt:
 
 async def prepare_prompt(host: ModelHost, inp: GenerationInput) -> Prompt:
     """Address -> engine -> template -> tokens: shared by generation and token counting, so both agree."""
+    check_message_count(inp)  # before a model loads for it
     addr = resolve_address(inp.model, inp.profile, host.catalog)
     engine: Engine = await host.engine(addr.model_id)
     settings = resolve_settings(addr, engine.info.family, host.catalog)
-    raw = inp.prompt is not None
-    text = inp.prompt if inp.prompt is not None else render_chat(inp, settings, engine.template)
-    # A rendered chat template carries its own BOS; a raw completion prompt gets the tokenizer's.
-    ids = await _encode(engine.tokenizer, text, raw)
-    if not ids:
-        raise InvalidRequest("the prompt is empty", param="prompt" if raw else "messages")
+    text, ids = await asyncio.to_thread(tokenize, inp, settings, engine.template, engine.tokenizer, addr.model_id,
+                                        engine.info.context_length)
     return Prompt(engine, addr.model_id, settings, text, ids)
 
 
