@@ -193,3 +193,10 @@ class RequestTimeout(GmlxError):
     def __init__(self, timeout_s: float) -> None:
         super().__init__(f"request body not received within {timeout_s:g} s (GMLX_BODY_TIMEOUT_S)",
                          headers={"Connection": "close"})
+
+
+class HeadersTooLarge(GmlxError):
+    status, type = 431, "request_header_fields_too_large"
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"request line and headers exceed {limit} bytes")

@@ -10,7 +10,7 @@ from typing import Any
 
 import falcon.asgi
 
-from gmlx_server.errors import HostNotAllowed, OriginNotAllowed, UnsupportedMediaType
+from gmlx_server.errors import HeadersTooLarge, HostNotAllowed, OriginNotAllowed, UnsupportedMediaType
 from gmlx_server.web_policy import HostPolicy, OriginPolicy
 
 # What the official SDKs send from a browser, so their preflights pass without listing each request.
@@ -24,6 +24,7 @@ CORS_METHODS = "GET, HEAD, POST, OPTIONS"
 EXPOSED_HEADERS = "Retry-After, X-Gmlx-Max-Tokens, X-Gmlx-Max-Tokens-Requested"
 CORS_MAX_AGE_S = 600
 BODY_METHODS = ("POST", "PUT", "PATCH")
+MAX_HEAD_BYTES = 64 * 1024  # request target + headers; gmlx serve gives h11 the same bound for split heads
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9a-z-]+")  # an HTTP header name
 
 
@@ -36,6 +37,11 @@ def media_type(content_type: str | None) -> str | None:
 def is_json(kind: str | None) -> bool:
     return kind == "application/json" or (kind is not None and kind.startswith("application/")
                                           and kind.endswith("+json"))
+
+
+def head_bytes(scope: dict[str, Any]) -> int:
+    target = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
+    return target + sum(len(k) + len(v) + 4 for k, v in scope.get("headers", ()))  # ": " and CRLF
 
 
 def _has_body(req: falcon.asgi.Request) -> bool:
@@ -55,6 +61,8 @@ class RequestGuard:
         self.origins, self.hosts = origins, hosts
 
     async def process_request(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        if head_bytes(req.scope) > MAX_HEAD_BYTES:  # h11 bounds only heads that arrive in pieces
+            raise HeadersTooLarge(MAX_HEAD_BYTES)
         server = req.scope.get("server")
         if self.hosts.applies(str(server[0]) if server else None) and not self.hosts.allows(req.get_header("Host")):
             raise HostNotAllowed(req.get_header("Host") or "")

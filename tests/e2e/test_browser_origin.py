@@ -1,0 +1,145 @@
+"""A real `gmlx serve` against what a web page can send: cross-site requests, DNS rebinding, text/plain
+bodies and stalled connections are refused; an allowed origin works with CORS, preflight and streaming.
+
+The hostile requests carry exactly the headers a browser adds (Origin, Sec-Fetch-*, the content type a
+`fetch` with a string body or an HTML form gets), sent over real HTTP to the real server.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from tests.e2e.server import LiveServer, gmlx_serve
+
+pytestmark = pytest.mark.slow
+EVIL = "http://evil.example"
+PAGE = "http://localhost:5173"  # a local dev server's page: allowed by default
+APP = "https://app.example"  # allowed through GMLX_ALLOWED_ORIGINS
+CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4,
+        "temperature": 0}
+CHAT_RAW = b'{"model": "smollm2", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4}'
+CROSS_SITE = {"Origin": EVIL, "Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "no-cors",
+              "Content-Type": "text/plain;charset=UTF-8"}  # fetch(url, {method: "POST", body: "..."})
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    env = {"GMLX_ALLOWED_ORIGINS": APP, "GMLX_HEADER_TIMEOUT_S": "2", "GMLX_BODY_TIMEOUT_S": "2"}
+    with gmlx_serve([], tmp_path_factory.mktemp("browser"), env=env) as s:
+        yield s
+
+
+def _port(s: LiveServer) -> int:
+    return int(s.base_url.rsplit(":", 1)[1])
+
+
+def _resident(s: LiveServer) -> bool:
+    models = httpx.get(s.v1 + "/models", timeout=10).json()["data"]
+    return bool(next(m for m in models if m["id"] == "smollm2")["resident"])
+
+
+def test_cross_site_requests_are_refused_and_run_nothing(server: LiveServer) -> None:
+    with httpx.Client(base_url=server.base_url, timeout=30) as c:
+        for path in ("/v1/chat/completions", "/v1/completions", "/v1/cache/reset", "/unload", "/v1/keep"):
+            r = c.post(path, content=CHAT_RAW, headers=CROSS_SITE)
+            assert r.status_code == 403 and r.json()["error"]["type"] == "origin_not_allowed", (path, r.text)
+            assert "access-control-allow-origin" not in r.headers
+        form = {**CROSS_SITE, "Content-Type": "application/x-www-form-urlencoded", "Sec-Fetch-Mode": "navigate"}
+        r = c.post("/v1/chat/completions", content=b'{"a": "=b"}', headers=form)  # an auto-submitted <form>
+        assert r.status_code == 403
+        r = c.post("/v1/messages", content=CHAT_RAW, headers=CROSS_SITE)
+        assert r.status_code == 403 and r.json()["error"] == {
+            "type": "permission_error", "code": "origin_not_allowed", "message": r.json()["error"]["message"]}
+        r = c.get("/v1/metrics", headers={"Origin": EVIL, "Sec-Fetch-Mode": "cors"})  # a read through fetch()
+        assert r.status_code == 403
+    assert not _resident(server)  # none of them even loaded the model
+
+
+def test_text_plain_is_refused_even_without_an_origin(server: LiveServer) -> None:
+    r = httpx.post(server.v1 + "/chat/completions", content=CHAT_RAW,
+                   headers={"Content-Type": "text/plain"}, timeout=30)
+    assert r.status_code == 415 and r.json()["error"]["type"] == "unsupported_media_type"
+    r = httpx.post(server.v1 + "/chat/completions", content=b"--x\r\n\r\n{}\r\n--x--",
+                   headers={"Content-Type": "multipart/form-data; boundary=x"}, timeout=30)
+    assert r.status_code == 415
+    assert not _resident(server)
+
+
+def test_dns_rebinding_host_is_refused(server: LiveServer) -> None:
+    host = f"evil.example:{_port(server)}"  # what the browser sends once evil.example resolves to 127.0.0.1
+    for method, path in (("GET", "/v1/models"), ("GET", "/v1/metrics"), ("GET", "/health"),
+                         ("POST", "/v1/cache/reset")):
+        r = httpx.request(method, server.base_url + path, headers={"Host": host}, timeout=30)
+        assert r.status_code == 403 and r.json()["error"]["type"] == "host_not_allowed", (path, r.text)
+    for ok in (f"localhost:{_port(server)}", f"127.0.0.1:{_port(server)}"):
+        assert httpx.get(server.v1 + "/models", headers={"Host": ok}, timeout=30).status_code == 200
+
+
+def test_the_sdks_see_a_typed_403_from_a_foreign_origin(server: LiveServer) -> None:
+    oa = openai.OpenAI(base_url=server.v1, api_key="none", default_headers={"Origin": EVIL}, max_retries=0)
+    with pytest.raises(openai.PermissionDeniedError) as e:
+        oa.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert e.value.code == "origin_not_allowed"
+    an = anthropic.Anthropic(base_url=server.base_url, api_key="none", default_headers={"Origin": EVIL},
+                             max_retries=0)
+    with pytest.raises(anthropic.PermissionDeniedError) as ae:
+        an.messages.create(model="smollm2", max_tokens=2, messages=[{"role": "user", "content": "hi"}])
+    assert "GMLX_ALLOWED_ORIGINS" in str(ae.value)
+
+
+def _read_until_closed(sock: socket.socket) -> bytes:
+    sock.settimeout(60)  # a bound on a hang, not a measured duration
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def test_stalled_headers_and_bodies_are_cut_off(server: LiveServer) -> None:
+    port = _port(server)
+    with socket.create_connection(("127.0.0.1", port)) as sock:  # a slowloris: headers that never end
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Slow: ")
+        assert _read_until_closed(sock) == b""
+    with socket.create_connection(("127.0.0.1", port)) as sock:  # half a body, then silence
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json"
+                     b"\r\nContent-Length: 500\r\n\r\n" + CHAT_RAW[:40])
+        answer = _read_until_closed(sock)
+        assert answer.startswith(b"HTTP/1.1 408 ") and b"request_timeout" in answer
+    # Under the 64 KiB bound a head passes (localhost cookies add up). Over it the app refuses a head that
+    # arrives whole (431) and h11 one still incomplete past the bound (400), whichever sees it first.
+    for size, end, expected in ((20_000, b"\r\n\r\n", (b"200",)), (70_000, b"\r\n\r\n", (b"431", b"400")),
+                               (100_000, b"", (b"400",))):
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nX-Big: "
+                         + b"a" * size + end)
+            answer = _read_until_closed(sock)
+        assert answer[9:12] in expected, (size, answer[:200])
+    assert httpx.head(server.base_url + "/health", timeout=30).status_code == 200
+
+
+def test_an_allowed_origin_gets_cors_a_preflight_and_a_stream(server: LiveServer) -> None:
+    with httpx.Client(base_url=server.base_url, timeout=300) as c:
+        for origin in (PAGE, APP):
+            pre = c.options("/v1/chat/completions", headers={
+                "Origin": origin, "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "authorization,content-type,x-stainless-os"})
+            assert pre.status_code == 204 and pre.headers["access-control-allow-origin"] == origin
+            assert "POST" in pre.headers["access-control-allow-methods"]
+            assert {"authorization", "content-type", "x-stainless-os"} <= {
+                h.strip() for h in pre.headers["access-control-allow-headers"].split(",")}
+        headers = {"Origin": PAGE, "Sec-Fetch-Site": "same-site", "Sec-Fetch-Mode": "cors"}
+        with c.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}, headers=headers) as r:
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+            assert r.headers["access-control-allow-origin"] == PAGE and "Origin" in r.headers["vary"]
+            lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+        assert lines[-1] == "data: [DONE]" and len(lines) >= 2
+    oa = openai.OpenAI(base_url=server.v1, api_key="none", default_headers={"Origin": APP}, max_retries=0)
+    raw = oa.chat.completions.with_raw_response.create(
+        model="smollm2", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert raw.headers["access-control-allow-origin"] == APP and raw.parse().choices[0].message.content is not None
