@@ -13,6 +13,8 @@ from typing import Any
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from gmlx_server.routes.guard import MAX_HEAD_BYTES
+
 log = logging.getLogger("gmlx.serve")
 
 
@@ -58,3 +60,9 @@ class HeaderTimeoutProtocol(H11Protocol):
 def with_header_timeout(timeout_s: float) -> type[HeaderTimeoutProtocol]:
     """The protocol class for uvicorn's `http=` setting, with this deadline."""
     return type("HeaderTimeoutProtocol", (HeaderTimeoutProtocol,), {"header_timeout_s": timeout_s})
+
+
+def uvicorn_limits(header_timeout_s: float) -> dict[str, Any]:
+    """uvicorn settings for `gmlx serve` and the gunicorn worker: the head deadline, and h11 bounding a head
+    that arrives in pieces as the app bounds one that arrives whole."""
+    return {"http": with_header_timeout(header_timeout_s), "h11_max_incomplete_event_size": MAX_HEAD_BYTES}

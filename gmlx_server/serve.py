@@ -70,14 +70,11 @@ def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gmlx_server.app import create_app
-    from gmlx_server.header_timeout import with_header_timeout
-    from gmlx_server.routes.guard import MAX_HEAD_BYTES
+    from gmlx_server.header_timeout import uvicorn_limits
 
     app = create_app(config, create_engine)
     s = config.server
     log.info("listening on http://%s:%d%s", s.host, s.port, " (API key required)" if s.api_key else "")
-    # uvicorn's 5 s keep-alive stays; h11 bounds a head that arrives in pieces, the app one that arrives whole.
     uvicorn.run(app, host=s.host, port=s.port, workers=1, lifespan="on", log_level=args.log_level,
-                timeout_graceful_shutdown=5, http=with_header_timeout(config.env.header_timeout_s),
-                h11_max_incomplete_event_size=MAX_HEAD_BYTES)
+                timeout_graceful_shutdown=5, **uvicorn_limits(config.env.header_timeout_s))
     return 0

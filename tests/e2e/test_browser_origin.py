@@ -7,15 +7,21 @@ The hostile requests carry exactly the headers a browser adds (Origin, Sec-Fetch
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import anthropic
 import httpx
 import openai
 import pytest
 
-from tests.e2e.server import LiveServer, gmlx_serve
+from tests.e2e.server import ROOT, LiveServer, free_port, gmlx_serve
 
 pytestmark = pytest.mark.slow
 EVIL = "http://evil.example"
@@ -143,3 +149,31 @@ def test_an_allowed_origin_gets_cors_a_preflight_and_a_stream(server: LiveServer
     raw = oa.chat.completions.with_raw_response.create(
         model="smollm2", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
     assert raw.headers["access-control-allow-origin"] == APP and raw.parse().choices[0].message.content is not None
+
+
+def test_the_gunicorn_worker_applies_the_same_guard_and_limits(tmp_path: Path) -> None:
+    port = free_port()
+    cmd = [str(Path(sys.executable).parent / "gunicorn"), "-k", "gmlx_server.worker.UvicornWorker", "-w", "1",
+           "-b", f"127.0.0.1:{port}", "gmlx_server.asgi:app"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "GMLX_HEADER_TIMEOUT_S": "1"}
+    with open(tmp_path / "gunicorn.log", "wb") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                if httpx.get(base + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        r = httpx.get(base + "/v1/models", headers={"Host": f"evil.example:{port}"}, timeout=30)
+        assert r.status_code == 403 and r.json()["error"]["type"] == "host_not_allowed"
+        r = httpx.post(base + "/v1/cache/reset", headers={"Origin": EVIL}, timeout=30)
+        assert r.status_code == 403 and r.json()["error"]["type"] == "origin_not_allowed"
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Slow: ")
+            assert _read_until_closed(sock) == b""
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
