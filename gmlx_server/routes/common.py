@@ -12,6 +12,7 @@ import falcon.asgi
 from gmlx_server.errors import PayloadTooLarge, RequestTimeout, Unauthorized
 from gmlx_server.protocol import jsonsafe
 
+_OFF_LOOP_JSON_BYTES = 1 << 20
 PUBLIC_PATHS = frozenset({"/health"})  # the only route that never needs the API key
 
 
@@ -62,7 +63,10 @@ class JsonBodyMiddleware:
         req.context.body = None
         if resource is None or req.method not in ("POST", "PUT", "PATCH"):
             return
-        req.context.body = parse_json(await self._read(req))
+        raw = await self._read(req)
+        # A large body's checks (numpy passes, which release the GIL) run in a thread; json.loads holds it anyway.
+        req.context.body = parse_json(raw) if len(raw) <= _OFF_LOOP_JSON_BYTES else await asyncio.to_thread(
+            parse_json, raw)
 
     async def _read(self, req: falcon.asgi.Request) -> bytes:
         chunks, size = [], 0
