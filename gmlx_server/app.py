@@ -37,6 +37,7 @@ log = logging.getLogger("gmlx.app")
 
 
 GOVERNOR_PERIOD_S = 0.5
+SUPERVISE_PERIOD_S = 0.25  # how soon a dead engine is noticed, its requests failed and its restart scheduled
 SWEEP_PERIOD_S = 1.0  # the idle sweep's tick; a shorter idle_timeout_s ticks at a quarter of it
 
 
@@ -48,7 +49,8 @@ class Lifespan:
         self._tasks: list[asyncio.Task[None]] = []
 
     async def process_startup(self, scope: dict[str, Any], event: dict[str, Any]) -> None:
-        self._tasks = [asyncio.create_task(self._govern()), asyncio.create_task(self._sweep())]
+        self._tasks = [asyncio.create_task(self._govern()), asyncio.create_task(self._sweep()),
+                       asyncio.create_task(self._supervise())]
 
     async def _sweep(self) -> None:
         while True:
@@ -58,6 +60,14 @@ class Lifespan:
                 await self.host.sweep()
             except Exception:  # a failing unload must not stop the sweep
                 log.exception("idle sweep failed")
+
+    async def _supervise(self) -> None:
+        while True:
+            await asyncio.sleep(SUPERVISE_PERIOD_S)
+            try:
+                await self.host.supervise()
+            except Exception:  # a failing restart is logged by the host; the watch goes on
+                log.exception("engine supervision failed")
 
     async def _govern(self) -> None:
         while True:

@@ -148,6 +148,16 @@ class EngineFailure(GmlxError):
     status, type = 500, "engine_error"
 
 
+class EngineRestarting(GmlxError):
+    """The model's engine stopped and is being restarted: retry after the backoff."""
+
+    status, type = 503, "engine_restarting"
+
+    def __init__(self, model_id: str, reason: str, retry_after_s: float) -> None:
+        super().__init__(f"the engine of model '{model_id}' stopped ({reason}) and is restarting; "
+                         f"retry after {max(1, round(retry_after_s))} s", headers=_retry(retry_after_s))
+
+
 class InternalError(GmlxError):
     """An unexpected exception; the body never carries the traceback."""
 

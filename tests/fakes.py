@@ -182,6 +182,7 @@ class FakeEngine:
     decode_batch: int = 4
     waiting: int = 0  # what stats() reports as queued (tests set it)
     closed: bool = False
+    fault: str | None = None  # set by tests: the engine "died" for this reason
     submitted: list[GenerationRequest] = field(default_factory=list)
     handles: list[FakeHandle] = field(default_factory=list)
     running: set[FakeHandle] = field(default_factory=set)

@@ -8,6 +8,8 @@ which is where batching pays on a memory-bound CPU.
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -15,6 +17,8 @@ from mlx_vlm.models.cache import BatchKVCache, BatchRotatingKVCache, KVCache, Ro
 
 from gmlx_server.engine.generate import Sequence
 from gmlx_server.engine.sampling import Draw
+
+log = logging.getLogger("gmlx.engine")
 
 
 def _as_batch(cache: Any) -> Any:
@@ -24,6 +28,40 @@ def _as_batch(cache: Any) -> Any:
     if isinstance(cache, KVCache):
         return BatchKVCache.merge([cache])
     raise TypeError(f"cannot batch a {type(cache).__name__}")
+
+
+@dataclass
+class _Plan:
+    """One row's step before its token is accepted: a draw, a token the thinking budget forces, or an error."""
+
+    draw: Draw | None = None
+    forced: int | None = None
+    error: str | None = None
+
+
+def _describe(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"
+
+
+def _plan(seq: Sequence, logits: mx.array) -> _Plan:
+    """A row's sampling failure is that row's alone."""
+    try:
+        forced = seq.forced_next()
+        return _Plan(None if forced is not None else seq.draw(logits), forced)
+    except Exception as e:
+        log.exception("sampling failed for %s", seq.req.request_id)
+        return _Plan(error=_describe(e))
+
+
+def _accept(seq: Sequence, plan: _Plan) -> bool:
+    """Detokenizing, stop strings and grammar run per row: a failure there ends that row only."""
+    if plan.error is not None:
+        return seq.finish("error", error=plan.error)
+    try:
+        return seq.accept(plan.draw, plan.forced)
+    except Exception as e:
+        log.exception("accepting a token failed for %s", seq.req.request_id)
+        return seq.finish("error", error=_describe(e))
 
 
 class BatchDecoder:
@@ -47,16 +85,38 @@ class BatchDecoder:
         self.rows.append(seq)
 
     def step(self) -> None:
-        """One token for every row; rows that finish leave the batch."""
+        """One token for every row; rows that finish, or fail on their own, leave the batch.
+
+        A failure of the shared forward pass escapes: no row can be blamed for it, so the caller recovers."""
         tokens = mx.array([[s.next_input] for s in self.rows], dtype=mx.int32)
         logits = self.model(tokens, cache=self._cache).logits[:, -1, :]
-        forced = [s.forced_next() for s in self.rows]
-        draws: list[Draw | None] = [None if f is not None else s.draw(logits[i: i + 1])
-                                    for i, (s, f) in enumerate(zip(self.rows, forced, strict=True))]
-        pending = [d.token for d in draws if d is not None]
-        mx.eval(pending if pending else [c.state for c in self._cache])
-        done = [s.accept(d, f) for s, d, f in zip(self.rows, draws, forced, strict=True)]
+        plans = [_plan(s, logits[i: i + 1]) for i, s in enumerate(self.rows)]
+        self._evaluate(plans)
+        done = [_accept(s, p) for s, p in zip(self.rows, plans, strict=True)]
         self._drop([i for i, d in enumerate(done) if d])
+
+    def _evaluate(self, plans: list[_Plan]) -> None:
+        """Evaluate the sampled tokens together. If that fails and the forward pass alone succeeds, evaluate
+        row by row so that only the rows at fault fail; a failing forward pass escapes to the caller."""
+        pending = [p.draw.token for p in plans if p.draw is not None]
+        try:
+            mx.eval(pending if pending else [c.state for c in self._cache])
+            return
+        except Exception:
+            if not pending:
+                raise
+        mx.eval([c.state for c in self._cache])
+        for p in plans:
+            if p.draw is not None:
+                try:
+                    mx.eval(p.draw.token)
+                except Exception as e:
+                    p.error, p.draw = _describe(e), None
+
+    def take_all(self) -> list[Sequence]:
+        """Empty the batch (its KV is suspect after a failed step) and hand back its rows."""
+        rows, self.rows, self._cache = self.rows, [], []
+        return rows
 
     def fail_all(self, error: str) -> None:
         for s in self.rows:

@@ -56,7 +56,10 @@ class Sequence:
                                       req.starts_in_thinking) if req.thinking else None)
         self.history: list[int] | None = list(req.prompt_tokens) if self.sampler.needs_history else None
         self.cache: list[Any] | None = None
-        self._prompt = mx.array(list(req.prompt_tokens), dtype=mx.int32)
+        self._tokens = list(req.prompt_tokens)  # what prefill feeds: the prompt, or prompt + output on a rewind
+        self._prompt = mx.array(self._tokens, dtype=mx.int32)
+        self.output: list[int] = []  # accepted tokens, so a rewind can rebuild the KV
+        self.rewinds, self.probation = 0, False
         self._pos, self._chunk = 0, chunk
         self._store, self._stops, self._window = prompt_cache, [len(req.prompt_tokens)], False
         self.next_input: int | None = None  # the token the next decode step feeds for this row
@@ -70,12 +73,10 @@ class Sequence:
     def prefill_step(self) -> bool:
         """Run one prefill chunk; on the last one sample the first token. True once the request is done."""
         if self.cache is None:
-            self.progress.state, self.progress.started = "prefill", time.perf_counter()
-            self._start_grammar()
-            self.cache = self._warm_start()
+            self.cache = self._begin()
         if self.cancelled():
             return self.finish("cancelled")
-        n = len(self.req.prompt_tokens)
+        n = len(self._tokens)
         end = min(self._pos + self._chunk, next(s for s in self._stops if s > self._pos))
         if end < n:
             self.model(self._prompt[self._pos: end][None], cache=self.cache)
@@ -84,6 +85,8 @@ class Sequence:
             self._checkpoint()
             return False
         logits = self.model(self._prompt[self._pos:][None], cache=self.cache).logits[:, -1, :]
+        if self.rewinds:
+            return self._resume(logits)
         draw = self.draw(logits)
         mx.eval(draw.token)  # sync once so prefill time is measured, not deferred into decode
         self.prefill_s = time.perf_counter() - (self.progress.started or 0.0)
@@ -92,6 +95,29 @@ class Sequence:
         self.progress.state = "decode"
         self._t_decode = time.perf_counter()
         return self.accept(draw)
+
+    def _begin(self) -> list[Any]:
+        self.progress.state = "prefill"
+        if self.rewinds:
+            return make_cache(self.model)
+        self.progress.started = time.perf_counter()
+        self._start_grammar()
+        return self._warm_start()
+
+    def rewind(self) -> None:
+        """Drop this row's KV and prefill its prompt and output again: the batch it decoded in failed, and
+        recomputing is how the rows not at fault go on. The grammar, stream and sampler keep their state."""
+        self.rewinds += 1
+        self._tokens = [*self.req.prompt_tokens, *self.output]
+        self._prompt = mx.array(self._tokens, dtype=mx.int32)
+        self._pos, self._stops, self._store = 0, [len(self._tokens)], None
+        self.cache, self.next_input, self.probation = None, None, True
+
+    def _resume(self, logits: mx.array) -> bool:
+        """The end of a rewound prefill: the next token, exactly as the failed decode step would have made it."""
+        self.progress.state = "decode"
+        forced = self.forced_next()
+        return self.accept(None, forced) if forced is not None else self.accept(self.draw(logits))
 
     def _warm_start(self) -> list[Any]:
         """Fresh caches, or ones restored from the longest cached prefix; plan where to checkpoint."""
@@ -152,6 +178,7 @@ class Sequence:
         lp, tops = self._logprobs(draw, token) if draw is not None and forced is None else (None, ())
         if self.history is not None:
             self.history.append(token)
+        self.output.append(token)
         try:
             step = self._feed(token)
         except GrammarViolation as e:  # this request's failure only: the batch goes on

@@ -19,13 +19,16 @@ from gmlx_server.engine.prompt_cache import PromptCache
 from gmlx_server.engine.scheduler import Inbox, MemorySnapshot, Scheduler
 from gmlx_server.engine.scheduler import Job as _Job
 from gmlx_server.engine.structured import GrammarTokenizerCache
-from gmlx_server.engine.types import EngineStats, GenerationRequest, RequestRow, TokenEvent
+from gmlx_server.engine.types import (
+    EngineClosed,
+    EngineStats,
+    FinishReason,
+    GenerationRequest,
+    RequestRow,
+    TokenEvent,
+)
 
 log = logging.getLogger("gmlx.engine")
-
-
-class EngineClosed(RuntimeError):
-    """submit() after close(): nothing would read the job, so refuse instead of hanging."""
 
 
 class Handle:
@@ -65,6 +68,8 @@ class MLXEngine:
         self._decode_batch = max(1, decode_batch)
         self._ready = threading.Event()
         self._load_error: BaseException | None = None
+        self._fault: str | None = None  # why the engine thread died, if it did
+        self._closing = False
         self.memory = MemorySnapshot()
         self.grammar_tokenizers = GrammarTokenizerCache()  # llguidance's vocabulary: built once, on first use
         self._thread = threading.Thread(target=self._main, args=(loader,), name="gmlx-engine", daemon=True)
@@ -89,22 +94,47 @@ class MLXEngine:
         def grammar_tokenizer() -> Any:
             return self.grammar_tokenizers.get(loaded.tokenizer, n_vocab)
 
-        Scheduler(loaded.model, loaded.tokenizer, self._decode_batch, self._jobs, self._forget, self.memory,
-                  grammar_tokenizer, self._prompt_cache).run()
+        try:
+            Scheduler(loaded.model, loaded.tokenizer, self._decode_batch, self._jobs, self._forget, self.memory,
+                      grammar_tokenizer, self._prompt_cache).run()
+        except BaseException as e:  # the loop itself broke: say why, and end every request it held
+            self._fault = f"{type(e).__name__}: {e}"
+            log.critical("the engine thread of %s died: %s", loaded.info.model_id, self._fault, exc_info=e)
+            self._fail_live("error", f"the engine stopped: {self._fault}")
+
+    @property
+    def fault(self) -> str | None:
+        """None while the engine serves (or after close()); otherwise why its thread is gone."""
+        if self._closing:
+            return None
+        if self._fault is None and not self._thread.is_alive():
+            return "the engine thread is not running"
+        return self._fault
+
+    def _fail_live(self, reason: FinishReason, error: str | None = None) -> None:
+        """Give every request still held a final event (from any thread: emit is thread-safe)."""
+        with self._lock:
+            jobs, self._live = list(self._live.values()), {}
+        for job in jobs:
+            job.progress.state = "done"
+            job.emit(TokenEvent("", None, finish_reason=reason, error=error))
 
     def _forget(self, job: _Job) -> None:
         with self._lock:
             self._live.pop(job.request.request_id, None)
 
     def submit(self, request: GenerationRequest) -> Handle:
-        if not self._thread.is_alive():
-            raise EngineClosed(f"the engine of {self.info.model_id} is closed")
+        if self._closing or not self._thread.is_alive():
+            raise EngineClosed(f"the engine of {self.info.model_id} is {'closed' if self._closing else 'down'}")
         loop = asyncio.get_running_loop()
         cancelled = threading.Event()
         handle = Handle(request.request_id, cancelled)
 
         def emit(event: TokenEvent) -> None:
-            loop.call_soon_threadsafe(handle.push, event)
+            try:
+                loop.call_soon_threadsafe(handle.push, event)
+            except RuntimeError:  # the submitting loop is closed: nobody is listening any more
+                cancelled.set()
 
         job = _Job(request, emit, cancelled)
         with self._lock:
@@ -117,7 +147,11 @@ class MLXEngine:
         done = threading.Event()
 
         def emit(event: TokenEvent) -> None:
-            on_event(event)
+            try:
+                on_event(event)
+            except Exception:  # e.g. a closed pipe: stop generating rather than break the engine thread
+                log.exception("the CLI's event handler failed; cancelling %s", request.request_id)
+                job.cancelled.set()
             if event.finish_reason is not None:
                 done.set()
 
@@ -136,10 +170,11 @@ class MLXEngine:
         with self._lock:
             jobs = list(self._live.values())
         rows = tuple(_row(j, now) for j in jobs if j.progress.state != "done")
-        queued = sum(1 for r in rows if r.state == "queued")
         # Queued rows first, as the metrics snapshot lists them.
         rows = tuple(sorted(rows, key=lambda r: r.state != "queued"))
-        return EngineStats(self._decode_batch, len(rows) - queued, queued, rows)
+        # A queued request with a free slot holds it (it is next to prefill): in flight, not waiting for a slot.
+        in_flight = min(len(rows), self._decode_batch)
+        return EngineStats(self._decode_batch, in_flight, len(rows) - in_flight, rows)
 
     def cache_stats(self) -> dict[str, Any]:
         """The prompt cache's counters as the engine thread last published them, or {"enabled": False}."""
@@ -166,11 +201,14 @@ class MLXEngine:
         return True
 
     def close(self) -> None:
+        """Stop the thread; afterwards every request submitted has had its final event."""
+        self._closing = True
         with self._lock:
             for job in self._live.values():
                 job.cancelled.set()
         self._jobs.put(None)
         self._thread.join(timeout=30)
+        self._fail_live("cancelled")  # what a dead or stuck thread never ended
 
 
 def _row(job: _Job, now: float) -> RequestRow:

@@ -36,8 +36,8 @@ def _filters(p: SamplingParams, special_ids: list[int]) -> list[Filter]:
         out.append(lambda x: su.apply_min_p(x, p.min_p, 1))
     if p.xtc_probability > 0.0:
         out.append(lambda x: su.apply_xtc(x, p.xtc_probability, p.xtc_threshold, special_ids))
-    if p.top_k > 0:
-        out.append(lambda x: su.apply_top_k(x, p.top_k))
+    if p.top_k > 0:  # a k at or above the vocabulary keeps every token: no filter (and no out-of-range kth)
+        out.append(lambda x: su.apply_top_k(x, p.top_k) if p.top_k < x.shape[-1] else x)
     return out
 
 
@@ -54,6 +54,16 @@ def _processors(p: SamplingParams) -> list[Processor]:
     return procs
 
 
+RANDOM_SEED = -1  # llama.cpp's spelling of "no seed": a fresh random one
+
+
+def seed_value(seed: int | None) -> int:
+    """The PRNG seed: random for None or -1; any other integer taken modulo 2**64 (MLX keys are unsigned)."""
+    if seed is None or seed == RANDOM_SEED:
+        return int.from_bytes(os.urandom(8), "little")
+    return seed % (1 << 64)
+
+
 @dataclass
 class Draw:
     token: mx.array  # shape (1,), int
@@ -66,8 +76,7 @@ class RequestSampler:
         self._filters = _filters(params, special_ids) if not params.greedy else []
         self._procs = _processors(params)
         self._history_procs = len(self._procs)  # the penalties read the token history
-        seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(4), "little")
-        self._key = mx.random.key(seed)
+        self._key = mx.random.key(seed_value(params.seed))
         self._temp = su.clamp_temperature(params.temperature)
 
     @property

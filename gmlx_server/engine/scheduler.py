@@ -21,6 +21,7 @@ from gmlx_server.engine.prompt_cache import PromptCache
 from gmlx_server.engine.types import GenerationRequest, TokenEvent
 
 log = logging.getLogger("gmlx.engine")
+MAX_REWINDS = 3  # a row recomputed this often after failed steps fails itself: no endless recovery loop
 
 
 @dataclass
@@ -53,18 +54,41 @@ class Scheduler:
         self.grammar_tokenizer, self.prompt_cache = grammar_tokenizer, prompt_cache
         self.inbox, self.forget, self.memory = inbox, forget, memory
         self.waiting: deque[Job] = deque()
+        self.resuming: deque[tuple[Job, Sequence]] = deque()  # rows rewound after a failed batched step
         self.prefilling: tuple[Job, Sequence] | None = None
         self.batch = BatchDecoder(model)
         self._jobs: dict[int, Job] = {}  # id(Sequence) -> its job, to forget finished rows
 
     def run(self) -> None:
         while self._admit():
-            self._drop_cancelled_waiting()
-            self._start_prefill()
-            self._prefill_chunk()
-            self._decode_step()
-            self._measure()
+            try:
+                self._iterate()
+            except Exception as e:  # a failure no stage caught: end what this loop holds, keep serving
+                log.exception("engine loop iteration failed; failing %d requests and carrying on", self._held())
+                self.reset(f"engine error: {type(e).__name__}: {e}")
         self._shutdown()
+
+    def _iterate(self) -> None:
+        self._drop_cancelled_waiting()
+        self._start_prefill()
+        self._prefill_chunk()
+        self._decode_step()
+        self._measure()
+
+    def _held(self) -> int:
+        return len(self.waiting) + len(self.resuming) + (self.prefilling is not None) + len(self.batch)
+
+    def reset(self, error: str) -> None:
+        """End every request this loop holds with `error` and start from an empty batch."""
+        jobs = [*self.waiting, *(j for j, _ in self.resuming), *([self.prefilling[0]] if self.prefilling else []),
+                *(self._jobs[id(s)] for s in self.batch.rows if id(s) in self._jobs)]
+        self.waiting.clear()
+        self.resuming.clear()
+        self.prefilling = None
+        self.batch = BatchDecoder(self.model)
+        self._jobs.clear()
+        for job in jobs:
+            self._fail(job, error)
 
     def _measure(self) -> None:
         m = self.memory
@@ -73,7 +97,7 @@ class Scheduler:
 
     def _admit(self) -> bool:
         """Move new jobs to `waiting`; block only when there is nothing else to do. False on shutdown."""
-        idle = not (self.waiting or self.prefilling or len(self.batch))
+        idle = not (self.waiting or self.resuming or self.prefilling or len(self.batch))
         try:
             item = self.inbox.get() if idle else self.inbox.get_nowait()
             while True:
@@ -82,10 +106,22 @@ class Scheduler:
                 if isinstance(item, Job):
                     self.waiting.append(item)
                 else:
-                    item()
+                    self._control(item)
                 item = self.inbox.get_nowait()
         except queue.Empty:
             return True
+
+    @staticmethod
+    def _control(work: Control) -> None:
+        try:
+            work()
+        except Exception:  # e.g. a cache reset: its failure is logged, the loop goes on
+            log.exception("engine control task failed")
+
+    def _fail(self, job: Job, error: str) -> None:
+        """End a job that has no live Sequence with an error event."""
+        self.forget(job)
+        job.emit(TokenEvent("", None, finish_reason="error", error=error))
 
     def _drop_cancelled_waiting(self) -> None:
         for job in [j for j in self.waiting if j.cancelled.is_set()]:
@@ -94,10 +130,19 @@ class Scheduler:
             job.emit(TokenEvent("", None, finish_reason="cancelled"))
 
     def _start_prefill(self) -> None:
-        if self.prefilling is None and self.waiting and len(self.batch) < self.width:
+        if self.prefilling is not None or len(self.batch) >= self.width:
+            return
+        if self.resuming:
+            self.prefilling = self.resuming.popleft()
+        elif self.waiting:
             job = self.waiting.popleft()
-            seq = Sequence(self.model, self.tokenizer, job.request, job.emit, job.cancelled.is_set, job.progress,
-                           grammar_tokenizer=self.grammar_tokenizer, prompt_cache=self.prompt_cache)
+            try:
+                seq = Sequence(self.model, self.tokenizer, job.request, job.emit, job.cancelled.is_set,
+                               job.progress, grammar_tokenizer=self.grammar_tokenizer, prompt_cache=self.prompt_cache)
+            except Exception as e:  # a request the engine cannot even set up ends alone
+                log.exception("request %s could not start", job.request.request_id)
+                self._fail(job, f"{type(e).__name__}: {e}")
+                return
             self.prefilling = (job, seq)
 
     def _prefill_chunk(self) -> None:
@@ -114,8 +159,18 @@ class Scheduler:
             self.forget(job)
         elif seq.prefilled:
             self.prefilling = None
-            self._jobs[id(seq)] = job
+            self._join(job, seq)
+
+    def _join(self, job: Job, seq: Sequence) -> None:
+        try:
             self.batch.add(seq)
+        except Exception as e:  # this row's cache would not merge: it fails, and the batch it touched recomputes
+            log.exception("request %s could not join the batch", job.request.request_id)
+            seq.finish("error", error=f"{type(e).__name__}: {e}")
+            self.forget(job)
+            self._recover(self.batch.take_all(), "", blame=False)
+            return
+        self._jobs[id(seq)] = job
 
     def _decode_step(self) -> None:
         if not len(self.batch):
@@ -130,16 +185,31 @@ class Scheduler:
             if len(self.batch):
                 self.batch.step()
         except Exception as e:
-            log.exception("decode step failed for %d rows", len(self.batch))
-            self.batch.fail_all(f"{type(e).__name__}: {e}")
+            log.exception("decode step failed for %d rows; recomputing them", len(self.batch))
+            self._recover(self.batch.take_all(), f"{type(e).__name__}: {e}")
+        else:
+            for seq in self.batch.rows:
+                seq.probation = False  # it decoded in a batch that worked
         for seq in before:
-            if seq not in self.batch.rows:
-                self.forget(self._jobs.pop(id(seq)))
+            job = self._jobs.pop(id(seq), None) if seq not in self.batch.rows else None
+            if job is not None:
+                self.forget(job)
+
+    def _recover(self, rows: list[Sequence], error: str, blame: bool = True) -> None:
+        """After a failed batched step, every row prefills its prompt and output again and rejoins one at a
+        time. A row on probation (rejoined since the last good step) that was alone on it is to blame."""
+        suspects = [s for s in rows if s.probation] if blame else []
+        for seq in rows:
+            if (len(suspects) == 1 and seq is suspects[0]) or seq.rewinds >= MAX_REWINDS:
+                seq.finish("error", error=f"decode step failed: {error}")
+                continue
+            seq.rewind()
+            self.resuming.append((self._jobs.pop(id(seq)), seq))
 
     def _shutdown(self) -> None:
         for job in self.waiting:
             job.emit(TokenEvent("", None, finish_reason="cancelled"))
-        if self.prefilling is not None:
-            self.prefilling[1].finish("cancelled")
+        for _, seq in [*self.resuming, *([self.prefilling] if self.prefilling else [])]:
+            seq.finish("cancelled")
         for seq in list(self.batch.rows):
             seq.finish("cancelled")

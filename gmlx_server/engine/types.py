@@ -132,6 +132,10 @@ class EngineStats:
     rows: tuple[RequestRow, ...] = ()
 
 
+class EngineClosed(RuntimeError):
+    """submit() to an engine that is closed or whose thread died: refuse instead of hanging."""
+
+
 class RequestHandle(Protocol):
     """What `Engine.submit` returns: iterate it on the event loop that submitted it."""
 
@@ -153,7 +157,12 @@ class Engine(Protocol):
 
     def stats(self) -> EngineStats: ...
 
-    def close(self) -> None: ...
+    @property
+    def fault(self) -> str | None:
+        """None while the engine serves; why it stopped otherwise (the host then restarts it)."""
+
+    def close(self) -> None:
+        """Stop; afterwards every submitted request has had its final event."""
 
 
 class Tokenizer(Protocol):

@@ -42,11 +42,12 @@ class Admission:
     def admit(self, model_id: str, stats: EngineStats) -> None:
         """Raise ServerOverloaded when the queue is at its cap; count the rejection.
 
-        Queued requests that free decode slots will take at once do not count against the cap.
+        `waiting` counts requests waiting for a decode slot (one queued beside a free slot is in flight), so
+        the figure /v1/metrics shows never exceeds the cap.
         """
         cap = queue_cap(self.env, stats)
-        free = max(0, stats.decode_batch - stats.in_flight)
-        if stats.waiting < cap + free:
+        free = max(0, stats.decode_batch - stats.in_flight - stats.waiting)
+        if stats.waiting + max(0, 1 - free) <= cap:
             return
         retry = retry_after_s(self.eta_s(model_id, stats))
         self.telemetry.record_reject("queue_full")

@@ -249,7 +249,7 @@ async def start_generation(host: ModelHost, inp: GenerationInput, request_id: st
     pinned = inp.max_tokens if cap.requested is None else max_tokens
     host.capacity.preflight(prompt.model_id, len(ids), pinned)  # memory 400 before any prefill
     host.admission.admit(prompt.model_id, engine.stats())  # no await between this and submit: no race
-    handle = host.telemetry.track(prompt.model_id, engine.submit(request))
+    handle = host.telemetry.track(prompt.model_id, host.submit(prompt.model_id, engine, request))
     return Started(handle, prompt.model_id, settings.profile, len(ids), max_tokens, engine.tokenizer,
                    engine.template, cap.requested)
 

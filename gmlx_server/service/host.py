@@ -16,8 +16,8 @@ from typing import Any
 
 from gmlx_plan.gguf_header import GGUFFormatError, read_header
 from gmlx_server.config import ModelEntry, RuntimeEnv, ServerConfig
-from gmlx_server.engine.types import Engine
-from gmlx_server.errors import GmlxError, ModelNotFound
+from gmlx_server.engine.types import Engine, EngineClosed, GenerationRequest, RequestHandle
+from gmlx_server.errors import EngineRestarting, GmlxError, ModelNotFound
 from gmlx_server.service.addressing import Catalog
 from gmlx_server.service.admission import Admission
 from gmlx_server.service.cache_points import TokenMemo
@@ -28,6 +28,7 @@ from gmlx_server.service.load_gate import LoadGate
 from gmlx_server.service.memory import MemoryReading, read_memory
 from gmlx_server.service.reload import ModelChanges, diff_models, rebuild_capacity
 from gmlx_server.service.residency import Residency, close_engine, release_memory, streaming, warm_up
+from gmlx_server.service.supervisor import Supervisor
 from gmlx_server.service.telemetry import Telemetry
 
 EngineFactory = Callable[[ModelEntry, RuntimeEnv], Engine]
@@ -65,6 +66,7 @@ class ModelHost:
         self.governor = Governor(config.env.governor, self._read_memory)
         self.capacity = CapacityService(config)
         self.residency = Residency(clock)
+        self.supervisor = Supervisor(clock)
         self.gate = LoadGate(self)  # real time: its 3 s wait is wall-clock
 
     def _read_memory(self) -> MemoryReading:
@@ -91,6 +93,10 @@ class ModelHost:
     async def engine(self, model_id: str) -> Engine:
         """The model's engine, loading it on first use (one load at a time, each behind the load gate)."""
         engine = self._engines.get(model_id)
+        if (engine is not None and engine.fault is not None) or self.supervisor.outage(model_id) is not None:
+            await self.supervise()
+            self._refuse_while_down(model_id)
+            engine = self._engines.get(model_id)
         if engine is None or self.residency.state(model_id).stale:
             entry = self.entry(model_id)
             async with self._load_lock:
@@ -133,6 +139,51 @@ class ModelHost:
         mm = await asyncio.to_thread(self.capacity.memory_model, model_id)
         return mm.weights_bytes if mm is not None else None
 
+    # --- supervision: an engine whose thread died is unloaded now and loaded again after a backoff ---
+
+    def submit(self, model_id: str, engine: Engine, request: GenerationRequest) -> RequestHandle:
+        """Hand a request to the engine; one that died since it was handed out answers a typed 503."""
+        try:
+            return engine.submit(request)
+        except EngineClosed as exc:
+            raise EngineRestarting(model_id, str(exc), max(1.0, self.supervisor.wait_s(model_id))) from None
+
+    def _refuse_while_down(self, model_id: str) -> None:
+        outage = self.supervisor.outage(model_id)
+        if outage is not None:
+            raise EngineRestarting(model_id, outage.reason, self.supervisor.wait_s(model_id))
+
+    async def supervise(self) -> None:
+        """Unload engines that died (their requests end with an error) and restart those whose backoff is over."""
+        for model_id, engine in list(self._engines.items()):
+            reason = engine.fault
+            if reason is None:
+                continue
+            async with self._load_lock:
+                if self._engines.get(model_id) is not engine:
+                    continue  # a concurrent supervise() got there first
+                wait = self.supervisor.died(model_id, reason)
+                log.error("the engine of model %s stopped (%s); restarting it in %.0f s", model_id, reason, wait)
+                await self.evict(model_id)
+        for model_id in self.supervisor.due():
+            await self._restart(model_id)
+
+    async def _restart(self, model_id: str) -> None:
+        entry = self.config.models.get(model_id)
+        if entry is None:  # a reload removed it meanwhile
+            self.supervisor.forget(model_id)
+            return
+        try:
+            async with self._load_lock:
+                if model_id not in self._engines:
+                    await self._load(entry)
+        except Exception as exc:
+            wait = self.supervisor.died(model_id, f"restart failed: {exc}")
+            log.error("restarting model %s failed (%s); next try in %.0f s", model_id, exc, wait)
+            return
+        self.supervisor.up(model_id)
+        log.info("the engine of model %s is serving again", model_id)
+
     # --- residency: what the load gate reads, and the unloads -------------------------------------
 
     def is_pinned(self, model_id: str) -> bool:
@@ -147,8 +198,10 @@ class ModelHost:
         return max(etas) if etas else None
 
     def marks(self, model_id: str) -> dict[str, object]:
-        """resident_models[] markers: pinned (config), kept (/v1/keep) and how often the model loaded."""
-        return {"pinned": self.is_pinned(model_id), **self.residency.marks(model_id)}
+        """resident_models[] markers: pinned (config), kept (/v1/keep), how often the model loaded and how often
+        its engine died."""
+        return {"pinned": self.is_pinned(model_id), **self.residency.marks(model_id),
+                "restarts": self.supervisor.restarts.get(model_id, 0)}
 
     async def evict(self, model_id: str, explicit: bool = False) -> None:
         """Unload now; the caller holds the load lock and has checked that the model is not streaming."""
@@ -298,10 +351,15 @@ class ModelHost:
     # --- /health?ready=1 ----------------------------------------------------------------------
 
     def readiness(self) -> Readiness:
-        """Coarse verdict: pressure (orange/red band), then queue (someone waits), then busy (no free slot)."""
+        """Coarse verdict: restarting (an engine died and waits out its backoff), pressure (orange/red band),
+        then queue (someone waits), then busy (no free slot)."""
         stats = [e.stats() for e in self._engines.values()]
         waiting = sum(s.waiting for s in stats)
         in_flight = sum(s.in_flight for s in stats)
+        down = self.supervisor.down
+        if down or any(e.fault is not None for e in self._engines.values()):
+            wait = max(1, round(min((self.supervisor.wait_s(m) for m in down), default=1.0)))
+            return Readiness(False, "restarting", wait, in_flight, waiting)
         if self.governor.pressure:
             return Readiness(False, "pressure", 5, in_flight, waiting)
         if waiting > 0:
@@ -314,7 +372,7 @@ class ModelHost:
 @dataclass(frozen=True)
 class Readiness:
     ready: bool
-    reason: str | None  # one word: pressure | queue | busy
+    reason: str | None  # one word: restarting | pressure | queue | busy
     retry_after_s: int | None
     in_flight: int
     waiting: int
