@@ -22,6 +22,7 @@ from gmlx_server.routes.health import Health
 from gmlx_server.routes.messages import CountTokens, Messages
 from gmlx_server.routes.metrics import Metrics
 from gmlx_server.routes.models import Model, Models
+from gmlx_server.routes.openapi import OpenApi
 from gmlx_server.routes.residency import Keep, Reload, Unload
 from gmlx_server.routes.responses import Responses
 from gmlx_server.service.cache_stats import resident_cache_stats
@@ -113,6 +114,7 @@ def _routes(host: ModelHost, config: ServerConfig) -> list[tuple[str, object]]:
         ("/v1/reload", Reload(host)),
         ("/v1/cache/stats", CacheStats(host)),
         ("/v1/cache/reset", CacheReset(host)),
+        ("/openapi.json", OpenApi()),
     ]
 
 

@@ -1,0 +1,237 @@
+"""The server's routes as an OpenAPI 3.1 document (served at GET /openapi.json).
+
+Request bodies follow the parsers: the sampling fields and their ranges come from params, so the
+document and the validation cannot drift; a test keeps the paths equal to the app's route table.
+Unknown fields are accepted everywhere (additionalProperties), as the parsers accept them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gmlx_server.protocol.anthropic import STOP_SEQUENCES_LIMIT
+from gmlx_server.protocol.jsonsafe import MAX_DEPTH
+from gmlx_server.protocol.params import SAMPLING_FIELDS
+
+Schema = dict[str, Any]
+
+STRING: Schema = {"type": "string"}
+BOOL: Schema = {"type": "boolean"}
+OBJECT: Schema = {"type": "object"}
+TOKENS: Schema = {"type": "integer", "minimum": 1}
+EFFORTS = ["none", "minimal", "low", "medium", "high", "xhigh"]
+
+
+def ref(name: str) -> Schema:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def obj(required: tuple[str, ...] = (), **props: Schema) -> Schema:
+    out: Schema = {"type": "object", "properties": props}
+    if required:
+        out["required"] = list(required)
+    return out
+
+
+def one_of(*schemas: Schema) -> Schema:
+    return {"oneOf": list(schemas)}
+
+
+def array(items: Schema, **kw: Any) -> Schema:
+    return {"type": "array", "items": items, **kw}
+
+
+def _sampling() -> dict[str, Schema]:
+    out: dict[str, Schema] = {}
+    for name, (kind, lo, hi) in SAMPLING_FIELDS.items():
+        if kind == "boolean":
+            out[name] = BOOL
+        elif kind == "integer":
+            out[name] = {"type": "integer", "minimum": int(lo), "maximum": int(hi)}
+        else:
+            bound = {"exclusiveMinimum": lo} if name == "repetition_penalty" else {"minimum": lo}
+            out[name] = {"type": "number", **bound, "maximum": hi}
+    return out
+
+
+def _generation(**props: Schema) -> dict[str, Schema]:
+    """What every generation route reads alike (params.generation_basics), plus the route's own fields."""
+    return {"model": STRING, "profile": STRING, "stream": BOOL, "logit_bias": ref("LogitBias"), **_sampling(),
+            "chat_template_kwargs": OBJECT, **props}
+
+
+def _thinking() -> dict[str, Schema]:
+    return {"reasoning": obj(effort={"enum": EFFORTS}, max_tokens={"type": "integer", "minimum": 0},
+                             enabled=BOOL),
+            "reasoning_effort": {"enum": EFFORTS}, "enable_thinking": BOOL,
+            "thinking_budget": {"type": "integer", "minimum": -1}}
+
+
+def _chat_message() -> Schema:
+    part = obj(("type",), type={"enum": ["text"]}, text=STRING)
+    call = obj(("function",), id=STRING, type={"enum": ["function"]},
+               function=obj(name=STRING, arguments=one_of(STRING, OBJECT)))
+    return obj(("role",), role={"enum": ["system", "developer", "user", "assistant", "tool", "function"]},
+               content=one_of(STRING, array(part), {"type": "null"}), name=STRING, tool_call_id=STRING,
+               tool_calls=array(call))
+
+
+def _chat() -> Schema:
+    tool = obj(("type", "function"), type={"enum": ["function"]},
+               function=obj(("name",), name=STRING, description=STRING, parameters=OBJECT))
+    choice = one_of({"enum": ["none", "auto", "required"]}, obj(("type", "function"), type={"enum": ["function"]},
+                                                                 function=obj(("name",), name=STRING)))
+    fmt = obj(("type",), type={"enum": ["text", "json_object", "json_schema"]},
+              json_schema=obj(("schema",), name=STRING, schema=OBJECT, strict=BOOL))
+    return obj(("messages",), **_generation(
+        messages=array(ref("ChatMessage"), minItems=1), tools=array(tool), tool_choice=choice,
+        response_format=fmt, stream_options=obj(include_usage=BOOL), stop=ref("Stop"),
+        max_tokens=TOKENS, max_completion_tokens=TOKENS, max_output_tokens=TOKENS,
+        logprobs=BOOL, top_logprobs={"type": "integer", "minimum": 0, "maximum": 20},
+        timings_per_token=BOOL, dry_run=BOOL, **_thinking()))
+
+
+def _completion() -> Schema:
+    return obj(("prompt",), **_generation(
+        prompt=STRING, max_tokens=TOKENS, max_output_tokens=TOKENS, stop=ref("Stop"),
+        stream_options=obj(include_usage=BOOL), n={"type": "integer", "minimum": 1, "maximum": 1},
+        best_of={"type": "integer", "minimum": 1, "maximum": 1}, echo={"enum": [False]}, suffix={"enum": [""]}))
+
+
+def _anthropic_block() -> Schema:
+    kinds = ["text", "tool_use", "tool_result", "thinking", "redacted_thinking"]
+    return obj(("type",), type={"enum": kinds}, text=STRING, id=STRING, name=STRING, input=OBJECT,
+               tool_use_id=STRING, content=one_of(STRING, array(obj(("type", "text"), type={"enum": ["text"]},
+                                                                     text=STRING))),
+               is_error=BOOL, thinking=STRING)
+
+
+def _messages() -> Schema:
+    msg = obj(("role", "content"), role={"enum": ["user", "assistant", "system"]},
+              content=one_of(STRING, array(ref("AnthropicBlock"))))
+    tool = obj(("name",), name=STRING, description=STRING, input_schema=OBJECT)
+    choice = obj(("type",), type={"enum": ["auto", "any", "tool", "none"]}, name=STRING)
+    return obj(("messages",), **_generation(
+        messages=array(msg, minItems=1), system=one_of(STRING, array(obj(("type", "text"), type={"enum": ["text"]},
+                                                                          text=STRING))),
+        tools=array(tool), tool_choice=choice, max_tokens=TOKENS, max_output_tokens=TOKENS,
+        stop_sequences=array(STRING, maxItems=STOP_SEQUENCES_LIMIT),
+        thinking=obj(("type",), type={"enum": ["enabled", "disabled", "adaptive"]},
+                     budget_tokens={"type": "integer", "minimum": 0}),
+        output_config=obj(effort=STRING, format=obj(("type", "schema"), type={"enum": ["json_schema"]},
+                                                     schema=OBJECT)),
+        metadata=OBJECT, **_thinking()))
+
+
+def _responses() -> Schema:
+    part = obj(("type",), type={"enum": ["input_text", "output_text", "text", "refusal"]}, text=STRING,
+               refusal=STRING)
+    content = one_of(STRING, array(part))
+    item = obj(type={"enum": ["message", "function_call", "function_call_output", "reasoning"]},
+               role={"enum": ["user", "assistant", "system", "developer"]}, content=content,
+               call_id=STRING, name=STRING, arguments=STRING, output=content)
+    tool = obj(("type",), type=STRING, name=STRING, description=STRING, parameters=OBJECT)
+    choice = one_of({"enum": ["none", "auto", "required"]}, obj(("type", "name"), type={"enum": ["function"]},
+                                                                 name=STRING))
+    fmt = obj(("type",), type={"enum": ["text", "json_object", "json_schema"]}, name=STRING, schema=OBJECT)
+    return obj(("input",), **_generation(
+        input=one_of(STRING, array(item, minItems=1)), instructions=STRING, tools=array(tool), tool_choice=choice,
+        text=obj(format=fmt), max_output_tokens=TOKENS, max_tokens=TOKENS, store=BOOL,
+        previous_response_id=STRING, metadata=OBJECT, **_thinking()))
+
+
+def _errors() -> dict[str, Schema]:
+    openai = obj(("error",), error={**obj(("message", "type", "param", "code"), message=STRING, type=STRING,
+                                          param={"type": ["string", "null"]}, code={"type": ["string", "null"]})})
+    anthropic = obj(("type", "error"), type={"enum": ["error"]},
+                    error=obj(("type", "message"), type=STRING, message=STRING))
+    return {"OpenAIError": openai, "AnthropicError": anthropic}
+
+
+def _components() -> Schema:
+    return {
+        "schemas": {
+            "ChatRequest": _chat(), "CompletionRequest": _completion(), "MessagesRequest": _messages(),
+            "ResponsesRequest": _responses(), "ChatMessage": _chat_message(), "AnthropicBlock": _anthropic_block(),
+            "ModelRequest": obj(model=STRING, keep=BOOL, warm=BOOL),
+            "Stop": one_of(STRING, array(STRING, maxItems=16)),
+            "LogitBias": {"type": "object", "propertyNames": {"pattern": "^[0-9]+$"},
+                          "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}},
+            **_errors(),
+        },
+        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"},
+                            "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}},
+    }
+
+
+def _responses_of(ok: Schema, anthropic: bool = False, stream: bool = False) -> Schema:
+    error = {"application/json": {"schema": ref("AnthropicError" if anthropic else "OpenAIError")}}
+    content: Schema = {"application/json": {"schema": ok}}
+    if stream:
+        content["text/event-stream"] = {"schema": obj(("data",), data=STRING, event=STRING)}  # one event
+    return {"200": {"description": "OK", "content": content},
+            "4XX": {"description": "A typed client error", "content": error},
+            "503": {"description": "Busy, loading or restarting: retry after Retry-After", "content": error}}
+
+
+def _post(summary: str, body: str, *, required: bool = True, anthropic: bool = False, stream: bool = False,
+          ) -> Schema:
+    return {"summary": summary, "requestBody": {"required": required, "content": {
+        "application/json": {"schema": ref(body)}}}, "responses": _responses_of(OBJECT, anthropic, stream)}
+
+
+def _get(summary: str, *params: Schema, text: bool = False) -> Schema:
+    op: Schema = {"summary": summary, "responses": _responses_of(OBJECT)}
+    if text:
+        op["responses"]["200"]["content"]["text/plain"] = {"schema": STRING}
+    if params:
+        op["parameters"] = list(params)
+    return op
+
+
+def _query(name: str, schema: Schema, required: bool = False) -> Schema:
+    return {"name": name, "in": "query", "required": required, "schema": schema}
+
+
+def _paths() -> Schema:
+    metrics = {"get": _get("Server metrics (JSON, or Prometheus text with format=prometheus)",
+                           _query("format", {"enum": ["json", "prometheus"]}), text=True)}
+    models = {"get": _get("The configured models")}
+    health = _get("Liveness; with ready=1, readiness (503 and a reason when not ready)",
+                  _query("ready", {"enum": ["0", "1", "true", "false"]}))
+    health["responses"]["503"] = {"description": "Not ready", "content": {"application/json": {"schema": OBJECT}}}
+    return {
+        "/v1/chat/completions": {"post": _post("OpenAI chat completion", "ChatRequest", stream=True)},
+        "/v1/completions": {"post": _post("OpenAI text completion", "CompletionRequest", stream=True)},
+        "/v1/messages": {"post": _post("Anthropic message", "MessagesRequest", anthropic=True, stream=True)},
+        "/v1/messages/count_tokens": {"post": _post("Anthropic token count", "MessagesRequest", anthropic=True)},
+        "/v1/responses": {"post": _post("OpenAI Responses", "ResponsesRequest", stream=True)},
+        "/v1/estimate": {"post": _post("Estimate memory and time for a chat request", "ChatRequest")},
+        "/unload": {"post": _post("Unload a model (or every idle one)", "ModelRequest", required=False)},
+        "/v1/keep": {"post": _post("Keep a model resident and warm it", "ModelRequest", required=False)},
+        "/v1/reload": {"post": {"summary": "Re-read the config file", "responses": _responses_of(OBJECT)}},
+        "/v1/cache/reset": {"post": _post("Empty the prompt cache", "ModelRequest", required=False)},
+        "/v1/cache/stats": {"get": _get("Prompt cache statistics")},
+        "/v1/capacity/plan": {"get": _get("Do W streams at D tokens fit?",
+                                          _query("width", TOKENS, True), _query("depth", TOKENS, True))},
+        "/v1/models": models, "/models": models,
+        "/v1/models/{model_id}": {"get": {**_get("One model"), "parameters": [
+            {"name": "model_id", "in": "path", "required": True, "schema": STRING}]}},
+        "/health": {"get": health, "head": {**health, "responses": {  # as GET, without a body
+            status: {"description": r["description"]} for status, r in health["responses"].items()}}},
+        "/v1/metrics": metrics, "/metrics": metrics,
+        "/openapi.json": {"get": _get("This document")},
+    }
+
+
+def document(version: str) -> Schema:
+    """The OpenAPI 3.1 description of every route (security applies when server.api_key is set)."""
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "gmlx", "version": version,
+                 "description": "Local GGUF models over the OpenAI and Anthropic protocols. Request bodies are "
+                                f"JSON objects nested at most {MAX_DEPTH} levels deep."},
+        "paths": _paths(),
+        "components": _components(),
+        "security": [{"bearer": []}, {"apiKey": []}, {}],
+    }

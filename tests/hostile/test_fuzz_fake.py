@@ -1,0 +1,38 @@
+"""Hostile requests to every route of an app over the fake engine: the fast variant, run with every
+suite (the real-engine one is test_fuzz_real.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gmlx_server.app import create_app
+from tests.fakes import FakeFactory
+from tests.hostile.harness import ROUTES, Client, exercise
+from tests.hostile.strategies import covered, requests
+from tests.routes.conftest import make_config
+
+MODEL = "m1"
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[Client]:
+    c = Client(create_app(make_config((MODEL,)), FakeFactory()))
+    yield c
+    c.close()
+
+
+def test_every_route_has_a_strategy() -> None:
+    assert [r for r in ROUTES if not covered(*r)] == []
+
+
+@pytest.mark.parametrize(("method", "route"), ROUTES)
+@settings(max_examples=40, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                 HealthCheck.data_too_large, HealthCheck.large_base_example])
+@given(data=st.data())
+def test_no_hostile_request_gets_a_500(client: Client, method: str, route: str, data: st.DataObject) -> None:
+    exercise(client, data.draw(requests(method, route, MODEL)), MODEL)
