@@ -7,13 +7,17 @@ The hostile requests carry exactly the headers a browser adds (Origin, Sec-Fetch
 
 from __future__ import annotations
 
+import http.server
+import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import anthropic
@@ -177,3 +181,105 @@ def test_the_gunicorn_worker_applies_the_same_guard_and_limits(tmp_path: Path) -
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+# --- a real browser (Debian's headless chromium), when installed -----------------------------------
+
+EVIL_PAGE = """<script>
+const api = "API", out = {};
+async function attempt(name, path, opts) {
+  try { out[name] = "status " + (await fetch(api + path, opts)).status; } catch (e) { out[name] = "blocked"; }
+}
+(async () => {
+  await attempt("plain", "/v1/cache/reset?page=evil-plain", {method: "POST", body: "{}"});
+  await attempt("nocors", "/v1/chat/completions?page=evil-nocors", {method: "POST", mode: "no-cors", body: "BODY"});
+  await attempt("json", "/v1/chat/completions?page=evil-json",
+                {method: "POST", headers: {"Content-Type": "application/json"}, body: "BODY"});
+  await fetch("/report", {method: "POST", body: JSON.stringify(out)});
+})();
+</script>"""
+GOOD_PAGE = """<script>
+(async () => {
+  let out;
+  try {
+    const r = await fetch("API/v1/chat/completions?page=good", {method: "POST", body: "BODY",
+      headers: {"Content-Type": "application/json", "Authorization": "Bearer none"}});
+    const text = await r.text();
+    out = {status: r.status, done: text.includes("[DONE]")};  // readable at all: CORS let it through
+  } catch (e) { out = {error: String(e)}; }
+  await fetch("/report", {method: "POST", body: JSON.stringify(out)});
+})();
+</script>"""
+
+
+class Pages(http.server.ThreadingHTTPServer):
+    """Serves the two pages on 127.0.0.1 and collects what each posts back to /report."""
+
+    def __init__(self, api: str) -> None:
+        body = json.dumps({**CHAT, "stream": True}).replace('"', '\\"')
+        self.pages = {"/evil": EVIL_PAGE, "/good": GOOD_PAGE}
+        self.pages = {k: v.replace("API", api).replace("BODY", body) for k, v in self.pages.items()}
+        self.reports: list[dict[str, object]] = []
+        super().__init__(("127.0.0.1", 0), _PageHandler)
+
+
+class _PageHandler(http.server.BaseHTTPRequestHandler):
+    server: Pages
+
+    def do_GET(self) -> None:
+        page = self.server.pages.get(self.path)
+        self.send_response(200 if page else 404)
+        self.send_header("Content-Type", "text/html")
+        self.end_headers()
+        self.wfile.write((page or "").encode())
+
+    def do_POST(self) -> None:
+        self.server.reports.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _browse(url: str, profile: Path, done: Callable[[], bool]) -> None:
+    """Open `url` in headless chromium (evil.example and rebind.example resolve to 127.0.0.1) until `done()`."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert chromium is not None
+    proc = subprocess.Popen([chromium, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={profile}",
+                             "--host-resolver-rules=MAP evil.example 127.0.0.1, MAP rebind.example 127.0.0.1",
+                             url], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300  # a bound on a hang: the good page loads the model first
+        while not done() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None and shutil.which("chromium-browser") is None,
+                    reason="chromium is not installed (optional: apt-get install chromium)")
+def test_a_real_browser_is_refused_cross_site_and_served_from_an_allowed_origin(
+        server: LiveServer, tmp_path: Path) -> None:
+    pages = Pages(server.base_url)
+    threading.Thread(target=pages.serve_forever, daemon=True).start()
+    port = pages.server_address[1]
+    try:
+        _browse(f"http://evil.example:{port}/evil", tmp_path / "evil", lambda: len(pages.reports) == 1)
+        assert pages.reports[0] == {"plain": "blocked", "nocors": "status 0", "json": "blocked"}
+        _browse(f"http://localhost:{port}/good", tmp_path / "good", lambda: len(pages.reports) == 2)
+        assert pages.reports[1] == {"status": 200, "done": True}
+        _browse(f"http://rebind.example:{_port(server)}/health?page=rebind", tmp_path / "rebind",
+                lambda: "GET /health?page=rebind" in server.log())
+    finally:
+        pages.shutdown()
+    log = server.log()
+    for line in ('"POST /v1/cache/reset?page=evil-plain HTTP/1.1" 403',
+                 '"POST /v1/chat/completions?page=evil-nocors HTTP/1.1" 403',
+                 '"OPTIONS /v1/chat/completions?page=evil-json HTTP/1.1" 403',  # the preflight, refused
+                 '"OPTIONS /v1/chat/completions?page=good HTTP/1.1" 204',
+                 '"POST /v1/chat/completions?page=good HTTP/1.1" 200',
+                 '"GET /health?page=rebind HTTP/1.1" 403'):
+        assert line in log, line
+    assert "POST /v1/chat/completions?page=evil-json" not in log  # the browser never sent it
