@@ -76,11 +76,22 @@ def check_error_body(path: str, body: Any) -> None:
     assert err["param"] is None or isinstance(err["param"], str), body
 
 
+NORMAL = {"max_tokens": 1, "temperature": 0, "messages": [{"role": "user", "content": "Say hi."}]}
+
+
 def serves_normally(client: Client, model: str) -> None:
     """A plain one-token chat answers 200: whatever came before did not break the engine."""
-    body = json.dumps({"model": model, "max_tokens": 1, "temperature": 0,
-                       "messages": [{"role": "user", "content": "Say hi."}]}).encode()
-    r = client.send(Hostile("POST", "/v1/chat/completions", body))
+    r = client.send(Hostile("POST", "/v1/chat/completions", json.dumps({"model": model, **NORMAL}).encode()))
+    _normal_answer(r)
+
+
+def serves_normally_at(base_url: str, model: str) -> None:
+    """The same over real HTTP, for a live server."""
+    _normal_answer(httpx.post(base_url + "/v1/chat/completions", json={"model": model, **NORMAL},
+                              timeout=REQUEST_LIMIT_S))
+
+
+def _normal_answer(r: httpx.Response) -> None:
     assert r.status_code == 200, r.text[:500]
     choice = r.json()["choices"][0]
     assert choice["finish_reason"] in ("length", "stop") and isinstance(choice["message"]["content"], str)

@@ -1,5 +1,6 @@
-"""Schemathesis drives every operation of GET /openapi.json against a live server (uvicorn on loopback,
-fake engines): no 5xx, and every answer conforms to the document (status, content type, error body)."""
+"""Schemathesis drives every operation of GET /openapi.json against a live server (uvicorn on loopback):
+no 5xx, and every answer conforms to the document (status, content type, error and success bodies).
+Over fake engines in the fast suite; over the real engine on SmolLM2 (slow), with generations capped."""
 
 from __future__ import annotations
 
@@ -16,14 +17,22 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from gmlx_server.config import RuntimeEnv
+from gmlx_server.app import create_app
+from gmlx_server.config import RuntimeEnv, load_config
+from gmlx_server.service.host import ModelHost
+from tests.conftest import smollm2_path
+from tests.hostile.harness import serves_normally_at
 from tests.routes.conftest import ThreadedServer, make_config, serve
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
+SETTINGS = settings(deadline=None, derandomize=True,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                           HealthCheck.filter_too_much, HealthCheck.data_too_large])
+CAPPED = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 
 
 @pytest.fixture(scope="module")
-def live_url() -> Iterator[str]:
+def fake_url() -> Iterator[str]:
     s = serve(make_config(("m1",), env=RuntimeEnv(sse_keepalive_s=0.05)))
     with ThreadedServer(s.app) as url:
         yield url
@@ -31,16 +40,42 @@ def live_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def api(live_url: str) -> Any:
-    return schemathesis.openapi.from_url(live_url + "/openapi.json")
+def real_url() -> Iterator[str]:
+    smollm2_path()  # skips without the embedded model
+    host = ModelHost(load_config())
+    with ThreadedServer(create_app(host.config, host=host)) as url:
+        yield url
+        serves_normally_at(url, host.config.server.default_model or "")
 
 
-schema = schemathesis.pytest.from_fixture("api")
+@pytest.fixture(scope="module")
+def fake_api(fake_url: str) -> Any:
+    return schemathesis.openapi.from_url(fake_url + "/openapi.json")
 
 
-@schema.parametrize()
-@settings(max_examples=15, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                 HealthCheck.filter_too_much, HealthCheck.data_too_large])
-def test_every_operation_conforms(case: Any, live_url: str) -> None:
-    case.call_and_validate(base_url=live_url, checks=CHECKS, timeout=60)
+@pytest.fixture(scope="module")
+def real_api(real_url: str) -> Any:
+    return schemathesis.openapi.from_url(real_url + "/openapi.json")
+
+
+def cap_generation(case: Any) -> None:
+    """At most two tokens per generation, so that a valid body the schema allows stays cheap."""
+    if isinstance(case.body, dict):
+        for name in CAPPED:
+            value = case.body.get(name)
+            if value is None or (type(value) is int and value > 2):
+                case.body[name] = 2
+
+
+@schemathesis.pytest.from_fixture("fake_api").parametrize()
+@settings(SETTINGS, max_examples=15)
+def test_every_operation_conforms(case: Any, fake_url: str) -> None:
+    case.call_and_validate(base_url=fake_url, checks=CHECKS, timeout=60)
+
+
+@pytest.mark.slow
+@schemathesis.pytest.from_fixture("real_api").parametrize()
+@settings(SETTINGS, max_examples=10)
+def test_every_operation_conforms_on_the_real_engine(case: Any, real_url: str) -> None:
+    cap_generation(case)
+    case.call_and_validate(base_url=real_url, checks=CHECKS, timeout=300)
