@@ -184,8 +184,9 @@ def read_header(path: str | Path, *, strings: bool = True) -> GGUFHeader:
 
 
 def _parse(cur: _Cursor, path: str, size: int) -> GGUFHeader:
-    if cur.take(4) != GGUF_MAGIC:
-        raise GGUFFormatError(path, "not a GGUF file (bad magic)")
+    magic = cur.take(4)
+    if magic != GGUF_MAGIC:
+        raise GGUFFormatError(path, f"not a GGUF file (bad magic: it starts with {magic!r}, not {GGUF_MAGIC!r})")
     version = cur.scalar("<I")
     if version not in (2, 3):
         raise GGUFFormatError(path, f"unsupported GGUF version {version}")

@@ -1,7 +1,8 @@
 """POST /v1/estimate (and chat's dry_run) and GET /v1/capacity/plan: admission answers before a request.
 
 The dry run never loads a model: a model that is not resident is tokenized with a tokenizer and
-template built from its GGUF header alone (no MLX), and answers resident: false.
+template built from its GGUF header alone (no MLX), and answers resident: false. A file that cannot load
+gets the load's own answers: 403 for a repo id, 503 model_load_failed for a bad file.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from gmlx_server.engine.tokenizer import GGUFTokenizer
 from gmlx_server.engine.types import ChatTemplate, Engine, Tokenizer
 from gmlx_server.service.addressing import resolve_address, resolve_settings
 from gmlx_server.service.generate import GenerationInput, check_message_count, tokenize
+from gmlx_server.service.hf_policy import local_entry
 from gmlx_server.service.host import ModelHost
 
 
@@ -54,9 +56,14 @@ class Estimator:
             info = engine.info
             return PromptTools(info.family, info.context_length, engine.tokenizer, engine.template), engine
         e = self.host.entry(model_id)
+        local = local_entry(e, self.host.config)
+        await asyncio.to_thread(self.host.files.verify, local)
         key = e.load_key
         if key not in self._tools:
-            self._tools[key] = await asyncio.to_thread(_header_tools, e.path, e.chat_template, e.max_kv_size)
+            try:
+                self._tools[key] = await asyncio.to_thread(_header_tools, local.path, e.chat_template, e.max_kv_size)
+            except (ValueError, KeyError, OSError) as exc:  # what the header check cannot see, or a fake's path
+                raise self.host.files.load_failed(local, exc) from exc
         return self._tools[key], None
 
     async def estimate(self, inp: GenerationInput) -> dict[str, Any]:

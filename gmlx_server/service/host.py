@@ -8,6 +8,7 @@ verdict, both read without waiting on an engine (stats() is a snapshot; GGUF hea
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -18,7 +19,7 @@ from gmlx_plan.gguf_header import GGUFFormatError, read_header
 from gmlx_server.config import ModelEntry, RuntimeEnv, ServerConfig
 from gmlx_server.engine.types import Engine, EngineClosed, GenerationRequest, RequestHandle
 from gmlx_server.errors import EngineRestarting, GmlxError, ModelNotFound
-from gmlx_server.service.addressing import Catalog
+from gmlx_server.service.addressing import Catalog, resolve_address
 from gmlx_server.service.admission import Admission
 from gmlx_server.service.cache_points import TokenMemo
 from gmlx_server.service.capacity import CapacityService
@@ -26,6 +27,7 @@ from gmlx_server.service.governor import Governor
 from gmlx_server.service.hf_policy import local_entry
 from gmlx_server.service.load_gate import LoadGate
 from gmlx_server.service.memory import MemoryReading, read_memory
+from gmlx_server.service.model_files import ModelFiles, ModelLoadFailed
 from gmlx_server.service.reload import ModelChanges, diff_models, rebuild_capacity
 from gmlx_server.service.residency import Residency, close_engine, release_memory, streaming, warm_up
 from gmlx_server.service.supervisor import Supervisor
@@ -43,8 +45,7 @@ def default_engine_factory(entry: ModelEntry, env: RuntimeEnv) -> Engine:
     return engine
 
 
-class ModelLoadFailed(GmlxError):
-    status, type = 500, "model_load_failed"
+__all__ = ["ModelBusy", "ModelHost", "ModelLoadFailed", "Readiness"]
 
 
 class ModelBusy(GmlxError):
@@ -68,6 +69,10 @@ class ModelHost:
         self.residency = Residency(clock)
         self.supervisor = Supervisor(clock)
         self.gate = LoadGate(self)  # real time: its 3 s wait is wall-clock
+        # Header checks need real files: an injected factory's entries name none.
+        self.files = ModelFiles(check_headers=self._factory is default_engine_factory)
+        default = self._default_id()
+        self._verify_files([self.entry(default)] if default is not None else [])  # so ready=1 knows at boot
 
     def _read_memory(self) -> MemoryReading:
         # MLX's allocator is process-wide: each engine's snapshot measures all of it, so summing them would count
@@ -114,6 +119,7 @@ class ModelHost:
 
     async def _load(self, entry: ModelEntry) -> Engine:
         local = local_entry(entry, self.config)  # 403 before any memory is judged or freed
+        await asyncio.to_thread(self.files.verify, local)  # a known-bad or bad-header file: 503 before the gate
         need = await self._need(entry.id)
         if need is not None and not self.env.overcommit:
             await self.gate.admit(entry.id, need)
@@ -124,8 +130,7 @@ class ModelHost:
         except GmlxError:
             raise
         except Exception as exc:
-            log.exception("model %s failed to load", entry.id)
-            raise ModelLoadFailed(f"model '{entry.id}' failed to load: {exc}") from exc
+            raise self.files.load_failed(local, exc) from exc
         self._engines[entry.id] = engine
         self.residency.loaded(entry.id, engine.info.weights_bytes)
         await asyncio.to_thread(release_memory)  # the load's transients, back to the OS
@@ -276,6 +281,7 @@ class ModelHost:
             changes = diff_models(self.config.models, config.models)
             self.capacity = rebuild_capacity(self.capacity, self.config, config)
             self.config, self.catalog = config, Catalog.from_config(config)
+            self.files.forget((*changes.changed, *changes.removed))  # a new entry gets a new verdict
             for model_id in (*changes.changed, *changes.removed):
                 self._context.pop(model_id, None)
                 self.residency.retire(model_id, resident=model_id in self._engines)
@@ -325,6 +331,7 @@ class ModelHost:
         missing = [e for e in self.config.models.values() if e.id not in known]
         if missing:
             await asyncio.to_thread(lambda: [self._trained_context(e) for e in missing])
+        await asyncio.to_thread(self._verify_files, list(self.config.models.values()))
         default = self.config.server.default_model
         rows = [self._model_row(e, default) for e in self.config.models.values()]
         rows += [self._alias_row(name, target, default) for name, target in self.config.aliases.items()]
@@ -340,7 +347,20 @@ class ModelHost:
             "discovered": entry.discovered,
             "context_length": self._context_length(entry),
             "max_context_at_width_1": self.capacity.max_context_at_width_1(entry.id),
+            "load_error": self.files.problem(entry.id),  # why its file cannot load; null when none is known
         }
+
+    def _verify_files(self, entries: Iterable[ModelEntry]) -> None:
+        """Header verdicts, remembered (blocking: a stat per model once its file is judged)."""
+        for entry in entries:
+            with contextlib.suppress(GmlxError):  # a bad file is remembered; a repo id stays the loader's 403
+                self.files.verify(local_entry(entry, self.config))
+
+    def _default_id(self) -> str | None:
+        try:
+            return resolve_address("", None, self.catalog).model_id
+        except GmlxError:
+            return None
 
     def _alias_row(self, name: str, target: str, default: str | None) -> dict[str, Any]:
         mid, _, prof = target.rpartition("@") if target not in self.config.models else (target, "", "")
@@ -351,11 +371,14 @@ class ModelHost:
     # --- /health?ready=1 ----------------------------------------------------------------------
 
     def readiness(self) -> Readiness:
-        """Coarse verdict: restarting (an engine died and waits out its backoff), pressure (orange/red band),
-        then queue (someone waits), then busy (no free slot)."""
+        """Coarse verdict: model (the default model's file cannot load), restarting (an engine died and waits out
+        its backoff), pressure (orange/red band), then queue (someone waits), then busy (no free slot)."""
         stats = [e.stats() for e in self._engines.values()]
         waiting = sum(s.waiting for s in stats)
         in_flight = sum(s.in_flight for s in stats)
+        default = self._default_id()
+        if default is not None and self.files.problem(default) is not None:
+            return Readiness(False, "model", 30, in_flight, waiting)
         down = self.supervisor.down
         if down or any(e.fault is not None for e in self._engines.values()):
             wait = max(1, round(min((self.supervisor.wait_s(m) for m in down), default=1.0)))
@@ -372,7 +395,7 @@ class ModelHost:
 @dataclass(frozen=True)
 class Readiness:
     ready: bool
-    reason: str | None  # one word: restarting | pressure | queue | busy
+    reason: str | None  # one word: model | restarting | pressure | queue | busy
     retry_after_s: int | None
     in_flight: int
     waiting: int

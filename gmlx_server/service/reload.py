@@ -1,5 +1,7 @@
 """POST /v1/reload: re-read the config file and re-register models, keeping engines whose load parameters
-(ModelEntry.load_key) did not change. A broken file keeps the running config and says why.
+(ModelEntry.load_key) did not change. A broken file keeps the running config and says why, and so does a new
+or changed model whose GGUF fails the header check: a reload never swaps a working model for a file that
+cannot load (models found in models_dir are exempt: a download in progress must not block reloads).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 from gmlx_server.config import ConfigError, ModelEntry, ServerConfig, reload_config
 from gmlx_server.errors import GmlxError
 from gmlx_server.service.capacity import CapacityService
+from gmlx_server.service.hf_policy import local_entry
+from gmlx_server.service.model_files import file_problem
 
 if TYPE_CHECKING:  # the host calls into this module; only its type is needed here
     from gmlx_server.service.host import ModelHost
@@ -54,6 +58,21 @@ def rebuild_capacity(old_service: CapacityService, old: ServerConfig, new: Serve
     return service
 
 
+def check_new_files(old: ServerConfig, new: ServerConfig) -> None:
+    """400 naming the first added or changed model whose file fails the header check. Blocking."""
+    changes = diff_models(old.models, new.models)
+    for model_id in (*changes.added, *changes.changed):
+        entry = new.models[model_id]
+        try:
+            path = local_entry(entry, new).path
+        except GmlxError:
+            continue  # a repo id: the loader's 403 on use, as after a start
+        problem = None if entry.discovered else file_problem(path)
+        if problem is not None:
+            raise InvalidConfig(f"reload refused, the running config is kept: model '{model_id}' cannot be "
+                                f"loaded: {problem}", param=f"models.{model_id}.path", code="model_file_invalid")
+
+
 async def reload(host: ModelHost) -> dict[str, Any]:
     """{"status": "unsupported"} outside config mode; else the re-registered models (400 on a broken file)."""
     if host.config.source is None:
@@ -62,6 +81,8 @@ async def reload(host: ModelHost) -> dict[str, Any]:
         config = await asyncio.to_thread(reload_config, host.config)
     except ConfigError as e:
         raise InvalidConfig(f"reload failed, the running config is kept: {e}", param=e.key or None) from e
+    if host.files.check_headers:
+        await asyncio.to_thread(check_new_files, host.config, config)
     changes = await host.reconfigure(config)
     loaded = [m for m in changes.unchanged if m in host.resident]
     return {"status": "reloaded", "source": config.source, **asdict(changes), "kept_loaded": loaded}

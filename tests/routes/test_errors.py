@@ -54,7 +54,7 @@ def test_load_errors_keep_their_type() -> None:
     _error(r, 503, "model_load_deferred")
     assert r.headers["Retry-After"] == "12"
     _error(failing(HFAccessDisabled("repo ids are not served")).chat(), 403, "hf_access_disabled")
-    err = _error(failing(RuntimeError("bad file")).chat(), 500, "model_load_failed")
+    err = _error(failing(RuntimeError("bad file")).chat(), 503, "model_load_failed")
     assert "bad file" in err["message"]
 
 
