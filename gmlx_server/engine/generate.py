@@ -60,6 +60,7 @@ class Sequence:
         self._prompt = mx.array(self._tokens, dtype=mx.int32)
         self.output: list[int] = []  # accepted tokens, so a rewind can rebuild the KV
         self.rewinds, self.probation = 0, False
+        self.last_chunk = 0
         self._pos, self._chunk = 0, chunk
         self._store, self._stops, self._window = prompt_cache, [len(req.prompt_tokens)], False
         self.next_input: int | None = None  # the token the next decode step feeds for this row
@@ -78,6 +79,7 @@ class Sequence:
             return self.finish("cancelled")
         n = len(self._tokens)
         end = min(self._pos + self._chunk, next(s for s in self._stops if s > self._pos))
+        self.last_chunk = end - self._pos  # the engine's prefill rate is measured per chunk
         if end < n:
             self.model(self._prompt[self._pos: end][None], cache=self.cache)
             mx.eval([c.state for c in self.cache])

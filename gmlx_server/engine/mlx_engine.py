@@ -16,7 +16,7 @@ from typing import Any
 
 from gmlx_server.engine.arch import vocab_size
 from gmlx_server.engine.prompt_cache import PromptCache
-from gmlx_server.engine.scheduler import Inbox, MemorySnapshot, Scheduler
+from gmlx_server.engine.scheduler import Inbox, MemorySnapshot, Pace, Scheduler
 from gmlx_server.engine.scheduler import Job as _Job
 from gmlx_server.engine.structured import GrammarTokenizerCache
 from gmlx_server.engine.types import (
@@ -71,6 +71,7 @@ class MLXEngine:
         self._fault: str | None = None  # why the engine thread died, if it did
         self._closing = False
         self.memory = MemorySnapshot()
+        self.pace = Pace()
         self.grammar_tokenizers = GrammarTokenizerCache()  # llguidance's vocabulary: built once, on first use
         self._thread = threading.Thread(target=self._main, args=(loader,), name="gmlx-engine", daemon=True)
         self._thread.start()
@@ -96,7 +97,7 @@ class MLXEngine:
 
         try:
             Scheduler(loaded.model, loaded.tokenizer, self._decode_batch, self._jobs, self._forget, self.memory,
-                      grammar_tokenizer, self._prompt_cache).run()
+                      grammar_tokenizer, self._prompt_cache, self.pace).run()
         except BaseException as e:  # the loop itself broke: say why, and end every request it held
             self._fault = f"{type(e).__name__}: {e}"
             log.critical("the engine thread of %s died: %s", loaded.info.model_id, self._fault, exc_info=e)
@@ -174,7 +175,8 @@ class MLXEngine:
         rows = tuple(sorted(rows, key=lambda r: r.state != "queued"))
         # A queued request with a free slot holds it (it is next to prefill): in flight, not waiting for a slot.
         in_flight = min(len(rows), self._decode_batch)
-        return EngineStats(self._decode_batch, in_flight, len(rows) - in_flight, rows)
+        return EngineStats(self._decode_batch, in_flight, len(rows) - in_flight, rows,
+                           self.pace.step_s, self.pace.prefill_tok_s)
 
     def cache_stats(self) -> dict[str, Any]:
         """The prompt cache's counters as the engine thread last published them, or {"enabled": False}."""

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import logging
 import queue
+import statistics
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,6 +23,7 @@ from gmlx_server.engine.prompt_cache import PromptCache
 from gmlx_server.engine.types import GenerationRequest, TokenEvent
 
 log = logging.getLogger("gmlx.engine")
+PACE_WINDOW = 32  # steps (per width) and prefill chunks the measured speeds look back on
 MAX_REWINDS = 3  # a row recomputed this often after failed steps fails itself: no endless recovery loop
 
 
@@ -42,6 +45,32 @@ class MemorySnapshot:
     peak_bytes: int = 0
 
 
+class Pace:
+    """Measured speeds, kept by the engine thread: a decode step's seconds by batch width (the median of the
+    recent steps, so one stall on a shared machine does not swing it) and the recent prefill rate. The drain
+    estimate (Retry-After) replays the queue with them."""
+
+    def __init__(self) -> None:
+        self._steps: dict[int, deque[float]] = {}
+        self._chunks: deque[tuple[int, float]] = deque(maxlen=PACE_WINDOW)
+
+    def stepped(self, width: int, seconds: float) -> None:
+        self._steps.setdefault(width, deque(maxlen=PACE_WINDOW)).append(seconds)
+
+    def prefilled(self, tokens: int, seconds: float) -> None:
+        self._chunks.append((tokens, seconds))
+
+    @property
+    def step_s(self) -> dict[int, float]:
+        return {w: statistics.median(list(d)) for w, d in list(self._steps.items()) if d}
+
+    @property
+    def prefill_tok_s(self) -> float | None:
+        chunks = list(self._chunks)
+        seconds = sum(s for _, s in chunks)
+        return sum(t for t, _ in chunks) / seconds if seconds > 0 else None
+
+
 Control = Callable[[], None]  # work another thread asks the engine thread to do (e.g. reset the prompt cache)
 Inbox = queue.Queue[Job | Control | None]
 
@@ -49,10 +78,12 @@ Inbox = queue.Queue[Job | Control | None]
 class Scheduler:
     def __init__(self, model: Any, tokenizer: Any, width: int, inbox: Inbox,
                  forget: Callable[[Job], None], memory: MemorySnapshot,
-                 grammar_tokenizer: GrammarTokenizer | None = None, prompt_cache: PromptCache | None = None) -> None:
+                 grammar_tokenizer: GrammarTokenizer | None = None, prompt_cache: PromptCache | None = None,
+                 pace: Pace | None = None) -> None:
         self.model, self.tokenizer, self.width = model, tokenizer, width
         self.grammar_tokenizer, self.prompt_cache = grammar_tokenizer, prompt_cache
         self.inbox, self.forget, self.memory = inbox, forget, memory
+        self.pace = pace if pace is not None else Pace()
         self.waiting: deque[Job] = deque()
         self.resuming: deque[tuple[Job, Sequence]] = deque()  # rows rewound after a failed batched step
         self.prefilling: tuple[Job, Sequence] | None = None
@@ -149,8 +180,12 @@ class Scheduler:
         if self.prefilling is None:
             return
         job, seq = self.prefilling
+        t0 = time.perf_counter()
         try:
             done = seq.finish("shed", error=job.shed_reason) if job.shed_reason else seq.prefill_step()
+            if seq.last_chunk:
+                self.pace.prefilled(seq.last_chunk, time.perf_counter() - t0)
+                seq.last_chunk = 0
         except Exception as e:  # one request's failure must not take the engine down
             log.exception("prefill of %s failed", job.request.request_id)
             done = seq.finish("error", error=f"{type(e).__name__}: {e}")
@@ -182,8 +217,10 @@ class Scheduler:
                 if reason is not None:
                     self.batch.shed(i, reason)
             self.batch.cancel_requested()
-            if len(self.batch):
+            if width := len(self.batch):
+                t0 = time.perf_counter()
                 self.batch.step()
+                self.pace.stepped(width, time.perf_counter() - t0)
         except Exception as e:
             log.exception("decode step failed for %d rows; recomputing them", len(self.batch))
             self._recover(self.batch.take_all(), f"{type(e).__name__}: {e}")

@@ -130,6 +130,8 @@ class EngineStats:
     in_flight: int
     waiting: int
     rows: tuple[RequestRow, ...] = ()
+    step_s: Mapping[int, float] = field(default_factory=dict)  # measured decode step seconds by batch width
+    prefill_tok_s: float | None = None  # measured prefill rate, chunk by chunk
 
 
 class EngineClosed(RuntimeError):

@@ -6,10 +6,10 @@ load balancer or client waits before retrying: tokens still to generate over the
 
 from __future__ import annotations
 
-from gmlx_plan.queueing import Rates, default_queue_cap, retry_after_s
+from gmlx_plan.queueing import Rates, default_queue_cap, drain_by_phases, retry_after_s, step_time
 from gmlx_plan.queueing import drain_eta_s as plan_drain_eta_s
 from gmlx_server.config import RuntimeEnv
-from gmlx_server.engine.types import EngineStats
+from gmlx_server.engine.types import EngineStats, RequestRow
 from gmlx_server.errors import ServerOverloaded
 from gmlx_server.service.telemetry import ModelRates, Telemetry
 
@@ -23,11 +23,21 @@ def queue_cap(env: RuntimeEnv, stats: EngineStats) -> int:
 
 
 def drain_eta_s(stats: EngineStats, rates: ModelRates | None) -> float:
-    """Seconds until the engine has worked off what is running and waiting now (gmlx_plan's formula)."""
-    r = Rates((rates.decode_tok_s_recent if rates else None) or FALLBACK_DECODE_TOK_S,
-              (rates.prefill_tok_s_recent if rates else None) or FALLBACK_PREFILL_TOK_S, batch_scaling=1.0)
+    """Seconds until the engine has worked off what is running and waiting now. With the engine's measured
+    step times, its schedule replayed phase by phase; before any, gmlx_plan's rate formula."""
     expected = (rates.mean_generated if rates else None) or FALLBACK_OUTPUT_TOKENS
-    decode_left = sum(max(min(row.max_tokens, expected) - row.generated, 1.0) for row in stats.rows)
+    prefill_tok_s = stats.prefill_tok_s or (rates.prefill_tok_s_recent if rates else None) or FALLBACK_PREFILL_TOK_S
+
+    def left(row: RequestRow) -> float:
+        return max(min(row.max_tokens, expected) - row.generated, 1.0)
+
+    if stats.step_s:
+        decoding = [left(r) for r in stats.rows if r.state == "decode"]
+        pending = [(float(r.prompt_tokens - r.warm_tokens), left(r)) for r in stats.rows if r.state != "decode"]
+        return drain_by_phases(decoding, pending, stats.decode_batch, step_time(stats.step_s), prefill_tok_s)
+    r = Rates((rates.decode_tok_s_recent if rates else None) or FALLBACK_DECODE_TOK_S, prefill_tok_s,
+              batch_scaling=1.0)
+    decode_left = sum(left(row) for row in stats.rows)
     prefill_left = sum(row.prompt_tokens for row in stats.rows if row.state in ("queued", "prefill"))
     return plan_drain_eta_s(prefill_left, decode_left, len(stats.rows), stats.decode_batch, r)
 

@@ -39,7 +39,7 @@ class Supervisor:
         streak = 0 if up is not None and now - up >= self.stable_s else self._streak.get(model_id, 0)
         self._streak[model_id] = streak + 1
         self.restarts[model_id] = self.restarts.get(model_id, 0) + 1
-        wait = min(self.max_s, self.base_s * 2 ** streak)
+        wait = min(self.max_s, self.base_s * 2.0**streak)
         self._down[model_id] = Outage(reason, now + wait, streak + 1)
         return wait
 

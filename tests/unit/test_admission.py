@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gmlx_plan.queueing import retry_after_s
+from gmlx_plan.queueing import drain_by_phases, retry_after_s, step_time
 from gmlx_server.config import RuntimeEnv
 from gmlx_server.engine.types import EngineStats, GenerationRequest, RequestRow, TokenEvent
 from gmlx_server.errors import ServerOverloaded
@@ -207,3 +207,27 @@ def test_tracked_handle_records_the_final_event_once() -> None:
         return len([e async for e in tel.track("m", h)])  # type: ignore[arg-type]
 
     assert asyncio.run(drain()) == 2 and tel.models["m"].finished["stop"] == 1
+
+
+def test_drain_by_phases_replays_the_schedule() -> None:
+    one_s = step_time({4: 1.0})
+    # Two rows decode together at 1 s a step: the longer one finishes after 5 steps.
+    assert drain_by_phases([3, 5], [], 4, one_s, 100.0) == pytest.approx(5.0)
+    # Width 1: the queued row (100 prompt tokens at 100 tok/s) waits for the slot, prefills, then decodes.
+    assert drain_by_phases([2], [(100, 3)], 1, one_s, 100.0) == pytest.approx(2 + 1 + 3)
+    # Step time follows the width: 3 steps at width 2 (2 s each), then 2 alone (1 s each).
+    by_width = step_time({1: 1.0, 2: 2.0})
+    assert drain_by_phases([3, 5], [], 2, by_width, 100.0) == pytest.approx(3 * 2 + 2 * 1)
+    assert drain_by_phases([], [], 2, by_width, 100.0) == 0.0
+
+
+def test_step_time_takes_the_nearest_measured_width() -> None:
+    at = step_time({1: 0.1, 4: 0.2})
+    assert (at(1), at(2), at(3), at(4), at(8)) == (0.1, 0.1, 0.2, 0.2, 0.2)
+
+
+def test_the_measured_pace_drives_the_estimate() -> None:
+    rows = (RequestRow("a", "decode", 10, 6, 16, 1.0, 0.1, 5.0), RequestRow("b", "queued", 50, 0, 16, 0.5, None, None))
+    measured = EngineStats(1, 1, 1, rows, {1: 0.5}, 100.0)
+    # a: 10 tokens left at 0.5 s; then b prefills 50 tokens (0.5 s) and decodes 16 (8 s).
+    assert drain_eta_s(measured, None) == pytest.approx(10 * 0.5 + 0.5 + 16 * 0.5)
