@@ -12,6 +12,7 @@ import json
 from typing import Any, cast
 
 import httpx
+from hypothesis import HealthCheck, settings
 
 from gmlx_server.app import GmlxApp, create_app, route_table
 from gmlx_server.protocol.errors import is_anthropic
@@ -21,6 +22,10 @@ from tests.routes.conftest import make_config
 
 # (method, path) of every responder: the same for any config, so an app over fakes lists them.
 ROUTES = sorted(route_table(create_app(make_config(("m1",)), FakeFactory())))
+# Reproducible runs in CI; big hostile values and a real engine make examples slow and large.
+FUZZ = settings(deadline=None, derandomize=True, suppress_health_check=[
+    HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large,
+    HealthCheck.large_base_example, HealthCheck.filter_too_much])
 REQUEST_LIMIT_S = 300.0  # a hung request (a dead engine thread) fails the test instead of stalling CI
 # Routes whose success means the engine ran this request: the engine must still serve the next one.
 ENGINE_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses", "/v1/keep")

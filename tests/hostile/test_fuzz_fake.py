@@ -6,12 +6,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gmlx_server.app import create_app
 from tests.fakes import FakeFactory
-from tests.hostile.harness import ROUTES, Client, exercise
+from tests.hostile.harness import FUZZ, ROUTES, Client, exercise
 from tests.hostile.strategies import covered, requests
 from tests.routes.conftest import make_config
 
@@ -30,9 +30,7 @@ def test_every_route_has_a_strategy() -> None:
 
 
 @pytest.mark.parametrize(("method", "route"), ROUTES)
-@settings(max_examples=40, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                 HealthCheck.data_too_large, HealthCheck.large_base_example])
+@settings(FUZZ, max_examples=40)
 @given(data=st.data())
 def test_no_hostile_request_gets_a_500(client: Client, method: str, route: str, data: st.DataObject) -> None:
     exercise(client, data.draw(requests(method, route, MODEL)), MODEL)

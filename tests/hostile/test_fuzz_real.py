@@ -10,14 +10,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gmlx_server.app import create_app
 from gmlx_server.config import DEFAULT_MODEL_ID, load_config
 from gmlx_server.service.host import ModelHost
 from tests.conftest import smollm2_path
-from tests.hostile.harness import ROUTES, Client, exercise, serves_normally
+from tests.hostile.harness import FUZZ, ROUTES, Client, exercise, serves_normally
 from tests.hostile.strategies import requests
 
 pytestmark = pytest.mark.slow
@@ -36,9 +36,7 @@ def client() -> Iterator[Client]:
 
 
 @pytest.mark.parametrize(("method", "route"), ROUTES)
-@settings(max_examples=30, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                 HealthCheck.data_too_large, HealthCheck.large_base_example])
+@settings(FUZZ, max_examples=30)
 @given(data=st.data())
 def test_no_hostile_request_gets_a_500(client: Client, method: str, route: str, data: st.DataObject) -> None:
     exercise(client, data.draw(requests(method, route, MODEL)), MODEL)

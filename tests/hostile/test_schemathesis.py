@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, settings
+from hypothesis import settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
@@ -21,13 +21,10 @@ from gmlx_server.app import create_app
 from gmlx_server.config import RuntimeEnv, load_config
 from gmlx_server.service.host import ModelHost
 from tests.conftest import smollm2_path
-from tests.hostile.harness import serves_normally_at
+from tests.hostile.harness import FUZZ, serves_normally_at
 from tests.routes.conftest import ThreadedServer, make_config, serve
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
-SETTINGS = settings(deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                           HealthCheck.filter_too_much, HealthCheck.data_too_large])
 CAPPED = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 
 
@@ -68,14 +65,14 @@ def cap_generation(case: Any) -> None:
 
 
 @schemathesis.pytest.from_fixture("fake_api").parametrize()
-@settings(SETTINGS, max_examples=15)
+@settings(FUZZ, max_examples=15)
 def test_every_operation_conforms(case: Any, fake_url: str) -> None:
     case.call_and_validate(base_url=fake_url, checks=CHECKS, timeout=60)
 
 
 @pytest.mark.slow
 @schemathesis.pytest.from_fixture("real_api").parametrize()
-@settings(SETTINGS, max_examples=10)
+@settings(FUZZ, max_examples=10)
 def test_every_operation_conforms_on_the_real_engine(case: Any, real_url: str) -> None:
     cap_generation(case)
     case.call_and_validate(base_url=real_url, checks=CHECKS, timeout=300)
