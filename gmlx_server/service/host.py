@@ -267,7 +267,10 @@ class ModelHost:
         if keep:
             engine = await self.engine(model_id)
             state.kept = True
-            warm_s = round(await warm_up(engine), 3) if warm else None
+            try:
+                warm_s = round(await warm_up(engine), 3) if warm else None
+            except EngineClosed as exc:  # it died since it was handed out: the supervisor restarts it
+                raise EngineRestarting(model_id, str(exc), max(1.0, self.supervisor.wait_s(model_id))) from None
         else:
             state.kept = False
             self.residency.touch(model_id)
