@@ -15,7 +15,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_vlm.models.cache import BatchKVCache, BatchRotatingKVCache, KVCache, RotatingKVCache
 
-from gmlx_server.engine.generate import Sequence
+from gmlx_server.engine.generate import RequestRun
 from gmlx_server.engine.sampling import Draw
 
 log = logging.getLogger("gmlx.engine")
@@ -43,7 +43,7 @@ def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
-def _plan(seq: Sequence, logits: mx.array) -> _Plan:
+def _plan(seq: RequestRun, logits: mx.array) -> _Plan:
     """A row's sampling failure is that row's alone."""
     try:
         forced = seq.forced_next()
@@ -53,7 +53,7 @@ def _plan(seq: Sequence, logits: mx.array) -> _Plan:
         return _Plan(error=_describe(e))
 
 
-def _accept(seq: Sequence, plan: _Plan) -> bool:
+def _accept(seq: RequestRun, plan: _Plan) -> bool:
     """Detokenizing, stop strings and grammar run per row: a failure there ends that row only."""
     if plan.error is not None:
         return seq.finish("error", error=plan.error)
@@ -67,13 +67,13 @@ def _accept(seq: Sequence, plan: _Plan) -> bool:
 class BatchDecoder:
     def __init__(self, model: Any) -> None:
         self.model = model
-        self.rows: list[Sequence] = []
+        self.rows: list[RequestRun] = []
         self._cache: list[Any] = []
 
     def __len__(self) -> int:
         return len(self.rows)
 
-    def add(self, seq: Sequence) -> None:
+    def add(self, seq: RequestRun) -> None:
         assert seq.cache is not None and seq.prefilled
         merged = [_as_batch(c) for c in seq.cache]
         if not self.rows:
@@ -113,7 +113,7 @@ class BatchDecoder:
                 except Exception as e:
                     p.error, p.draw = _describe(e), None
 
-    def take_all(self) -> list[Sequence]:
+    def take_all(self) -> list[RequestRun]:
         """Empty the batch (its KV is suspect after a failed step) and hand back its rows."""
         rows, self.rows, self._cache = self.rows, [], []
         return rows

@@ -40,7 +40,7 @@ class Progress:
     warm_tokens: int = 0
 
 
-class Sequence:
+class RequestRun:
     """A request from prefill to its final event. Every method runs on the engine thread."""
 
     def __init__(self, model: Any, tokenizer: Any, req: GenerationRequest, emit: Callable[[TokenEvent], None],

@@ -18,7 +18,7 @@ from typing import Any
 import mlx.core as mx
 
 from gmlx_server.engine.batch import BatchDecoder
-from gmlx_server.engine.generate import GrammarTokenizer, Progress, Sequence
+from gmlx_server.engine.generate import GrammarTokenizer, Progress, RequestRun
 from gmlx_server.engine.prompt_cache import PromptCache
 from gmlx_server.engine.types import GenerationRequest, TokenEvent
 
@@ -85,10 +85,10 @@ class Scheduler:
         self.inbox, self.forget, self.memory = inbox, forget, memory
         self.pace = pace if pace is not None else Pace()
         self.waiting: deque[Job] = deque()
-        self.resuming: deque[tuple[Job, Sequence]] = deque()  # rows rewound after a failed batched step
-        self.prefilling: tuple[Job, Sequence] | None = None
+        self.resuming: deque[tuple[Job, RequestRun]] = deque()  # rows rewound after a failed batched step
+        self.prefilling: tuple[Job, RequestRun] | None = None
         self.batch = BatchDecoder(model)
-        self._jobs: dict[int, Job] = {}  # id(Sequence) -> its job, to forget finished rows
+        self._jobs: dict[int, Job] = {}  # id(RequestRun) -> its job, to forget finished rows
 
     def run(self) -> None:
         while self._admit():
@@ -150,7 +150,7 @@ class Scheduler:
             log.exception("engine control task failed")
 
     def _fail(self, job: Job, error: str) -> None:
-        """End a job that has no live Sequence with an error event."""
+        """End a job that has no live RequestRun with an error event."""
         self.forget(job)
         job.emit(TokenEvent("", None, finish_reason="error", error=error))
 
@@ -168,7 +168,7 @@ class Scheduler:
         elif self.waiting:
             job = self.waiting.popleft()
             try:
-                seq = Sequence(self.model, self.tokenizer, job.request, job.emit, job.cancelled.is_set,
+                seq = RequestRun(self.model, self.tokenizer, job.request, job.emit, job.cancelled.is_set,
                                job.progress, grammar_tokenizer=self.grammar_tokenizer, prompt_cache=self.prompt_cache)
             except Exception as e:  # a request the engine cannot even set up ends alone
                 log.exception("request %s could not start", job.request.request_id)
@@ -196,7 +196,7 @@ class Scheduler:
             self.prefilling = None
             self._join(job, seq)
 
-    def _join(self, job: Job, seq: Sequence) -> None:
+    def _join(self, job: Job, seq: RequestRun) -> None:
         try:
             self.batch.add(seq)
         except Exception as e:  # this row's cache would not merge: it fails, and the batch it touched recomputes
@@ -232,7 +232,7 @@ class Scheduler:
             if job is not None:
                 self.forget(job)
 
-    def _recover(self, rows: list[Sequence], error: str, blame: bool = True) -> None:
+    def _recover(self, rows: list[RequestRun], error: str, blame: bool = True) -> None:
         """After a failed batched step, every row prefills its prompt and output again and rejoins one at a
         time. A row on probation (rejoined since the last good step) that was alone on it is to blame."""
         suspects = [s for s in rows if s.probation] if blame else []

@@ -98,20 +98,20 @@ def _for_victim(original: Callable[..., Any], when: Callable[[Any], bool] = lamb
 
 def test_a_request_that_cannot_be_constructed_fails_alone(engine: MLXEngine, baseline: dict[str, str],
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    real = generate_mod.Sequence
+    real = generate_mod.RequestRun
 
     def build(model: Any, tokenizer: Any, req: GenerationRequest, *args: Any, **kw: Any) -> Any:
         if req.request_id == VICTIM:
-            raise Injected("planted in Sequence()")
+            raise Injected("planted in RequestRun()")
         return real(model, tokenizer, req, *args, **kw)
 
-    monkeypatch.setattr(scheduler_mod, "Sequence", build)
+    monkeypatch.setattr(scheduler_mod, "RequestRun", build)
     _assert_only_victim_failed(engine, baseline, _victim(engine))
 
 
 def test_a_failing_prefill_chunk_fails_alone(engine: MLXEngine, baseline: dict[str, str],
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(generate_mod.Sequence, "prefill_step", _for_victim(generate_mod.Sequence.prefill_step))
+    monkeypatch.setattr(generate_mod.RequestRun, "prefill_step", _for_victim(generate_mod.RequestRun.prefill_step))
     _assert_only_victim_failed(engine, baseline, _victim(engine))
 
 
@@ -134,15 +134,15 @@ def test_a_failing_decode_step_is_recomputed_for_the_others(engine: MLXEngine, b
 
 def test_a_failing_sampler_fails_alone(engine: MLXEngine, baseline: dict[str, str],
                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    draw = _for_victim(generate_mod.Sequence.draw, lambda seq: len(seq.output) >= 2)  # in decode, not prefill
-    monkeypatch.setattr(generate_mod.Sequence, "draw", draw)
+    draw = _for_victim(generate_mod.RequestRun.draw, lambda seq: len(seq.output) >= 2)  # in decode, not prefill
+    monkeypatch.setattr(generate_mod.RequestRun, "draw", draw)
     _assert_only_victim_failed(engine, baseline, _victim(engine))
 
 
 def test_a_failing_detokenizer_fails_alone(engine: MLXEngine, baseline: dict[str, str],
                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    feed = _for_victim(generate_mod.Sequence._feed, lambda seq: len(seq.output) >= 3)
-    monkeypatch.setattr(generate_mod.Sequence, "_feed", feed)
+    feed = _for_victim(generate_mod.RequestRun._feed, lambda seq: len(seq.output) >= 3)
+    monkeypatch.setattr(generate_mod.RequestRun, "_feed", feed)
     _assert_only_victim_failed(engine, baseline, _victim(engine))
 
 
@@ -163,7 +163,7 @@ def test_a_failing_grammar_fails_alone(engine: MLXEngine, baseline: dict[str, st
 
 
 def test_seeds_outside_mlx_key_range_and_a_huge_top_k_are_served(engine: MLXEngine) -> None:
-    """Once, `seed: -1` killed the engine thread from inside Sequence(); now -1 means a random seed, any
+    """Once, `seed: -1` killed the engine thread from inside RequestRun(); now -1 means a random seed, any
     other integer is taken modulo 2**64, and a top_k above the vocabulary keeps every token."""
     ids = _ids(engine, "Hi")
     reqs = [GenerationRequest(f"s{i}", ids, 2, SamplingParams(temperature=0.8, seed=seed, top_k=top_k))

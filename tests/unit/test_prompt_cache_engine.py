@@ -1,6 +1,6 @@
 """The prompt cache behind real prefills: random request sequences on a tiny random sliding-window model.
 
-Each request goes through the engine's Sequence (warm start, checkpoints at its boundaries and anchor,
+Each request goes through the engine's RequestRun (warm start, checkpoints at its boundaries and anchor,
 the prompt-end snapshot) against one byte-bounded cache. After every request the cache holds at most
 its bound, pins at most their share, every entry that left is counted as an eviction, and the first
 greedy token equals a cold prefill's (or parts from it only at a near-tie below NEAR_TIE).
@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from gmlx_plan.gguf_header import read_header
 from gmlx_server.engine.arch import arch_spec, make_cache, vocab_size
-from gmlx_server.engine.generate import Progress, Sequence
+from gmlx_server.engine.generate import Progress, RequestRun
 from gmlx_server.engine.gguf_tensors import load_gguf_tensors
 from gmlx_server.engine.prompt_cache import PIN_SHARE, PromptCache
 from gmlx_server.engine.types import GenerationRequest, SamplingParams, TokenEvent
@@ -64,7 +64,7 @@ def _warm(prompt: list[int], store: PromptCache, boundaries: tuple[int, ...] = (
     progress = Progress()
     req = GenerationRequest("r", prompt, 1, SamplingParams(temperature=0.0), cache_boundaries=boundaries,
                             cache_anchor=anchor)
-    seq = Sequence(_model(), _Tokenizer(), req, events.append, lambda: False, progress, chunk=5, prompt_cache=store)
+    seq = RequestRun(_model(), _Tokenizer(), req, events.append, lambda: False, progress, chunk=5, prompt_cache=store)
     while not seq.prefill_step():
         pass
     token = events[-1].token_id

@@ -1,4 +1,4 @@
-"""The engine's side of structured output, without a model: a Sequence whose request carries a grammar
+"""The engine's side of structured output, without a model: a RequestRun whose request carries a grammar
 masks every draw, advances the grammar with every accepted token (sampled or forced) and stops with
 "stop" as soon as the grammar is complete; a rejected forced token fails that request only."""
 
@@ -12,7 +12,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from gmlx_server.engine.generate import Progress, Sequence
+from gmlx_server.engine.generate import Progress, RequestRun
 from gmlx_server.engine.sampling import RequestSampler
 from gmlx_server.engine.structured import GrammarTokenizerCache, compile_response_format
 from gmlx_server.engine.types import GenerationRequest, SamplingParams, TokenEvent
@@ -55,7 +55,7 @@ def _run(schema: dict[str, Any], seed: int, temperature: float = 0.0, max_tokens
     grammar = compile_response_format({"type": "json_schema", "json_schema": {"schema": schema}})
     request = GenerationRequest("r", [1, 2, 3], max_tokens, SamplingParams(temperature, seed=seed), grammar=grammar)
     cache = GrammarTokenizerCache()
-    seq = Sequence(RandomModel(vocab.padded, seed), vocab, request, events.append, lambda: False, Progress(),
+    seq = RequestRun(RandomModel(vocab.padded, seed), vocab, request, events.append, lambda: False, Progress(),
                    grammar_tokenizer=lambda: cache.get(vocab, vocab.padded))
     done, step = seq.prefill_step(), 0
     while not done:
