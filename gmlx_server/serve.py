@@ -62,7 +62,7 @@ def run_serve(args: argparse.Namespace) -> int:
         return 2
     _describe(config, args.model)
     try:
-        from gmlx_server.engine.factory import create_engine
+        from gmlx_server.engine.factory import create_engine  # noqa: F401  (the host's default factory)
     except ImportError as e:
         print(f"gmlx serve: the MLX engine is not available: {e}", file=sys.stderr)
         return 1
@@ -72,7 +72,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from gmlx_server.app import create_app
     from gmlx_server.header_timeout import uvicorn_limits
 
-    app = create_app(config, create_engine)
+    app = create_app(config)  # with the default factory, which also checks each model's GGUF header
     s = config.server
     log.info("listening on http://%s:%d%s", s.host, s.port, " (API key required)" if s.api_key else "")
     uvicorn.run(app, host=s.host, port=s.port, workers=1, lifespan="on", log_level=args.log_level,
