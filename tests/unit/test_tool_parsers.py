@@ -140,7 +140,7 @@ def test_parse_text_convenience() -> None:
     assert text == "Ok." and [(c.name, c.arguments) for c in calls] == [("get_weather", {"city": "Oslo"})]
 
 
-def test_vendored_parsers_load_without_importing_the_mlx_vlm_package() -> None:
+def test_mlx_vlm_parsers_load_without_importing_the_mlx_vlm_package() -> None:
     # A fresh interpreter: in this one other tests may have imported mlx-vlm already.
     code = ("import sys; from gmlx_server.protocol.tools import FORMATS; "
             "text, calls = FORMATS['functiongemma'].parse_text('<start_function_call>call:f{}<end_function_call>'); "

@@ -16,8 +16,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from gmlx_server.protocol.tools._vendor import mlx_vlm_parser
 from gmlx_server.protocol.tools.events import ParsedCall
+from gmlx_server.protocol.tools.mlx_vlm_parsers import mlx_vlm_parser
 from gmlx_server.protocol.tools.stream import BodyParser, ToolFormat, Tools
 
 _DECODER = json.JSONDecoder()

@@ -1,4 +1,4 @@
-"""mlx-vlm's tool-call parser modules (mlx_vlm/tools/parsers), reused for their body parsing.
+"""mlx-vlm's tool-call parser modules (mlx_vlm/tools/parsers), loaded for their body parsing.
 
 Importing them normally runs mlx_vlm/__init__, which pulls in transformers and fastapi (~15 s on
 our CPUs) although the parser files import only json/regex/ast; so unless mlx_vlm is already loaded
