@@ -1,0 +1,30 @@
+// Python bindings (nanobind, in MLX's binding domain so mx.array converts both ways).
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/variant.h>
+#include <nanobind/stl/vector.h>
+
+#include "kernels.h"
+#include "primitive.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+#ifndef GK_MLX_VERSION
+#define GK_MLX_VERSION "unknown"
+#endif
+
+NB_MODULE(_gguf_kernels, m) {
+  m.doc() = "GGUF-native quantized matmul kernels for MLX's CPU device";
+  m.attr("mlx_version") = GK_MLX_VERSION;  // the MLX this was compiled against
+  m.def("matmul", &gk::gguf_matmul, "x"_a, "w"_a, "type"_a, "k"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "x (..., k) @ W^T for W (n, row_bytes) uint8 GGUF blocks of ggml `type`");
+  m.def("dequantize", &gk::gguf_dequantize, "w"_a, "type"_a, "k"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "uint8 GGUF block rows (..., row_bytes) -> (..., k) float32");
+  m.def("row_bytes", &gk::row_bytes, "type"_a, "k"_a, "bytes of one row, or -1 when no kernel reads `type`");
+  m.def("isa", &gk::isa_name);
+  m.def("isas", &gk::isa_names);
+  m.def("set_isa", &gk::set_isa, "name"_a);
+  m.def("threads", &gk::threads);
+  m.def("set_threads", &gk::set_threads, "n"_a);
+}

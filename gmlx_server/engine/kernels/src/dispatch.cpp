@@ -1,0 +1,222 @@
+// Run-time ISA choice, the worker pool and the matmul driver.
+#include <sched.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "formats.h"
+#include "kernels.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define GK_X86 1
+#endif
+
+namespace gk {
+
+const Isa& isa_generic();
+#if defined(GK_X86)
+const Isa& isa_avx2();
+const Isa& isa_avxvnni();
+const Isa& isa_avx512vnni();
+#endif
+
+namespace {
+
+std::vector<const Isa*> supported_isas() {
+  std::vector<const Isa*> out;
+#if defined(GK_X86)
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  if (avx2 && __builtin_cpu_supports("avxvnni")) out.push_back(&isa_avxvnni());
+  if (avx2 && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl"))
+    out.push_back(&isa_avx512vnni());
+  if (avx2) out.push_back(&isa_avx2());
+#endif
+  out.push_back(&isa_generic());
+  return out;
+}
+
+std::atomic<const Isa*> g_isa{nullptr};
+
+const Isa& isa() {
+  const Isa* p = g_isa.load(std::memory_order_acquire);
+  if (p == nullptr) {
+    p = supported_isas().front();
+    g_isa.store(p, std::memory_order_release);
+  }
+  return *p;
+}
+
+inline void cpu_relax() {
+#if defined(GK_X86)
+  _mm_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+int usable_cores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+// Workers spin briefly between calls (a decode step issues hundreds of matmuls a few microseconds
+// apart), then sleep so an idle engine costs no CPU.
+class Pool {
+ public:
+  explicit Pool(int total) {
+    for (int i = 1; i < total; ++i) threads_.emplace_back([this] { worker(); });
+  }
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  int size() const { return static_cast<int>(threads_.size()) + 1; }
+
+  void run(int64_t tasks, const std::function<void(int64_t)>& fn) {
+    if (threads_.empty() || tasks <= 1) {
+      for (int64_t i = 0; i < tasks; ++i) fn(i);
+      return;
+    }
+    fn_ = &fn;
+    tasks_ = tasks;
+    next_.store(0, std::memory_order_relaxed);
+    busy_.store(static_cast<int>(threads_.size()), std::memory_order_relaxed);
+    bool wake;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      gen_.fetch_add(1, std::memory_order_release);
+      wake = sleeping_ > 0;
+    }
+    if (wake) cv_.notify_all();
+    work();
+    for (int spins = 0; busy_.load(std::memory_order_acquire) != 0; ++spins) {
+      if (spins < 4096) cpu_relax(); else std::this_thread::yield();  // a worker was descheduled
+    }
+  }
+
+ private:
+  void work() {
+    for (int64_t i; (i = next_.fetch_add(1, std::memory_order_relaxed)) < tasks_;) (*fn_)(i);
+  }
+
+  void worker() {
+    uint64_t seen = 0;  // not gen_: a run() may already have started before this thread did
+    for (;;) {
+      const auto start = std::chrono::steady_clock::now();
+      for (int spins = 0; gen_.load(std::memory_order_acquire) == seen; ++spins) {
+        cpu_relax();
+        if ((spins & 255) == 255 && std::chrono::steady_clock::now() - start > std::chrono::microseconds(300)) {
+          std::unique_lock<std::mutex> lk(mu_);
+          ++sleeping_;
+          cv_.wait(lk, [&] { return stop_ || gen_.load(std::memory_order_acquire) != seen; });
+          --sleeping_;
+          if (stop_) return;
+        }
+      }
+      seen = gen_.load(std::memory_order_acquire);
+      work();
+      busy_.fetch_sub(1, std::memory_order_acq_rel);
+    }
+  }
+
+  std::vector<std::thread> threads_;
+  std::atomic<uint64_t> gen_{0};
+  std::atomic<int64_t> next_{0};
+  std::atomic<int> busy_{0};
+  int64_t tasks_ = 0;
+  const std::function<void(int64_t)>* fn_ = nullptr;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int sleeping_ = 0;
+  bool stop_ = false;
+};
+
+std::mutex g_pool_mu;
+std::unique_ptr<Pool> g_pool;
+int g_threads = 0;  // 0: not chosen yet
+
+Pool& pool() {
+  std::lock_guard<std::mutex> lk(g_pool_mu);
+  if (!g_pool) {
+    if (g_threads <= 0) g_threads = usable_cores();
+    g_pool = std::make_unique<Pool>(g_threads);
+  }
+  return *g_pool;
+}
+
+}  // namespace
+
+int64_t row_bytes(int type, int64_t k) { return base::row_bytes(type, k); }
+
+const char* isa_name() { return isa().name; }
+
+std::vector<std::string> isa_names() {
+  std::vector<std::string> out;
+  for (const Isa* p : supported_isas()) out.emplace_back(p->name);
+  return out;
+}
+
+void set_isa(const std::string& name) {
+  for (const Isa* p : supported_isas()) {
+    if (name == p->name) {
+      g_isa.store(p, std::memory_order_release);
+      return;
+    }
+  }
+  throw std::invalid_argument("kernel ISA '" + name + "' is not supported on this CPU");
+}
+
+int threads() { return pool().size(); }
+
+void set_threads(int n) {
+  std::lock_guard<std::mutex> lk(g_pool_mu);
+  g_threads = n > 0 ? n : usable_cores();
+  g_pool.reset();
+}
+
+void matmul(int type, const uint8_t* w, int64_t n, int64_t k, const float* x, int64_t m, float* y) {
+  const int64_t rb = row_bytes(type, k);
+  if (rb <= 0) throw std::invalid_argument("gguf matmul: unsupported type or row length");
+  const Isa& s = isa();
+  Pool& p = pool();
+  const int64_t nxb = k / 32;
+  thread_local std::vector<XBlock> xq;
+  if (static_cast<int64_t>(xq.size()) < m * nxb) xq.resize(m * nxb);
+  XBlock* xb = xq.data();
+  p.run(m >= 8 ? p.size() : 1, [&](int64_t t) {
+    for (int64_t i = t; i < m; i += (m >= 8 ? p.size() : 1)) s.quantize_row(x + i * k, k, xb + i * nxb);
+  });
+  // Enough chunks to balance cores that other processes also use; each a whole number of rows.
+  const int64_t per = std::max<int64_t>(4, (n + 4 * p.size() - 1) / (4 * p.size()));
+  const int64_t chunks = (n + per - 1) / per;
+  p.run(chunks, [&](int64_t c) {
+    const int64_t n0 = c * per, n1 = std::min(n, n0 + per);
+    s.rows(type, w, rb, n0, n1, xb, m, nxb, y, n);
+  });
+}
+
+void dequantize(int type, const uint8_t* w, int64_t r, int64_t k, float* out) {
+  const int64_t rb = row_bytes(type, k);
+  if (rb <= 0) throw std::invalid_argument("gguf dequantize: unsupported type or row length");
+  const Isa& s = isa();
+  for (int64_t i = 0; i < r; ++i) s.dequant_row(type, w + i * rb, k, out + i * k);
+}
+
+}  // namespace gk

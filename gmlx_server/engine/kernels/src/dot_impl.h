@@ -1,0 +1,178 @@
+// The integer dot-product kernels, compiled once per instruction set (dot_*.cpp define GK_ISA and the
+// target flags). Activations are quantized per 32 to int8 (XBlock); a weight group's 32 codes times
+// those int8 values gives 8 int32 lanes (lane l sums elements 4l..4l+3), scaled per lane in fp32.
+#pragma once
+
+#include <cmath>
+
+#include "formats.h"
+#include "kernels.h"
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#elif defined(__ARM_NEON)
+#include <arm_neon.h>
+#endif
+
+namespace gk {
+namespace GK_ISA {
+
+inline i8x32 as_i8(u8x32 v) { return (i8x32)v; }
+
+#if defined(__AVX2__)
+inline __m256i m(u8x32 v) { return (__m256i)v; }
+inline __m256i m(i8x32 v) { return (__m256i)v; }
+
+// unsigned codes (< 128) x signed int8 -> 8 int32 lanes of 4 products each
+inline i32x8 dot_u(u8x32 q, i8x32 y) {
+#if defined(GK_AVXVNNI)
+  return (i32x8)_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), m(q), m(y));
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return (i32x8)_mm256_dpbusd_epi32(_mm256_setzero_si256(), m(q), m(y));
+#else
+  // codes < 64 keep maddubs's int16 pair sums (<= 2 * 63 * 127) from saturating
+  return (i32x8)_mm256_madd_epi16(_mm256_maddubs_epi16(m(q), m(y)), _mm256_set1_epi16(1));
+#endif
+}
+
+// signed codes: |q| times y with q's sign moved onto y (|q| <= 128 fits unsigned)
+inline i32x8 dot_s(u8x32 q, i8x32 y) {
+  const __m256i qs = m(q);
+  const __m256i ax = _mm256_sign_epi8(qs, qs);
+  const __m256i sy = _mm256_sign_epi8(m(y), qs);
+#if defined(GK_AVXVNNI)
+  return (i32x8)_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), ax, sy);
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return (i32x8)_mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy);
+#else
+  // |q| <= 128 and |y| <= 127: a pair of products stays within int16 (2 * 128 * 127 = 32512)
+  return (i32x8)_mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
+#endif
+}
+
+#elif defined(__ARM_NEON) && defined(__ARM_FEATURE_DOTPROD)
+inline i32x8 sdot(i8x32 q, i8x32 y) {
+  int8x16_t q0, q1, y0, y1;
+  std::memcpy(&q0, &q, 16);
+  std::memcpy(&q1, reinterpret_cast<const int8_t*>(&q) + 16, 16);
+  std::memcpy(&y0, &y, 16);
+  std::memcpy(&y1, reinterpret_cast<const int8_t*>(&y) + 16, 16);
+  const int32x4_t z = vdupq_n_s32(0);
+  int32x4_t r[2] = {vdotq_s32(z, q0, y0), vdotq_s32(z, q1, y1)};
+  i32x8 out;
+  std::memcpy(&out, r, 32);
+  return out;
+}
+inline i32x8 dot_u(u8x32 q, i8x32 y) { return sdot(as_i8(q), y); }  // codes < 64 are valid int8
+inline i32x8 dot_s(u8x32 q, i8x32 y) { return sdot(as_i8(q), y); }
+
+#else
+inline i32x8 dot_generic(const int32_t* qv, i8x32 y) {
+  i32x8 out = {};
+  for (int l = 0; l < 8; ++l)
+    for (int k = 0; k < 4; ++k) out[l] += qv[4 * l + k] * static_cast<int32_t>(y[4 * l + k]);
+  return out;
+}
+inline i32x8 dot_u(u8x32 q, i8x32 y) {
+  int32_t qv[32];
+  for (int i = 0; i < 32; ++i) qv[i] = q[i];
+  return dot_generic(qv, y);
+}
+inline i32x8 dot_s(u8x32 q, i8x32 y) {
+  int32_t qv[32];
+  for (int i = 0; i < 32; ++i) qv[i] = static_cast<int8_t>(q[i]);
+  return dot_generic(qv, y);
+}
+#endif
+
+inline float hsum(f32x8 v) {
+  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+}
+
+// y[r * ldy] = dot(weight row w, activation row r) for NR activation rows sharing one weight decode.
+template <class F, int NR>
+inline void dot_tile(const uint8_t* w, int64_t nblocks, const XBlock* x, int64_t xstride, float* y, int64_t ldy) {
+  f32x8 acc[NR];
+  float bias[NR];
+  for (int r = 0; r < NR; ++r) acc[r] = splat(0.0f), bias[r] = 0.0f;
+  for (int64_t b = 0; b < nblocks; ++b, w += F::BYTES) {
+    const typename F::State st(w);
+    const XBlock* xb = x + b * F::GROUPS;
+#pragma GCC unroll 8
+    for (int g = 0; g < F::GROUPS; ++g) {
+      const Group G = st.group(g);
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) {
+        const XBlock& xr = xb[r * xstride + g];
+        i8x32 yq;
+        std::memcpy(&yq, xr.q, 32);
+        const i32x8 p = F::SIGNED ? dot_s(G.q, yq) : dot_u(G.q, yq);
+        acc[r] += __builtin_convertvector(p, f32x8) * (G.a * xr.d);
+        bias[r] += G.b0 * xr.s0 + G.b1 * xr.s1;
+      }
+    }
+  }
+  for (int r = 0; r < NR; ++r) y[r * ldy] = hsum(acc[r]) + bias[r];
+}
+
+// Rows [n0, n1) of W against all M quantized activation rows; y is (M, ldy) row-major.
+template <class F>
+void rows_impl(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const XBlock* x, int64_t m_rows,
+               int64_t xstride, float* y, int64_t ldy) {
+  const int64_t nblocks = row_bytes / F::BYTES;
+  constexpr int64_t MB = 64;  // activation rows kept hot in L2 while the weight rows stream past
+  for (int64_t m0 = 0; m0 < m_rows; m0 += MB) {
+    const int64_t m1 = m0 + MB < m_rows ? m0 + MB : m_rows;
+    for (int64_t n = n0; n < n1; ++n) {
+      const uint8_t* wr = w + n * row_bytes;
+      int64_t m = m0;
+      for (; m + 4 <= m1; m += 4) dot_tile<F, 4>(wr, nblocks, x + m * xstride, xstride, y + m * ldy + n, ldy);
+      for (; m < m1; ++m) dot_tile<F, 1>(wr, nblocks, x + m * xstride, xstride, y + m * ldy + n, ldy);
+    }
+  }
+}
+
+inline void rows(int type, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const XBlock* x,
+                 int64_t m_rows, int64_t xstride, float* y, int64_t ldy) {
+  with_format(type, [&]<class F>() { rows_impl<F>(w, row_bytes, n0, n1, x, m_rows, xstride, y, ldy); });
+}
+
+// One activation row of k floats -> k / 32 XBlocks (symmetric int8, scale = max|x| / 127).
+inline void quantize_row(const float* x, int64_t k, XBlock* out) {
+  for (int64_t b = 0; b < k / 32; ++b, x += 32) {
+    float amax = 0.0f;
+    for (int i = 0; i < 32; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    int s0 = 0, s1 = 0;
+    for (int i = 0; i < 32; ++i) {
+      const int q = static_cast<int>(std::nearbyint(x[i] * id));
+      out[b].q[i] = static_cast<int8_t>(q);
+      (i < 16 ? s0 : s1) += q;
+    }
+    out[b].d = d;
+    out[b].s0 = d * static_cast<float>(s0);
+    out[b].s1 = d * static_cast<float>(s1);
+  }
+}
+
+// Dequantize one row of k elements (exact: the same decoders, in fp32).
+inline void dequant_row(int type, const uint8_t* w, int64_t k, float* out) {
+  with_format(type, [&]<class F>() {
+    for (int64_t b = 0; b < k / F::QK; ++b, w += F::BYTES) {
+      const typename F::State st(w);
+      for (int g = 0; g < F::GROUPS; ++g, out += 32) {
+        const Group G = st.group(g);
+        for (int i = 0; i < 32; ++i) {
+          const float code = F::SIGNED ? static_cast<float>(static_cast<int8_t>(G.q[i])) : static_cast<float>(G.q[i]);
+          out[i] = G.a[i / 4] * code + (i < 16 ? G.b0 : G.b1);
+        }
+      }
+    }
+  });
+}
+
+inline const Isa table = {GK_ISA_NAME, &rows, &quantize_row, &dequant_row};
+
+}  // namespace GK_ISA
+}  // namespace gk

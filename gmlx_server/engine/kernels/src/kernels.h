@@ -1,0 +1,37 @@
+// Quantized matmul over GGUF blocks as stored: the driver (dispatch.cpp) and the per-ISA tables.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace gk {
+
+// 32 activations quantized to int8: x[i] ~= d * q[i]; s0/s1 = d * sum(q) over each 16-element half.
+struct XBlock {
+  float d, s0, s1, pad;
+  int8_t q[32];
+};
+
+struct Isa {
+  const char* name;
+  void (*rows)(int type, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const XBlock* x,
+               int64_t m_rows, int64_t xstride, float* y, int64_t ldy);
+  void (*quantize_row)(const float* x, int64_t k, XBlock* out);
+  void (*dequant_row)(int type, const uint8_t* w, int64_t k, float* out);
+};
+
+// y (m, n) = x (m, k) @ W^T for W (n, k) stored as GGUF blocks of `type`, on the kernel thread pool.
+void matmul(int type, const uint8_t* w, int64_t n, int64_t k, const float* x, int64_t m, float* y);
+// rows (r, row_bytes) of GGUF blocks -> (r, k) floats
+void dequantize(int type, const uint8_t* w, int64_t r, int64_t k, float* out);
+
+// bytes of one row of k elements, or -1 when no kernel reads `type` or k is not whole blocks
+int64_t row_bytes(int type, int64_t k);
+const char* isa_name();
+std::vector<std::string> isa_names();  // usable on this CPU, fastest first
+void set_isa(const std::string& name);
+int threads();
+void set_threads(int n);  // n <= 0: the cores this process may run on
+
+}  // namespace gk

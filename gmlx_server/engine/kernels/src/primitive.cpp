@@ -1,0 +1,128 @@
+#include "primitive.h"
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels.h"
+#include "mlx/allocator.h"
+#include "mlx/backend/cpu/encoder.h"
+
+namespace gk {
+
+namespace {
+
+// A's elements in row-major order: its own buffer when already contiguous, else a gathered copy.
+template <typename T>
+const T* row_major(const mx::array& a, std::vector<T>& scratch) {
+  if (a.flags().row_contiguous) return a.data<T>();
+  scratch.resize(a.size());
+  const T* src = a.data<T>();
+  const auto& shape = a.shape();
+  const auto& strides = a.strides();
+  const int nd = static_cast<int>(shape.size());
+  std::vector<int64_t> idx(nd, 0);
+  for (size_t i = 0; i < a.size(); ++i) {
+    int64_t off = 0;
+    for (int d = 0; d < nd; ++d) off += idx[d] * strides[d];
+    scratch[i] = src[off];
+    for (int d = nd - 1; d >= 0; --d) {
+      if (++idx[d] < shape[d]) break;
+      idx[d] = 0;
+    }
+  }
+  return scratch.data();
+}
+
+void check_rows(const mx::array& w, int type, int k, const char* op) {
+  const int64_t rb = row_bytes(type, k);
+  if (rb <= 0) throw std::invalid_argument(std::string(op) + ": no kernel for ggml type " + std::to_string(type) +
+                                           " with rows of " + std::to_string(k));
+  if (w.dtype() != mx::uint8 || w.ndim() < 1 || w.shape(-1) != rb)
+    throw std::invalid_argument(std::string(op) + ": weights must be uint8 rows of " + std::to_string(rb) + " bytes");
+}
+
+}  // namespace
+
+mx::array gguf_matmul(const mx::array& x, const mx::array& w, int type, int k, mx::StreamOrDevice s) {
+  check_rows(w, type, k, "gguf_matmul");
+  if (w.ndim() != 2) throw std::invalid_argument("gguf_matmul: weights must be 2-D (n, row_bytes)");
+  if (x.ndim() < 1 || x.shape(-1) != k) throw std::invalid_argument("gguf_matmul: x's last dimension must be k");
+  if (!mx::issubdtype(x.dtype(), mx::floating)) throw std::invalid_argument("gguf_matmul: x must be floating");
+  const auto stream = mx::to_stream(s);
+  const mx::array xf = x.dtype() == mx::float32 ? x : mx::astype(x, mx::float32, stream);
+  mx::Shape shape = x.shape();
+  shape.back() = w.shape(0);
+  mx::array out(shape, mx::float32, std::make_shared<GGUFMatmul>(stream, type, k), {xf, w});
+  return x.dtype() == mx::float32 ? out : mx::astype(out, x.dtype(), stream);
+}
+
+mx::array gguf_dequantize(const mx::array& w, int type, int k, mx::StreamOrDevice s) {
+  check_rows(w, type, k, "gguf_dequantize");
+  mx::Shape shape = w.shape();
+  shape.back() = k;
+  return mx::array(shape, mx::float32, std::make_shared<GGUFDequantize>(mx::to_stream(s), type, k), {w});
+}
+
+void GGUFMatmul::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  const mx::array& x = inputs[0];
+  const mx::array& w = inputs[1];
+  mx::array& out = outputs[0];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  enc.set_input_array(x);
+  enc.set_input_array(w);
+  enc.set_output_array(out);
+  enc.dispatch([x, w, out, type = type_, k = k_]() mutable {
+    std::vector<float> xs;
+    std::vector<uint8_t> ws;
+    const int64_t m = static_cast<int64_t>(x.size()) / k;
+    matmul(type, row_major(w, ws), w.shape(0), k, row_major(x, xs), m, out.data<float>());
+  });
+}
+
+void GGUFDequantize::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  const mx::array& w = inputs[0];
+  mx::array& out = outputs[0];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  enc.set_input_array(w);
+  enc.set_output_array(out);
+  enc.dispatch([w, out, type = type_, k = k_]() mutable {
+    std::vector<uint8_t> ws;
+    const int64_t rows = static_cast<int64_t>(out.size()) / k;
+    dequantize(type, row_major(w, ws), rows, k, out.data<float>());
+  });
+}
+
+void GGUFMatmul::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error("GGUFMatmul runs on the CPU device only");
+}
+
+void GGUFDequantize::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error("GGUFDequantize runs on the CPU device only");
+}
+
+bool GGUFMatmul::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const GGUFMatmul&>(other);
+  return type_ == o.type_ && k_ == o.k_;
+}
+
+bool GGUFDequantize::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const GGUFDequantize&>(other);
+  return type_ == o.type_ && k_ == o.k_;
+}
+
+std::vector<mx::Shape> GGUFMatmul::output_shapes(const std::vector<mx::array>& inputs) {
+  mx::Shape shape = inputs[0].shape();
+  shape.back() = inputs[1].shape(0);
+  return {shape};
+}
+
+std::vector<mx::Shape> GGUFDequantize::output_shapes(const std::vector<mx::array>& inputs) {
+  mx::Shape shape = inputs[0].shape();
+  shape.back() = k_;
+  return {shape};
+}
+
+}  // namespace gk

@@ -1,0 +1,42 @@
+// MLX primitives over GGUF blocks: a matmul (x @ W^T) and a row dequantization, CPU device only.
+#pragma once
+
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+
+namespace gk {
+
+namespace mx = mlx::core;
+
+// x (..., k) float @ W^T for W (n, row_bytes) uint8 GGUF blocks of `type` -> (..., n) in x's dtype.
+mx::array gguf_matmul(const mx::array& x, const mx::array& w, int type, int k, mx::StreamOrDevice s = {});
+// W (..., row_bytes) uint8 GGUF blocks -> (..., k) float32
+mx::array gguf_dequantize(const mx::array& w, int type, int k, mx::StreamOrDevice s = {});
+
+class GGUFMatmul : public mx::Primitive {
+ public:
+  GGUFMatmul(mx::Stream stream, int type, int k) : mx::Primitive(stream), type_(type), k_(k) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "GGUFMatmul"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
+
+ private:
+  int type_, k_;
+};
+
+class GGUFDequantize : public mx::Primitive {
+ public:
+  GGUFDequantize(mx::Stream stream, int type, int k) : mx::Primitive(stream), type_(type), k_(k) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "GGUFDequantize"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
+
+ private:
+  int type_, k_;
+};
+
+}  // namespace gk
