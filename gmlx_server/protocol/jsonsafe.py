@@ -136,7 +136,7 @@ def _has_lone_surrogate(value: Any, raw: bytes) -> bool:
 def check_unicode(value: Any, raw: bytes, where: str | None = None) -> None:
     """400 when a string decoded from `raw` holds a lone surrogate (a \\uD800 escape without its pair)."""
     if not _has_lone_surrogate(value, raw):
-        return  # no such escape in the text, so none in the value (an escaped backslash only looks like one)
+        return
     path = surrogate_path(value)
     if path is None:
         return
