@@ -31,7 +31,6 @@ def _body(i: int, output: int) -> dict[str, object]:
 def wave(base: str, n: int, output: int) -> tuple[float, float]:
     """(eta_s the server predicted once all n were in, measured seconds until the last one finished)."""
     done: list[float] = []
-    t0 = time.perf_counter()
 
     def one(i: int) -> None:
         httpx.post(base + "/v1/chat/completions", json=_body(i, output), timeout=1800).raise_for_status()

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from gmlx_server.config import ModelEntry, RuntimeEnv
+from gmlx_server.engine.base import EngineBase
 from gmlx_server.engine.types import (
     ChatTemplate,
     EngineStats,
@@ -173,7 +174,7 @@ def _held_back(text: str, stops: Sequence[str]) -> int:
 
 
 @dataclass
-class FakeEngine:
+class FakeEngine(EngineBase):
     info: ModelInfo
     behavior: FakeBehavior = field(default_factory=FakeBehavior)
     # Typed as the protocols: Engine's attributes are invariant. Tests reach FakeTemplate.calls via Any.

@@ -11,12 +11,13 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from gmlx_server.engine.arch import vocab_size
+from gmlx_server.engine.base import EngineBase
 from gmlx_server.engine.prompt_cache import PromptCache
-from gmlx_server.engine.scheduler import Inbox, MemorySnapshot, Pace, Scheduler
+from gmlx_server.engine.scheduler import Inbox, Pace, Scheduler
 from gmlx_server.engine.scheduler import Job as _Job
 from gmlx_server.engine.structured import GrammarTokenizerCache
 from gmlx_server.engine.types import (
@@ -24,6 +25,8 @@ from gmlx_server.engine.types import (
     EngineStats,
     FinishReason,
     GenerationRequest,
+    MemorySnapshot,
+    PromptCacheStats,
     RequestRow,
     TokenEvent,
 )
@@ -56,7 +59,7 @@ class Handle:
             yield event
 
 
-class MLXEngine:
+class MLXEngine(EngineBase):
     """Runs one model's requests on its own thread, decoding up to `decode_batch` of them together."""
 
     def __init__(self, loader: Callable[[], Any], decode_batch: int = 1, prompt_cache_bytes: int = 0) -> None:
@@ -70,7 +73,8 @@ class MLXEngine:
         self._load_error: BaseException | None = None
         self._fault: str | None = None  # why the engine thread died, if it did
         self._closing = False
-        self.memory = MemorySnapshot()
+        self._measured = MemorySnapshot()  # the engine thread refreshes it
+        self.memory = self._measured
         self.pace = Pace()
         self.grammar_tokenizers = GrammarTokenizerCache()  # llguidance's vocabulary: built once, on first use
         self._thread = threading.Thread(target=self._main, args=(loader,), name="gmlx-engine", daemon=True)
@@ -96,7 +100,7 @@ class MLXEngine:
             return self.grammar_tokenizers.get(loaded.tokenizer, n_vocab)
 
         try:
-            Scheduler(loaded.model, loaded.tokenizer, self._decode_batch, self._jobs, self._forget, self.memory,
+            Scheduler(loaded.model, loaded.tokenizer, self._decode_batch, self._jobs, self._forget, self._measured,
                       grammar_tokenizer, self._prompt_cache, self.pace).run()
         except BaseException as e:  # the loop itself broke: say why, and end every request it held
             self._fault = f"{type(e).__name__}: {e}"
@@ -178,20 +182,22 @@ class MLXEngine:
         return EngineStats(self._decode_batch, in_flight, len(rows) - in_flight, rows,
                            self.pace.step_s, self.pace.prefill_tok_s)
 
-    def cache_stats(self) -> dict[str, Any]:
-        """The prompt cache's counters as the engine thread last published them, or {"enabled": False}."""
+    def cache_stats(self) -> PromptCacheStats:
+        """The prompt cache's counters as the engine thread last published them."""
         pc = self._prompt_cache
-        return dict(pc.published) if pc is not None else {"enabled": False}
+        return PromptCacheStats(**pc.published) if pc is not None else PromptCacheStats()
 
-    def cache_peek(self, prompt_tokens: list[int]) -> tuple[str, int]:
+    def cache_peek(self, prompt_tokens: Sequence[int]) -> tuple[str, int]:
         """The tier and warm tokens a request with this prompt would get now (no MLX: the store is pure)."""
         hit = self._prompt_cache.peek(prompt_tokens) if self._prompt_cache is not None else None
         return (hit.tier, hit.tokens) if hit is not None else ("miss", 0)
 
-    def reset_cache(self) -> None:
+    def reset_cache(self) -> bool:
         """Empty the prompt cache; the engine thread does it between steps."""
-        if self._prompt_cache is not None and self._thread.is_alive():
-            self._jobs.put(self._prompt_cache.reset)
+        if self._prompt_cache is None or not self._thread.is_alive():
+            return False
+        self._jobs.put(self._prompt_cache.reset)
+        return True
 
     def shed(self, request_id: str, reason: str) -> bool:
         """Ask the engine thread to end a decoding request with finish_reason "shed" (memory governor)."""

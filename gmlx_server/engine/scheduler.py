@@ -20,7 +20,7 @@ import mlx.core as mx
 from gmlx_server.engine.batch import BatchDecoder
 from gmlx_server.engine.generate import GrammarTokenizer, Progress, RequestRun
 from gmlx_server.engine.prompt_cache import PromptCache
-from gmlx_server.engine.types import GenerationRequest, TokenEvent
+from gmlx_server.engine.types import GenerationRequest, MemorySnapshot, TokenEvent
 
 log = logging.getLogger("gmlx.engine")
 PACE_WINDOW = 32  # steps (per width) and prefill chunks the measured speeds look back on
@@ -34,15 +34,6 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
     progress: Progress = field(default_factory=Progress)
     shed_reason: str | None = None  # set by another thread; the engine thread ends the request with "shed"
-
-
-@dataclass
-class MemorySnapshot:
-    """MLX allocator figures, refreshed by the engine thread (other threads must not call MLX)."""
-
-    active_bytes: int = 0
-    cache_bytes: int = 0
-    peak_bytes: int = 0
 
 
 class Pace:

@@ -6,7 +6,7 @@ the fake engine used by fast tests all share these types.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
 
@@ -148,16 +148,60 @@ class RequestHandle(Protocol):
     def cancel(self) -> None: ...
 
 
+@dataclass
+class MemorySnapshot:
+    """MLX allocator figures, refreshed by the engine thread (other threads must not call MLX)."""
+
+    active_bytes: int = 0
+    cache_bytes: int = 0
+    peak_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class PromptCacheStats:
+    """A prompt cache's counters as its engine last published them; `enabled` False without one."""
+
+    enabled: bool = False
+    max_bytes: int = 0
+    bytes: int = 0
+    entries: int = 0
+    pinned: int = 0
+    pinned_bytes: int = 0
+    hits: Mapping[str, int] = field(default_factory=dict)  # by tier: exact, block, ckpt, anchor
+    misses: int = 0
+    tokens_reused: int = 0
+    evictions: int = 0
+    stores: int = 0
+    rejected: int = 0
+    block_tokens: int = 0
+
+
 class Engine(Protocol):
-    """One resident model. Real engines do all MLX work on one thread of their own."""
+    """One resident model. Real engines do all MLX work on one thread of their own. Every member is required
+    (check_engine); engine/base.py's EngineBase gives the optional capabilities honest defaults."""
 
     info: ModelInfo
     tokenizer: Tokenizer
     template: ChatTemplate
+    memory: MemorySnapshot | None  # None: the engine cannot measure its memory
 
     def submit(self, request: GenerationRequest) -> RequestHandle: ...
 
+    def generate_sync(self, request: GenerationRequest, on_event: Callable[[TokenEvent], None]) -> None:
+        """Blocking generation (the CLI): every event, the final one included, goes to `on_event`."""
+
     def stats(self) -> EngineStats: ...
+
+    def cache_stats(self) -> PromptCacheStats: ...
+
+    def cache_peek(self, prompt_tokens: Sequence[int]) -> tuple[str, int]:
+        """The tier and warm tokens a request with this prompt would get now, without counting a hit."""
+
+    def reset_cache(self) -> bool:
+        """Empty the prompt cache (between steps); False when there is none."""
+
+    def shed(self, request_id: str, reason: str) -> bool:
+        """End a running request with finish_reason "shed"; False when the engine cannot or it is gone."""
 
     @property
     def fault(self) -> str | None:
@@ -165,6 +209,17 @@ class Engine(Protocol):
 
     def close(self) -> None:
         """Stop; afterwards every submitted request has had its final event."""
+
+
+ENGINE_MEMBERS = ("info", "tokenizer", "template", "memory", "submit", "generate_sync", "stats", "cache_stats",
+                  "cache_peek", "reset_cache", "shed", "fault", "close")
+
+
+def check_engine(engine: object) -> None:
+    """Refuse, at construction, an engine that lacks part of the contract instead of degrading later."""
+    missing = [name for name in ENGINE_MEMBERS if not hasattr(engine, name)]
+    if missing:
+        raise TypeError(f"{type(engine).__name__} is not a complete engine: it lacks {', '.join(missing)}")
 
 
 class Tokenizer(Protocol):

@@ -28,12 +28,4 @@ class CacheReset:
         self.host = host
 
     async def on_post(self, req: GmlxRequest, resp: falcon.asgi.Response) -> None:
-        model = _model(self.host, _body(req))
-        engines = {m: e for m, e in self.host.resident.items() if model is None or m == model}
-        done = []
-        for m, e in engines.items():
-            fn = getattr(e, "reset_cache", None)
-            if callable(fn):
-                fn()
-                done.append(m)
-        resp.media = {"status": "ok", "reset": done}
+        resp.media = {"status": "ok", "reset": self.host.reset_cache(_model(self.host, _body(req)))}

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
+
+from gmlx_server.engine.types import Engine
 
 TOTALS = ("bytes", "entries", "tokens_reused", "evictions", "misses")
 
 
-def engine_cache_stats(engine: object) -> dict[str, Any]:
-    fn = getattr(engine, "cache_stats", None)  # engines without a prompt cache (fakes, services) lack it
-    return dict(fn()) if callable(fn) else {"enabled": False}
+def engine_cache_stats(engine: Engine) -> dict[str, Any]:
+    """The engine's prompt-cache counters as the JSON body carries them ({"enabled": false} without a cache)."""
+    stats = engine.cache_stats()
+    return {**dataclasses.asdict(stats), "hits": dict(stats.hits)} if stats.enabled else {"enabled": False}
 
 
-def resident_cache_stats(engines: Mapping[str, object]) -> dict[str, dict[str, Any]]:
+def resident_cache_stats(engines: Mapping[str, Engine]) -> dict[str, dict[str, Any]]:
     """Per resident model whose prompt cache is on: its published counters (no engine-thread wait)."""
     models = {m: engine_cache_stats(e) for m, e in engines.items()}
     return {m: s for m, s in models.items() if s.get("enabled")}

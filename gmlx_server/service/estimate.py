@@ -41,8 +41,7 @@ def _header_tools(path: str, chat_template: str | None, max_kv_size: int | None)
 
 def _warm(engine: Engine | None, ids: list[int]) -> tuple[str, int]:
     """The prompt cache's tier and reusable tokens for this prompt; engines without one say miss."""
-    peek = getattr(engine, "cache_peek", None)
-    return peek(ids) if callable(peek) else ("miss", 0)
+    return engine.cache_peek(ids) if engine is not None else ("miss", 0)
 
 
 class Estimator:

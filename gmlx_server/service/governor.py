@@ -93,10 +93,9 @@ class Governor:
         choice = largest_stream(engines)
         if choice is None:
             return
-        shed = getattr(engines[choice.model_id], "shed", None)
         reason = (f"server_overloaded_shed: memory ran out ({reading.available_bytes} of {reading.total_bytes} "
                   f"bytes free); this request held the most tokens ({choice.tokens})")
-        if shed is not None and shed(choice.request_id, reason):
+        if engines[choice.model_id].shed(choice.request_id, reason):
             self.sheds += 1
             self._pending = choice.request_id
             log.warning("shed request %s of model %s (%d tokens)", choice.request_id, choice.model_id,

@@ -17,7 +17,7 @@ from typing import Any
 
 from gmlx_plan.gguf_header import GGUFFormatError, read_header
 from gmlx_server.config import ModelEntry, RuntimeEnv, ServerConfig
-from gmlx_server.engine.types import Engine, EngineClosed, GenerationRequest, RequestHandle
+from gmlx_server.engine.types import Engine, EngineClosed, GenerationRequest, RequestHandle, check_engine
 from gmlx_server.errors import EngineRestarting, GmlxError, ModelNotFound
 from gmlx_server.service.addressing import Catalog, resolve_address
 from gmlx_server.service.admission import Admission
@@ -77,7 +77,7 @@ class ModelHost:
     def _read_memory(self) -> MemoryReading:
         # MLX's allocator is process-wide: each engine's snapshot measures all of it, so summing them would count
         # every byte once per resident engine. The largest is the most complete (roughly the latest).
-        snaps = [m for e in self._engines.values() if (m := getattr(e, "memory", None)) is not None]
+        snaps = [e.memory for e in self._engines.values() if e.memory is not None]
         latest = [max(snaps, key=lambda m: int(m.active_bytes))] if snaps else []
         return read_memory(self.config.server.memory_budget, latest)
 
@@ -131,6 +131,11 @@ class ModelHost:
             raise
         except Exception as exc:
             raise self.files.load_failed(local, exc) from exc
+        try:
+            check_engine(engine)  # an incomplete engine is a bug: fail loudly now, not on its first use
+        except TypeError:
+            await asyncio.to_thread(close_engine, entry.id, engine)
+            raise
         self._engines[entry.id] = engine
         self.residency.loaded(entry.id, engine.info.weights_bytes)
         await asyncio.to_thread(release_memory)  # the load's transients, back to the OS
@@ -292,6 +297,10 @@ class ModelHost:
                 await self.evict(model_id)
             self.residency.forget(set(config.models) | set(self._engines))
         return changes
+
+    def reset_cache(self, model_id: str | None = None) -> list[str]:
+        """/v1/cache/reset: empty the prompt cache of every resident model, or of one; the ids that had one."""
+        return [m for m, e in self.resident.items() if (model_id is None or m == model_id) and e.reset_cache()]
 
     def capacity_section(self) -> dict[str, Any] | None:
         """The boot capacity table for /v1/metrics; None without one (no readable GGUF default model)."""

@@ -99,7 +99,7 @@ class Snapshotter:
         out = []
         for m, e in engines.items():
             entry = self._entry(m)
-            mem = getattr(e, "memory", None)
+            mem = e.memory
             marks = self._marks(m) if self._marks else {"pinned": bool(entry and entry.pinned), "kept": False}
             out.append({"id": m, "in_flight": stats[m].in_flight, "waiting": stats[m].waiting,
                         "decode_batch": stats[m].decode_batch, **marks, "profile": entry.profile if entry else None,

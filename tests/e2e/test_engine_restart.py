@@ -11,7 +11,6 @@ import json
 import os
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import openai

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from gmlx_server.engine.types import PromptCacheStats
 from tests.routes.conftest import Served
 
 
 def _give_cache(engine: Any, resets: list[str]) -> None:
-    stats = {"enabled": True, "bytes": 10, "entries": 1, "tokens_reused": 40, "evictions": 2, "misses": 1,
-             "hits": {"exact": 1, "block": 0, "ckpt": 0, "anchor": 0}}
+    stats = PromptCacheStats(enabled=True, bytes=10, entries=1, tokens_reused=40, evictions=2, misses=1,
+                             hits={"exact": 1, "block": 0, "ckpt": 0, "anchor": 0})
     engine.cache_stats = lambda: stats
-    engine.reset_cache = lambda: resets.append(engine.info.model_id)
+    engine.reset_cache = lambda: resets.append(engine.info.model_id) or True
 
 
 def test_stats_are_disabled_without_a_cache(served: Served) -> None:

@@ -16,6 +16,7 @@ from gmlx_plan.gguf_header import read_header
 from gmlx_server.engine.arch import arch_spec
 from gmlx_server.engine.chat_template import JinjaChatTemplate
 from gmlx_server.engine.tokenizer import GGUFTokenizer
+from gmlx_server.engine.types import PromptCacheStats
 from gmlx_server.service.addressing import Settings
 from gmlx_server.service.cache_points import NO_HINTS, cache_hints, common_prefix, request_hints
 from gmlx_server.service.generate import render_chat
@@ -88,8 +89,8 @@ class _Engine:
     info: Any = field(default_factory=lambda: fake_info("m"))
     cache_on: bool = True
 
-    def cache_stats(self) -> dict[str, Any]:
-        return {"enabled": self.cache_on}
+    def cache_stats(self) -> PromptCacheStats:
+        return PromptCacheStats(enabled=self.cache_on)
 
 
 def test_request_hints_render_the_profile_system_prompt_and_skip_raw_prompts_and_cacheless_engines() -> None:
