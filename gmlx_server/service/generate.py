@@ -161,9 +161,8 @@ class PromptTooLong(GmlxError):
 
     status, type = 400, "invalid_request_error"
 
-    def __init__(self, detail: str, **extra: int) -> None:
-        super().__init__(f"prompt is too long: {detail}", param="messages", code="context_length_exceeded",
-                         extra=extra)
+    def __init__(self, detail: str, param: str = "messages", **extra: int) -> None:
+        super().__init__(f"prompt is too long: {detail}", param=param, code="context_length_exceeded", extra=extra)
 
 
 def check_message_count(inp: GenerationInput) -> None:
@@ -173,13 +172,13 @@ def check_message_count(inp: GenerationInput) -> None:
                             max_messages=MAX_MESSAGES)
 
 
-def check_length(text: str, tokenizer: Tokenizer, model: str, budget: int) -> None:
+def check_length(text: str, tokenizer: Tokenizer, model: str, budget: int, param: str = "messages") -> None:
     """No token spans more than max_token_chars characters, so a longer text cannot fit: say so untokenized."""
     per = getattr(tokenizer, "max_token_chars", None)
     least = -(-len(text) // per) if per else 0
     if least >= budget:  # as fit_context: at least one output token must fit
         raise PromptTooLong(f"{len(text)} characters need at least {least} tokens (no token of model '{model}' "
-                            f"spans more than {per} characters), over the context window of {budget} tokens",
+                            f"spans more than {per} characters), over the context window of {budget} tokens", param,
                             prompt_chars=len(text), min_prompt_tokens=least, context_budget=budget)
 
 
@@ -188,7 +187,7 @@ def tokenize(inp: GenerationInput, settings: Settings, template: ChatTemplate, t
     """Render (or take the raw prompt), refuse what cannot fit, tokenize. Blocking: run it in a thread."""
     raw = inp.prompt is not None
     text = inp.prompt if inp.prompt is not None else render_chat(inp, settings, template)
-    check_length(text, tokenizer, model, budget)
+    check_length(text, tokenizer, model, budget, "prompt" if raw else "messages")
     # A rendered chat template carries its own BOS; a raw completion prompt gets the tokenizer's.
     ids = tokenizer.encode(text, raw)
     if not ids:

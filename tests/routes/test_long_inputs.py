@@ -81,13 +81,13 @@ async def _current_thread() -> str:
     return threading.current_thread().name
 
 
-def _too_long(r: httpx.Response, anthropic: bool = False) -> dict[str, Any]:
+def _too_long(r: httpx.Response, anthropic: bool = False, param: str = "messages") -> dict[str, Any]:
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error"
     assert err["message"].startswith("prompt is too long")  # what agent clients match to compact
     if not anthropic:
-        assert err["code"] == "context_length_exceeded" and err["param"] == "messages"
+        assert err["code"] == "context_length_exceeded" and err["param"] == param
     return dict(err)
 
 
@@ -98,6 +98,7 @@ ROUTES = [
     ("/v1/messages/count_tokens", {"messages": [LONG]}, True),
     ("/v1/responses", {"input": [LONG]}, False),
     ("/v1/estimate", {"messages": [LONG]}, False),
+    ("/v1/completions", {"prompt": LONG["content"]}, False),
 ]
 
 
@@ -107,7 +108,8 @@ def test_a_text_longer_than_the_window_allows_is_refused_untokenized(s: Served, 
     assert s.chat().status_code == 200  # loads the engine, tokenizing one short prompt
     tok = _tokenizer(s)
     before = len(tok.threads)
-    err = _too_long(s.client.post(path, json={"model": "m1", **body}), anthropic)
+    err = _too_long(s.client.post(path, json={"model": "m1", **body}), anthropic, "prompt" if "prompt" in body else
+                    "messages")
     assert len(tok.threads) == before  # refused on its length: never tokenized
     assert f"context window of {CONTEXT} tokens" in err["message"]
     if not anthropic:
