@@ -10,9 +10,12 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import logging
 import sys
 from pathlib import Path
 from types import ModuleType
+
+log = logging.getLogger("gmlx.tools")
 
 
 @functools.cache
@@ -26,10 +29,16 @@ def mlx_vlm_parser(name: str) -> ModuleType:
     path = Path(next(iter(package.submodule_search_locations))) / "tools" / "parsers" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"gmlx_server.protocol.tools._mlx_vlm_{name}", path)
     if spec is None or spec.loader is None:
-        return importlib.import_module(full)
+        return _slow_import(full, f"no loader for {path}")
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
-    except ImportError:  # a future parser with package-relative imports: take the slow road
-        return importlib.import_module(full)
+    except ImportError as e:  # a future parser with package-relative imports: take the slow road
+        return _slow_import(full, str(e))
     return module
+
+
+def _slow_import(full: str, why: str) -> ModuleType:
+    """Said once per parser (the caller is cached): the import below loads all of mlx_vlm, seconds of CPU."""
+    log.info("tool parser %s cannot load alone (%s): importing the mlx_vlm package", full, why)
+    return importlib.import_module(full)
