@@ -52,9 +52,9 @@ from functools import cached_property
 from typing import Literal
 
 from gmlx_plan.geometry import Geometry, LayerKV, geometry_from_header
-from gmlx_plan.gguf_header import GGUFHeader, TensorInfo, ggml_type_name
+from gmlx_plan.gguf_header import GGML_TYPES, GGUFHeader, TensorInfo, ggml_type_name
 
-Layout = Literal["packed", "dense"]
+Layout = Literal["packed", "dense", "native"]
 AFFINE_GROUP = 32  # MLX affine group size of every packed weight
 KV_STEP = 256  # mlx-vlm's KV caches grow in steps of this many tokens
 PREFILL_CHUNK = 512  # gmlx_server/engine/generate.py
@@ -75,7 +75,10 @@ class UnsupportedType(ValueError):
 
 # The KV cache follows the activations' dtype. Measured: fp32 in both layouts, because the packed
 # layout keeps 1-D norm weights in f32 and they promote fp16 activations. Cast them and packed is 2.
-ACTIVATION_BYTES: dict[str, int] = {"packed": 4, "dense": 4}
+ACTIVATION_BYTES: dict[str, int] = {"packed": 4, "dense": 4, "native": 4}
+# native layout (CPU kernels): these stay GGUF blocks as stored; other quantized types become Q8_0 blocks.
+NATIVE_TYPES = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"})
+_BLOCK = {name: (qk, size) for name, qk, size in GGML_TYPES.values()}
 
 
 def kv_element_bytes(layout: Layout) -> int:
@@ -87,7 +90,10 @@ def converted_bytes(shape: tuple[int, ...], type_name: str, layout: Layout, name
     if type_name not in FLOAT_TYPES and type_name not in PACKED_BITS:
         raise UnsupportedType(name, type_name)
     n = math.prod(shape)
-    if layout == "dense" or (len(shape) < 2 and type_name == "F32"):
+    if layout == "native" and len(shape) == 2 and type_name in PACKED_BITS:
+        qk, size = _BLOCK[type_name if type_name in NATIVE_TYPES else "Q8_0"]
+        return n // qk * size
+    if layout in ("dense", "native") or (len(shape) < 2 and type_name == "F32"):
         return 4 * n
     if len(shape) >= 2 and type_name in PACKED_BITS:
         return n * PACKED_BITS[type_name] // 8 + (n // AFFINE_GROUP) * 4

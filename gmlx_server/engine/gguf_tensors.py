@@ -6,6 +6,9 @@ GGUFReader is far too slow on big vocabularies) and produce either layout:
 
 - "packed": MLX affine, group 32, fp16 scales/biases (what nn.QuantizedLinear takes).
 - "dense": a plain `dense_dtype` matrix (fp32 by default: the CPU path runs BLAS sgemm).
+- "native": 2-D quantized matrices stay GGUF blocks as stored, uint8 `(rows, row_bytes)`, for the
+  CPU kernels (gmlx_server/engine/kernels); types they cannot read are requantized to Q8_0 blocks;
+  float matrices go dense as in "dense".
 
 Per-type choices for "packed". Error = max |packed - gguf dequant| / max |w| of the
 tensor, measured on random valid blocks and on the Gemma-3 270M Q4_K_M file;
@@ -44,9 +47,10 @@ import numpy.typing as npt
 from gguf import GGMLQuantizationType
 
 from gmlx_plan.gguf_header import GGML_TYPES, GGUFFormatError, TensorInfo, ggml_type_name
+from gmlx_server.engine.kernels import NATIVE_TYPES
 from gmlx_server.engine.quant_repack import GROUP, REPACKERS, U8, Affine, pack_bits, quantize_affine
 
-Layout = Literal["packed", "dense"]
+Layout = Literal["packed", "dense", "native"]
 
 # Types with no exact affine form: dequantize with gguf, then requantize at these bits (table above).
 REQUANT_BITS: dict[str, int] = {
@@ -73,6 +77,7 @@ class ConvertedTensor:
     group_size: int | None
     source_type: str
     became: str
+    native_type: int | None = None  # ggml type of the blocks in arrays["weight"] ("native" layout)
 
     @property
     def nbytes(self) -> int:
@@ -166,6 +171,17 @@ def _packed_tensor(raw: U8, info: TensorInfo, type_name: str) -> ConvertedTensor
     return ConvertedTensor(arrays, bits, GROUP, type_name, became)
 
 
+def _native_tensor(raw: U8, info: TensorInfo, type_name: str) -> ConvertedTensor:
+    rows = info.n_elements // info.shape[0]
+    if type_name in NATIVE_TYPES:
+        blocks, became, native = raw.reshape(rows, -1), f"native {type_name} blocks", type_name
+    else:  # no kernel reads it: Q8_0 keeps the requantization error well under the source's own
+        dense = _gguf_dequant(raw, info, type_name).reshape(rows, -1)
+        blocks = gguf.quants.quantize(dense, GGMLQuantizationType.Q8_0)
+        became, native = "native Q8_0 blocks (requantized)", "Q8_0"
+    return ConvertedTensor({"weight": mx.array(blocks)}, None, None, type_name, became, NATIVE_TYPES[native])
+
+
 def _is_float(type_name: str) -> bool:
     return type_name in _FLOATS or type_name == "BF16"
 
@@ -191,7 +207,10 @@ def convert_tensor(mm: npt.NDArray[np.uint8], info: TensorInfo, layout: Layout,
     raw = _raw_bytes(mm, info)
     if layout == "packed" and len(info.shape) >= 2 and not _is_float(type_name):
         return _packed_tensor(raw, info, type_name)
-    return _dense_tensor(raw, info, type_name, _dense_target(info, type_name, layout, dense_dtype))
+    if layout == "native" and len(info.shape) == 2 and not _is_float(type_name):
+        return _native_tensor(raw, info, type_name)
+    dense_layout: Layout = "packed" if layout == "packed" else "dense"
+    return _dense_tensor(raw, info, type_name, _dense_target(info, type_name, dense_layout, dense_dtype))
 
 
 @dataclass

@@ -16,6 +16,7 @@ from gmlx_server.engine.attention import install_cpu_attention
 from gmlx_server.engine.blas import current_blas
 from gmlx_server.engine.chat_template import JinjaChatTemplate
 from gmlx_server.engine.gguf_tensors import LoadReport, load_gguf_tensors
+from gmlx_server.engine.kernels import probe
 from gmlx_server.engine.layout import LayoutChoice, choose_layout
 from gmlx_server.engine.tokenizer import GGUFTokenizer
 from gmlx_server.engine.types import ModelInfo
@@ -36,14 +37,16 @@ class LoadedModel:
 
 
 def load_gguf_model(path: str | Path, model_id: str | None = None, layout: LayoutChoice = "auto",
-                    max_kv_size: int | None = None, chat_template: str | None = None) -> LoadedModel:
+                    max_kv_size: int | None = None, chat_template: str | None = None,
+                    native_kernels: bool = True) -> LoadedModel:
+    """`native_kernels=False` keeps "auto" off the native layout (the dense/packed paths stay testable)."""
     start = time.perf_counter()
     header = read_header(path)
     spec = arch_spec(header)
     params = spec.build_config(header, vocab_size(header))
     model = spec.model_class()(spec.make_config(params))
     on_gpu = mx.default_device() == mx.gpu
-    chosen, why = choose_layout(layout, on_gpu=on_gpu)
+    chosen, why = _layout(layout, on_gpu, native_kernels)
     if not on_gpu:  # Metal keeps mx.fast's fused kernel; on the CPU ours is ~1.3-1.7x faster (bench/attention.py)
         install_cpu_attention(spec.module)
     tensors, report = load_gguf_tensors(path, header.tensors, chosen)  # type: ignore[arg-type]
@@ -66,6 +69,19 @@ def load_gguf_model(path: str | Path, model_id: str | None = None, layout: Layou
     )
     _log_load(info, report, why, template.source, "mx.fast" if on_gpu else "gmlx CPU (folded GQA, exp2 softmax)")
     return LoadedModel(model, header, spec, info, tokenizer, template, report)
+
+
+def _layout(requested: LayoutChoice, on_gpu: bool, native_kernels: bool) -> tuple[str, str]:
+    chosen, why = choose_layout(requested, on_gpu=on_gpu, native=native_kernels)
+    if chosen != "native":
+        return chosen, why
+    status = probe()
+    if status.available:
+        return chosen, f"{why} ({status.reason})"
+    if requested == "native":
+        raise RuntimeError(f"weights: native needs gmlx's CPU kernels: {status.reason}")
+    log.warning("gmlx CPU kernels unavailable, falling back: %s", status.reason)
+    return choose_layout(requested, on_gpu=on_gpu, native=False)
 
 
 def _log_load(info: ModelInfo, report: LoadReport, why: str, template_source: str, attention: str) -> None:

@@ -9,11 +9,14 @@ import mlx.nn as nn
 
 from gmlx_server.engine.arch import ArchSpec
 from gmlx_server.engine.gguf_tensors import ConvertedTensor
+from gmlx_server.engine.kernels import probe
+from gmlx_server.engine.kernels.modules import GGUFEmbedding, GGUFLinear
 
 
 def install_weights(model: Any, spec: ArchSpec, tensors: dict[str, ConvertedTensor]) -> None:
     weights: dict[str, mx.array] = {}
     quant: dict[str, tuple[int, int]] = {}
+    natives: dict[str, int] = {}  # module path -> ggml type of its blocks ("native" layout)
     rope_freqs = None
     for gguf_name, t in tensors.items():
         if gguf_name == "rope_freqs.weight":
@@ -29,8 +32,12 @@ def install_weights(model: Any, spec: ArchSpec, tensors: dict[str, ConvertedTens
             weights[f"{base}.{part}" if len(t.arrays) > 1 or part != "weight" else name] = arr
         if t.bits is not None and t.group_size is not None:
             quant[base] = (t.group_size, t.bits)
+        if t.native_type is not None:
+            natives[base] = t.native_type
     if "lm_head.weight" not in weights and hasattr(model, "lm_head"):
-        _tie_head(weights, quant)  # the class has a head slot but the file shares the embedding
+        _tie_head(weights, quant, natives)  # the class has a head slot but the file shares the embedding
+    if natives:
+        _use_native_modules(model, natives)
     if quant:
         nn.quantize(model, class_predicate=lambda p, m: _qparams(quant, p))
     model.load_weights(list(weights.items()), strict=True)
@@ -46,12 +53,28 @@ def _qparams(quant: dict[str, tuple[int, int]], path: str) -> dict[str, int] | b
     return {"group_size": group, "bits": bits}
 
 
-def _tie_head(weights: dict[str, mx.array], quant: dict[str, tuple[int, int]]) -> None:
+def _tie_head(weights: dict[str, mx.array], quant: dict[str, tuple[int, int]], natives: dict[str, int]) -> None:
     for part in ("weight", "scales", "biases"):
         if f"model.embed_tokens.{part}" in weights:
             weights[f"lm_head.{part}"] = weights[f"model.embed_tokens.{part}"]  # shared, not copied
     if "model.embed_tokens" in quant:
         quant["lm_head"] = quant["model.embed_tokens"]
+    if "model.embed_tokens" in natives:
+        natives["lm_head"] = natives["model.embed_tokens"]
+
+
+def _use_native_modules(model: nn.Module, natives: dict[str, int]) -> None:
+    """Linear/Embedding modules whose weights are GGUF blocks become kernel-backed ones (same paths)."""
+    ext = probe().ext
+    if ext is None:
+        raise RuntimeError(f"native weights need the kernels extension: {probe().reason}")
+    modules = dict(model.named_modules())
+    for path, qtype in natives.items():
+        m = modules[path]
+        out_dims, in_dims = m.weight.shape
+        new = (GGUFEmbedding(ext, qtype, out_dims, in_dims) if isinstance(m, nn.Embedding)
+               else GGUFLinear(ext, qtype, in_dims, out_dims, bias="bias" in m))
+        _set_module(model, path, new)
 
 
 class _FreqRoPE(nn.Module):

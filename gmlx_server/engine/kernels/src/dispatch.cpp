@@ -72,8 +72,11 @@ int usable_cores() {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
-// Workers spin briefly between calls (a decode step issues hundreds of matmuls a few microseconds
-// apart), then sleep so an idle engine costs no CPU.
+// Workers spin briefly between calls (a decode step issues hundreds of matmuls tens of microseconds
+// apart), then sleep so an idle engine costs no CPU. A run is done when its tasks are, not when every
+// worker has checked in: on a busy machine a descheduled worker must not stall the caller, who takes
+// the remaining tasks itself. One atomic word holds (generation, task count, next task) so a late
+// worker can never claim a task of a run other than the one it saw.
 class Pool {
  public:
   explicit Pool(int total) {
@@ -94,53 +97,64 @@ class Pool {
       for (int64_t i = 0; i < tasks; ++i) fn(i);
       return;
     }
+    if (tasks > kMaxTasks) throw std::invalid_argument("pool: too many tasks");
     fn_ = &fn;
-    tasks_ = tasks;
-    next_.store(0, std::memory_order_relaxed);
-    busy_.store(static_cast<int>(threads_.size()), std::memory_order_relaxed);
+    done_.store(0, std::memory_order_relaxed);
+    gen_ = gen_ % kGenMask + 1;  // 1..65535: a new worker has seen generation 0
     bool wake;
     {
       std::lock_guard<std::mutex> lk(mu_);
-      gen_.fetch_add(1, std::memory_order_release);
+      state_.store((gen_ << 48) | (static_cast<uint64_t>(tasks) << 24), std::memory_order_release);
       wake = sleeping_ > 0;
     }
     if (wake) cv_.notify_all();
-    work();
-    for (int spins = 0; busy_.load(std::memory_order_acquire) != 0; ++spins) {
-      if (spins < 4096) cpu_relax(); else std::this_thread::yield();  // a worker was descheduled
+    claim(gen_);
+    for (int spins = 0; done_.load(std::memory_order_acquire) < tasks; ++spins) {
+      if (spins < 2048) cpu_relax(); else std::this_thread::yield();  // a worker was descheduled mid-task
     }
   }
 
  private:
-  void work() {
-    for (int64_t i; (i = next_.fetch_add(1, std::memory_order_relaxed)) < tasks_;) (*fn_)(i);
+  static constexpr uint64_t kGenMask = 0xFFFF, kField = 0xFFFFFF;
+  static constexpr int64_t kMaxTasks = 0xFFFFFF;
+
+  // Take and run tasks of generation `gen` until none is left.
+  void claim(uint64_t gen) {
+    uint64_t v = state_.load(std::memory_order_acquire);
+    for (;;) {
+      const uint64_t next = v & kField, total = (v >> 24) & kField;
+      if ((v >> 48) != gen || next >= total) return;
+      if (!state_.compare_exchange_weak(v, v + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
+      (*fn_)(static_cast<int64_t>(next));
+      done_.fetch_add(1, std::memory_order_acq_rel);
+      v = state_.load(std::memory_order_acquire);
+    }
   }
 
   void worker() {
-    uint64_t seen = 0;  // not gen_: a run() may already have started before this thread did
+    uint64_t seen = 0;  // generation 0 is never run
     for (;;) {
       const auto start = std::chrono::steady_clock::now();
-      for (int spins = 0; gen_.load(std::memory_order_acquire) == seen; ++spins) {
+      uint64_t gen;
+      for (int spins = 0; (gen = state_.load(std::memory_order_acquire) >> 48) == seen; ++spins) {
         cpu_relax();
-        if ((spins & 255) == 255 && std::chrono::steady_clock::now() - start > std::chrono::microseconds(300)) {
+        if ((spins & 127) == 127 && std::chrono::steady_clock::now() - start > std::chrono::microseconds(200)) {
           std::unique_lock<std::mutex> lk(mu_);
           ++sleeping_;
-          cv_.wait(lk, [&] { return stop_ || gen_.load(std::memory_order_acquire) != seen; });
+          cv_.wait(lk, [&] { return stop_ || (state_.load(std::memory_order_acquire) >> 48) != seen; });
           --sleeping_;
           if (stop_) return;
         }
       }
-      seen = gen_.load(std::memory_order_acquire);
-      work();
-      busy_.fetch_sub(1, std::memory_order_acq_rel);
+      seen = gen;
+      claim(gen);
     }
   }
 
   std::vector<std::thread> threads_;
-  std::atomic<uint64_t> gen_{0};
-  std::atomic<int64_t> next_{0};
-  std::atomic<int> busy_{0};
-  int64_t tasks_ = 0;
+  std::atomic<uint64_t> state_{0};
+  std::atomic<int64_t> done_{0};
+  uint64_t gen_ = 0;  // the caller's copy (only the caller writes state_'s generation)
   const std::function<void(int64_t)>* fn_ = nullptr;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -1,0 +1,57 @@
+"""GGUF-native quantized matmul kernels for MLX's CPU device (a C++ MLX primitive, built at install time).
+
+The compiled extension `_gguf_kernels` sits beside this file when the install had a C++ compiler and
+CMake (or after `python -m gmlx_server.engine.kernels.build`). `probe()` says whether it can run here:
+present, compiled against the running MLX, and accepted by MLX's bindings; otherwise the reason, which
+the loader logs once before falling back to the dense/packed layouts.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+# ggml type numbers that a kernel reads as stored (gguf.GGMLQuantizationType)
+NATIVE_TYPES: dict[str, int] = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13,
+                                "Q6_K": 14}
+HERE = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class KernelStatus:
+    ext: ModuleType | None
+    reason: str  # why not, or what runs ("avx-vnni, 2 threads")
+
+    @property
+    def available(self) -> bool:
+        return self.ext is not None
+
+
+def built() -> bool:
+    """The extension file exists (decidable without importing MLX)."""
+    return any(HERE.glob("_gguf_kernels*.so")) or any(HERE.glob("_gguf_kernels*.pyd"))
+
+
+@functools.cache  # the extension loads once per process
+def probe() -> KernelStatus:
+    if not built():
+        return KernelStatus(None, "not built (no C++ compiler or CMake at install; "
+                                  "`python -m gmlx_server.engine.kernels.build` builds it)")
+    import mlx.core as mx
+
+    try:
+        ext = importlib.import_module("gmlx_server.engine.kernels._gguf_kernels")
+    except ImportError as e:
+        return KernelStatus(None, f"cannot load the extension: {e}")
+    running = str(getattr(mx, "__version__", "?"))
+    if ext.mlx_version != running:
+        return KernelStatus(None, f"built against MLX {ext.mlx_version}, running {running}: rebuild with "
+                                  "`python -m gmlx_server.engine.kernels.build`")
+    try:  # a nanobind ABI other than MLX's cannot take an mx.array
+        ext.dequantize(mx.zeros((1, 18), dtype=mx.uint8), NATIVE_TYPES["Q4_0"], 32, stream=mx.cpu)
+    except TypeError as e:
+        return KernelStatus(None, f"the extension's bindings do not match MLX's ({e}); rebuild it")
+    return KernelStatus(ext, f"{ext.isa()}, {ext.threads()} threads")
