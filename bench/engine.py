@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import gmlx_server.engine  # noqa: F401  (OpenBLAS must be loaded before mlx is first imported)
+import bench.blas_first  # noqa: F401  (OpenBLAS before mlx is first imported)
 
 # isort: split
 import mlx.core as mx

@@ -21,7 +21,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import gmlx_server.engine  # noqa: F401  (OpenBLAS before mlx)
+import bench.blas_first  # noqa: F401  (OpenBLAS before mlx is first imported)
 
 # isort: split
 import mlx.core as mx

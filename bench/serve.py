@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx
 
-import gmlx_server.engine  # noqa: F401  (OpenBLAS before mlx)
+import bench.blas_first  # noqa: F401  (OpenBLAS before mlx is first imported)
 from gmlx_server.engine.loader import load_gguf_model
 from gmlx_server.engine.mlx_engine import MLXEngine
 from gmlx_server.engine.types import GenerationRequest, SamplingParams, TokenEvent

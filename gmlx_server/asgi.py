@@ -11,11 +11,14 @@ import sys
 
 from gmlx_server.app import GmlxApp, create_app
 from gmlx_server.config import ConfigError, load_config_from_env
+from gmlx_server.startup import prepare_process
 
 
 def _build() -> GmlxApp:
     try:
-        return create_app(load_config_from_env())
+        config = load_config_from_env()
+        prepare_process(config)  # OpenBLAS before mlx loads with the first engine
+        return create_app(config)
     except ConfigError as e:
         print(f"gmlx: {e}", file=sys.stderr)
         raise SystemExit(2) from None

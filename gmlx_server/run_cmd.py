@@ -84,6 +84,9 @@ def run_run(args: argparse.Namespace) -> int:
     except (ConfigError, GmlxError) as e:
         print(f"gmlx run: {e}", file=sys.stderr)
         return 2
+    from gmlx_server.startup import prepare_process
+
+    prepare_process(cfg)  # OpenBLAS before mlx loads
     from gmlx_server.engine.factory import create_engine  # imports MLX: only once we know what to run
 
     entry = cfg.models[addr.model_id]

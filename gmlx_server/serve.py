@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from gmlx_server.config import ConfigError, ServerConfig, load_config, read_env
+from gmlx_server.startup import prepare_process
 
 log = logging.getLogger("gmlx.serve")
 
@@ -61,6 +62,7 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"gmlx serve: {e}", file=sys.stderr)
         return 2
     _describe(config, args.model)
+    prepare_process(config)  # OpenBLAS before mlx loads
     try:
         from gmlx_server.engine.factory import create_engine  # noqa: F401  (the host's default factory)
     except ImportError as e:

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-import gmlx_server.engine  # noqa: F401  (preloads OpenBLAS before any test imports mlx)
+from gmlx_server.startup import preload_blas
+
+preload_blas()  # as the entry points do, before any test imports mlx
 
 
 def smollm2_path() -> str:

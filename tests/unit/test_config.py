@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+from dataclasses import fields
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -11,14 +12,18 @@ import pytest
 
 from gmlx_server.config import (
     DEFAULT_MAX_BODY_BYTES,
+    SAMPLING_KINDS,
     ConfigError,
-    KVQuant,
     RuntimeEnv,
+    ServerSettings,
     default_model_path,
     load_config,
     load_config_from_env,
+    merge_overrides,
     read_env,
+    reload_config,
 )
+from gmlx_server.engine.types import SamplingParams
 from gmlx_server.serve import add_serve_parser, run_serve
 
 FULL = """
@@ -38,7 +43,6 @@ models:
     profile: qwen-coder
     max_kv_size: 2048
     pinned: true
-    kv_quant: {{scheme: kvarn, bits: 4, group_size: 64, value_bits: 2, tail_tokens: 128}}
     weights: dense
   with@at:
     path: {abs_model}
@@ -52,8 +56,6 @@ profiles:
     stop: ["END", "STOP"]
 aliases:
   coder: smollm2@qwen-coder
-services:
-  embeddings: null
 """
 
 
@@ -80,7 +82,7 @@ def test_full_example_parses(tree: Path) -> None:
     assert (s.decode_batch, s.memory_budget, s.idle_timeout_s) == (8, 24 << 30, 600.0)
     m = cfg.models["smollm2"]
     assert m.path == str(tree / "model.gguf") and m.pinned and m.max_kv_size == 2048 and m.weights == "dense"
-    assert m.kv_quant == KVQuant("kvarn", 4, 64, 2, 128)
+    assert (m.kv_quant, m.mmproj, m.draft) == (None, None, None)
     assert list(cfg.models) == ["smollm2", "with@at", "extra"]  # discovered: no mmproj, no id clash
     assert cfg.models["extra"].discovered
     p = cfg.profiles["qwen-coder"]
@@ -103,7 +105,7 @@ def test_prompt_cache_bound_defaults_parses_and_reaches_engines(tree: Path) -> N
     (("  port: 9000", "  port: high"), "server.port", "expected int"),
     (("    pinned: true", "    pinned: 3"), "models.smollm2.pinned", "expected bool"),
     (("    path: model.gguf", "    path: missing.gguf"), "models.smollm2.path", "file not found"),
-    (("    path: model.gguf", "    mmproj: x"), "models.smollm2.path", "missing"),
+    (("    path: model.gguf", "    clamp_max_tokens: true"), "models.smollm2.path", "missing"),
     (("    weights: dense", "    weights: fp8"), "models.smollm2.weights", "expected auto"),
     (("    profile: qwen-coder", "    profile: nope"), "models.smollm2.profile", "unknown profile"),
     (("    intent: coding", "    intent: poetry"), "profiles.qwen-coder.intent", "expected one of"),
@@ -113,8 +115,14 @@ def test_prompt_cache_bound_defaults_parses_and_reaches_engines(tree: Path) -> N
     (('    stop: ["END", "STOP"]', '    stop: [""]'), "profiles.qwen-coder.stop", "list of non-empty"),
     (("  coder: smollm2@qwen-coder", "  coder: ghost"), "aliases.coder", "not a model id"),
     (("  default_model: smollm2", "  default_model: ghost"), "server.default_model", "unknown model"),
-    (("  embeddings: null", "  speech: null"), "services.speech", "unknown key"),
-    (("scheme: kvarn", "scheme: magic"), "models.smollm2.kv_quant.scheme", "expected uniform"),
+    (("    pinned: true", "    pinned: true\n    kv_quant: {{scheme: kvarn, bits: 4}}"), "models.smollm2.kv_quant",
+     "not implemented yet (KV-cache quantization)"),
+    (("    pinned: true", "    pinned: true\n    draft: with@at"), "models.smollm2.draft",
+     "not implemented yet (speculative decoding"),
+    (("    pinned: true", "    pinned: true\n    mmproj: model.gguf"), "models.smollm2.mmproj",
+     "not implemented yet (vision"),
+    (("aliases:", "services:\n  embeddings: {{}}\naliases:"), "services", "not implemented yet (embeddings"),
+    (("    pinned: true", "    pinned: true\n    services: {{}}"), "models.smollm2.services", "unknown key"),
     (("  memory_budget: 24GiB", "  memory_budget: lots"), "server.memory_budget", "expected bytes"),
     (("  memory_budget: 24GiB", "  prompt_cache_bytes: lots"), "server.prompt_cache_bytes", "expected bytes"),
 ])
@@ -300,3 +308,35 @@ def test_serve_passes_the_header_timeout_protocol_to_uvicorn(tree: Path, monkeyp
     assert run_serve(_serve_args(str(tree / "model.gguf"))) == 0
     proto = calls[0]["http"]
     assert isinstance(proto, type) and issubclass(proto, HeaderTimeoutProtocol) and proto.header_timeout_s == 4.0
+
+
+# --- every field survives; the profile keys are the engine's; GMLX_BLAS ----------------------------
+
+def test_every_server_setting_survives_loading_merging_and_reload(tree: Path) -> None:
+    every = FULL.replace("  hf_cache: false", "  hf_cache: true").replace(
+        "  memory_budget: 24GiB", "  memory_budget: 24GiB\n  prompt_cache_bytes: 64MiB\n  clamp_max_tokens: true\n"
+        "  allowed_origins: ['https://a.example']\n  allowed_hosts: [gmlx.lan]")
+    cfg = load_config(write(tree, every))
+    default = ServerSettings()
+    unset = [f.name for f in fields(ServerSettings) if getattr(cfg.server, f.name) == getattr(default, f.name)]
+    assert unset == []  # a new field needs a non-default value in `every` above, and must reach here
+    assert merge_overrides(cfg.server, RuntimeEnv()) == cfg.server
+    assert reload_config(cfg).server == cfg.server
+
+
+def test_profile_sampling_keys_are_the_engines_sampling_params() -> None:
+    defaults = SamplingParams()
+    expected = {f.name: "bool" if isinstance(getattr(defaults, f.name), bool)
+                else "int" if isinstance(getattr(defaults, f.name), int) or f.name == "seed" else "number"
+                for f in fields(SamplingParams) if f.name != "logit_bias"}
+    assert expected == SAMPLING_KINDS
+
+
+def test_gmlx_blas_is_off_a_library_path_or_refused(tmp_path: Path) -> None:
+    assert read_env({}).blas is None
+    assert {read_env({"GMLX_BLAS": v}).blas for v in ("off", "OFF", "0", "none")} == {"off"}
+    lib = tmp_path / "libblas.so.3"
+    lib.write_bytes(b"\x7fELF")
+    assert read_env({"GMLX_BLAS": str(lib)}).blas == str(lib)
+    with pytest.raises(ConfigError, match="environment: GMLX_BLAS: expected off or the path"):
+        read_env({"GMLX_BLAS": str(tmp_path / "absent.so")})

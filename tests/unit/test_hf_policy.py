@@ -14,6 +14,7 @@ import pytest
 
 from gmlx_server.config import ConfigError, ModelEntry, RuntimeEnv, ServerConfig, ServerSettings, load_config, read_env
 from gmlx_server.hf_cache import looks_like_repo_id, looks_remote, resolve_file, resolve_repo, split_hf_ref
+from gmlx_server.startup import prepare_process
 from tests.fakes import FakeEngine, FakeFactory
 from tests.routes.conftest import make_config, serve
 
@@ -94,12 +95,15 @@ def test_hf_ref_in_the_config_resolves_from_the_cache_or_fails_at_load(hub: Path
 
 
 def test_hf_cache_true_runs_the_hf_libraries_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # recorded, so what prepare_process sets is undone after
+    monkeypatch.delenv("HF_HUB_OFFLINE")
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
-    load_config(_write(tmp_path, "m.gguf"))
+    prepare_process(load_config(_write(tmp_path, "m.gguf")))
     assert "HF_HUB_OFFLINE" not in os.environ
     cfg = load_config(_write(tmp_path, "org/repo", hf_cache=True))  # a repo id passes the config: the loader judges
-    assert os.environ["HF_HUB_OFFLINE"] == "1" and cfg.models["m"].path == "org/repo"
+    assert "HF_HUB_OFFLINE" not in os.environ and cfg.models["m"].path == "org/repo"  # loading has no side effects
+    prepare_process(cfg)  # what the entry points do before any model loads
+    assert os.environ["HF_HUB_OFFLINE"] == "1"
 
 
 def _repo_config(path: str, hf_cache: bool, hub: Path) -> ServerConfig:

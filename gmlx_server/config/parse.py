@@ -1,0 +1,179 @@
+"""The YAML file -> ServerConfig: every section checked, every key either honored or refused by name."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+
+from gmlx_server.config.checker import KINDS, Checker
+from gmlx_server.config.settings import BUILTIN_INTENTS, ConfigError, ModelEntry, Profile, ServerConfig, ServerSettings
+from gmlx_server.web_policy import host_list, origin_list
+
+_SERVER_KINDS = {
+    "host": "str", "port": "int", "api_key": "str", "default_model": "str", "models_dir": "str",
+    "hf_cache": "bool", "idle_timeout_s": "number", "decode_batch": "int", "memory_budget": "any",
+    "prompt_cache_bytes": "any", "clamp_max_tokens": "bool", "allowed_origins": "any", "allowed_hosts": "any",
+}
+_MODEL_KINDS = {
+    "path": "str", "profile": "str", "max_kv_size": "int", "pinned": "bool", "chat_template": "str",
+    "weights": "str", "clamp_max_tokens": "bool",
+}
+# Keys the file format reserves for features not built yet: refused by name rather than accepted and ignored.
+_UNBUILT_MODEL_KEYS = {
+    "mmproj": "vision (image input through a projector)",
+    "kv_quant": "KV-cache quantization",
+    "draft": "speculative decoding with a draft model",
+}
+_UNBUILT_TOP_KEYS = {"services": "embeddings, rerank, speech-to-text and text-to-speech services"}
+# The engine's SamplingParams fields a profile may set (logit_bias is per request); a test keeps them equal.
+SAMPLING_KINDS = {
+    "temperature": "number", "top_p": "number", "top_k": "int", "min_p": "number", "top_n_sigma": "number",
+    "p_less": "bool", "typical_p": "number", "repetition_penalty": "number", "repetition_context_size": "int",
+    "presence_penalty": "number", "presence_context_size": "int", "frequency_penalty": "number",
+    "frequency_context_size": "int", "xtc_probability": "number", "xtc_threshold": "number", "seed": "int",
+}
+_PROFILE_KEYS = frozenset({"intent", "system", "chat_template_kwargs", "max_tokens", "stop", *SAMPLING_KINDS})
+_TOP_KEYS = frozenset({"server", "models", "profiles", "aliases", "services"})
+
+
+def _refuse_unbuilt(c: Checker, data: Mapping[str, Any], key: str, unbuilt: Mapping[str, str]) -> None:
+    for name, what in unbuilt.items():
+        if data.get(name) is not None:
+            raise c.fail(f"{key}.{name}" if key else name, f"not implemented yet ({what}); remove this key")
+
+
+def _server(c: Checker, raw: Any) -> ServerSettings:
+    data = c.section(raw, "server", frozenset(_SERVER_KINDS))
+    d = ServerSettings()
+    kw = {k: c.value(data, "server", k, kind, getattr(d, k))
+          for k, kind in _SERVER_KINDS.items() if kind != "any"}
+    kw["memory_budget"] = c.size(data.get("memory_budget"), "server.memory_budget")
+    kw["prompt_cache_bytes"] = _cache_bytes(c, data.get("prompt_cache_bytes", d.prompt_cache_bytes))
+    if kw["decode_batch"] < 1:
+        raise c.fail("server.decode_batch", "must be at least 1")
+    if kw["port"] > 65535:
+        raise c.fail("server.port", f"must be 0 to 65535, got {kw['port']}")
+    if kw["models_dir"] is not None:
+        kw["models_dir"] = c.path(kw["models_dir"], "server.models_dir", Path(c.source).parent)
+    kw["idle_timeout_s"] = float(kw["idle_timeout_s"])
+    kw["allowed_origins"] = c.name_list(data, "server.allowed_origins", origin_list)
+    kw["allowed_hosts"] = c.name_list(data, "server.allowed_hosts", host_list)
+    return ServerSettings(**kw)
+
+
+def _cache_bytes(c: Checker, v: Any) -> int:
+    if v == 0 or v is False:
+        return 0
+    size = None if v == "auto" else c.size(v, "server.prompt_cache_bytes")
+    if size is None:
+        raise c.fail("server.prompt_cache_bytes", "expected bytes or a size like 512MiB (0 disables)")
+    return size
+
+
+def _model(c: Checker, mid: str, raw: Any, base: Path) -> ModelEntry:
+    key = f"models.{mid}"
+    data = c.section(raw, key, frozenset(_MODEL_KINDS) | frozenset(_UNBUILT_MODEL_KEYS))
+    _refuse_unbuilt(c, data, key, _UNBUILT_MODEL_KEYS)
+    kw = {k: c.value(data, key, k, kind) for k, kind in _MODEL_KINDS.items()}
+    if kw["path"] is None:
+        raise c.fail(f"{key}.path", "missing (a GGUF file, hf:org/repo/file.gguf or a local MLX dir)")
+    kw["path"] = c.path(kw["path"], f"{key}.path", base, repo_ok=True)
+    tpl = kw["chat_template"]
+    if tpl is not None and "{{" not in tpl and "{%" not in tpl:
+        kw["chat_template"] = c.path(tpl, f"{key}.chat_template", base)  # a file, not inline jinja
+    if kw["max_kv_size"] is not None and kw["max_kv_size"] < 1:
+        raise c.fail(f"{key}.max_kv_size", "must be at least 1")
+    kw["weights"] = kw["weights"] or "auto"
+    if kw["weights"] not in ("auto", "packed", "dense"):
+        raise c.fail(f"{key}.weights", f"expected auto, packed or dense, got {kw['weights']!r}")
+    kw["pinned"] = bool(kw["pinned"])
+    return ModelEntry(id=mid, **kw)
+
+
+def _sampling_value(c: Checker, key: str, name: str, v: Any) -> Any:
+    kind = SAMPLING_KINDS[name]
+    if isinstance(v, bool) != (kind == "bool") or not isinstance(v, KINDS[kind]):
+        raise c.fail(f"{key}.{name}", f"expected {kind}, got {type(v).__name__} ({v!r})")
+    return v
+
+
+def _profile(c: Checker, name: str, raw: Any) -> Profile:
+    key = f"profiles.{name}"
+    data = c.section(raw, key, _PROFILE_KEYS)
+    intent = c.value(data, key, "intent", "str")
+    if intent is not None and intent not in BUILTIN_INTENTS:
+        raise c.fail(f"{key}.intent", f"expected one of {', '.join(BUILTIN_INTENTS)}, got {intent!r}")
+    sampling = {k: _sampling_value(c, key, k, v)
+                for k, v in data.items() if k in SAMPLING_KINDS and v is not None}
+    kwargs = c.section(data.get("chat_template_kwargs"), f"{key}.chat_template_kwargs")
+    max_tokens = c.value(data, key, "max_tokens", "int")
+    if max_tokens is not None and max_tokens < 1:
+        raise c.fail(f"{key}.max_tokens", "must be at least 1")
+    stop = data.get("stop") or []
+    if not isinstance(stop, list) or not all(isinstance(x, str) and x for x in stop):
+        raise c.fail(f"{key}.stop", "expected a list of non-empty strings")
+    return Profile(name, intent, MappingProxyType(sampling), max_tokens, c.value(data, key, "system", "str"),
+                   MappingProxyType(dict(kwargs)), tuple(stop))
+
+
+def discover_models(models_dir: str, taken: set[str]) -> dict[str, ModelEntry]:
+    """GGUF files directly under models_dir, by file stem; vision projectors (mmproj*) are not models."""
+    found: dict[str, ModelEntry] = {}
+    for p in sorted(Path(models_dir).glob("*.gguf")):
+        if p.name.lower().startswith("mmproj") or p.stem in taken or p.stem in found:
+            continue
+        found[p.stem] = ModelEntry(id=p.stem, path=str(p), discovered=True)
+    return found
+
+
+def _check_refs(c: Checker, cfg: ServerConfig) -> None:
+    profiles = set(cfg.profiles) | set(BUILTIN_INTENTS)
+    for m in cfg.models.values():
+        if m.profile is not None and m.profile not in profiles:
+            known = ", ".join(sorted(profiles))
+            raise c.fail(f"models.{m.id}.profile", f"unknown profile {m.profile!r} (known: {known})")
+    for alias, target in cfg.aliases.items():
+        if alias in cfg.models:
+            raise c.fail(f"aliases.{alias}", "an alias cannot have the name of a model id")
+        mid, _, prof = target.rpartition("@") if target not in cfg.models else (target, "", "")
+        if mid not in cfg.models or (prof and prof not in profiles):
+            raise c.fail(f"aliases.{alias}", f"target {target!r} is not a model id or id@profile")
+    dm = cfg.server.default_model
+    if dm is not None and dm not in cfg.models and dm not in cfg.aliases:
+        raise c.fail("server.default_model", f"unknown model id {dm!r}")
+
+
+def _yaml(source: str, text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(source, where, f"invalid YAML: {getattr(e, 'problem', None) or e}") from None
+
+
+def parse(source: str, text: str, hf_cache: Path | None = None) -> ServerConfig:
+    """The file's text -> a ServerConfig with no environment or command-line overrides applied yet."""
+    c = Checker(source, hf_cache)
+    top = c.section(_yaml(source, text), "", _TOP_KEYS)
+    _refuse_unbuilt(c, top, "", _UNBUILT_TOP_KEYS)
+    base = Path(source).parent
+    server = _server(c, top.get("server"))
+    models = {str(k): _model(c, str(k), v, base) for k, v in c.section(top.get("models"), "models").items()}
+    profiles = {k: _profile(c, k, v) for k, v in c.section(top.get("profiles"), "profiles").items()}
+    aliases = c.section(top.get("aliases"), "aliases")
+    for k, v in aliases.items():
+        if not isinstance(v, str) or not v:
+            raise c.fail(f"aliases.{k}", f"expected a model id or id@profile, got {v!r}")
+    if server.models_dir is not None:
+        models.update(discover_models(server.models_dir, set(models) | set(aliases)))
+    if not models:
+        raise c.fail("models", "no models configured (list some under models: or set server.models_dir)")
+    cfg = ServerConfig(server, MappingProxyType(models), MappingProxyType(profiles),
+                       MappingProxyType(dict(aliases)), source=source)
+    _check_refs(c, cfg)
+    return cfg

@@ -1,0 +1,123 @@
+"""The server's settings as frozen dataclasses: the bottom of the import graph (stdlib only).
+
+What each field means for an operator is in README's Configuration section; how the layers use them
+is in docs/architecture.md ("Where configuration lives").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+BUILTIN_INTENTS = ("chat", "coding", "creative", "precise")
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024  # room for base64 images in vision messages
+SECRET_KEYS = frozenset({"api_key"})  # config errors name these keys but never show their values
+DEFAULT_MODEL_ID = "smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+BLAS_OFF = frozenset({"off", "0", "none"})  # GMLX_BLAS values that keep the mlx-cpu wheel's reference BLAS
+WeightsLayout = Literal["auto", "packed", "dense"]
+
+
+class ConfigError(Exception):
+    """A bad config file or environment value: names the source, the dotted key and what is wrong."""
+
+    def __init__(self, source: str, key: str, what: str) -> None:
+        self.source, self.key, self.what = source, key, what
+        super().__init__(f"{source}: {key}: {what}" if key else f"{source}: {what}")
+
+
+@dataclass(frozen=True)
+class RuntimeEnv:
+    """Environment switches, read once at start (see README for each default)."""
+
+    config_path: str | None = None  # GMLX_CONFIG: the YAML for the ASGI entry point
+    model_path: str | None = None  # GMLX_MODEL: a single GGUF for the ASGI entry point
+    api_key: str | None = None
+    host: str | None = None
+    port: int | None = None
+    sse_keepalive_s: float = 15.0
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    queue_depth_cap: int | None = None
+    decode_batch: int | None = None
+    prompt_cache_bytes: int | None = None  # the server's setting, handed to engines (0 = off)
+    clamp_max_tokens: bool | None = None  # GMLX_CLAMP_MAX_TOKENS: overrides server.clamp_max_tokens
+    overcommit: bool = False
+    preflight_mem: bool = True
+    governor: bool = True
+    top_logprobs_k: int = 0
+    allowed_origins: tuple[str, ...] | None = None  # GMLX_ALLOWED_ORIGINS: overrides server.allowed_origins
+    allowed_hosts: tuple[str, ...] | None = None  # GMLX_ALLOWED_HOSTS: overrides server.allowed_hosts
+    body_timeout_s: float = 60.0  # a request body must arrive within this (408 after)
+    header_timeout_s: float = 20.0  # a request line + headers must arrive within this (`gmlx serve`)
+    hf_hub_cache: str | None = None  # HF_HUB_CACHE, else HF_HOME/hub; None = the default under ~/.cache
+    blas: str | None = None  # GMLX_BLAS: "off" keeps the reference BLAS, a path loads that library
+
+
+@dataclass(frozen=True)
+class KVQuant:
+    scheme: Literal["uniform", "kvarn"]
+    bits: int = 4
+    group_size: int = 64
+    value_bits: int | None = None
+    tail_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    id: str
+    path: str
+    profile: str | None = None
+    max_kv_size: int | None = None
+    pinned: bool = False
+    mmproj: str | None = None  # the config refuses mmproj, kv_quant and draft until they are implemented
+    kv_quant: KVQuant | None = None
+    draft: str | None = None
+    chat_template: str | None = None
+    weights: WeightsLayout = "auto"
+    clamp_max_tokens: bool | None = None  # None: the server's setting
+    discovered: bool = False  # found under server.models_dir rather than listed in models:
+
+    @property
+    def load_key(self) -> tuple[object, ...]:
+        """What the engine is built from: a reload keeps a loaded engine while this is unchanged."""
+        return (self.path, self.weights, self.max_kv_size, self.chat_template, self.kv_quant, self.mmproj,
+                self.draft)
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    intent: str | None = None
+    sampling: Mapping[str, Any] = field(default_factory=dict)  # SamplingParams field -> value
+    max_tokens: int | None = None
+    system: str | None = None
+    chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    stop: tuple[str, ...] = ()  # added to every request's own stop strings (as Ollama's PARAMETER stop)
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    api_key: str | None = None
+    default_model: str | None = None
+    models_dir: str | None = None
+    hf_cache: bool = False
+    idle_timeout_s: float = 900.0
+    decode_batch: int = 4
+    memory_budget: int | None = None  # None = auto (measured)
+    prompt_cache_bytes: int = 512 << 20  # per resident model; 0 disables the prompt cache
+    clamp_max_tokens: bool = False  # lower an oversized max_tokens to what the window leaves (opt-in)
+    allowed_origins: tuple[str, ...] = ()  # browser origins beside the loopback ones ("*": any)
+    allowed_hosts: tuple[str, ...] = ()  # Host names beside localhost and IP literals ("*": no check)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    server: ServerSettings = field(default_factory=ServerSettings)
+    models: Mapping[str, ModelEntry] = field(default_factory=dict)
+    profiles: Mapping[str, Profile] = field(default_factory=dict)
+    aliases: Mapping[str, str] = field(default_factory=dict)
+    env: RuntimeEnv = field(default_factory=RuntimeEnv)
+    source: str | None = None  # the YAML file; None in single-model mode
