@@ -65,3 +65,13 @@ def test_a_library_named_by_gmlx_blas_is_the_one_loaded(tmp_path: Path) -> None:
     got = _probe("from gmlx_server.startup import preload_blas; choice = preload_blas(); "
                  f"assert {str(named)!r} in open('/proc/self/maps').read()", blas="choice.path", GMLX_BLAS=str(named))
     assert got["blas"] == str(named)
+
+
+@pytest.mark.skipif(not _openblas_installed(), reason="OpenBLAS is not installed")
+def test_the_asgi_entry_point_preloads_blas_before_any_engine_loads(tmp_path: Path) -> None:
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")  # engines load on first request: the file is not read here
+    body = "import gmlx_server.asgi; from gmlx_server.engine.blas import current_blas"
+    got = _probe(body, blas="current_blas().name", GMLX_MODEL=str(tmp_path / "m.gguf"))
+    assert got == {"mlx": [], "openblas": True, "blas": "openblas"}
+    off = _probe(body, blas="current_blas().name", GMLX_MODEL=str(tmp_path / "m.gguf"), GMLX_BLAS="off")
+    assert off["blas"] == "disabled"
