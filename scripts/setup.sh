@@ -9,6 +9,17 @@ want_test=0
 [ "${1:-}" = "--test" ] && want_test=1
 PY=${PYTHON:-python3}
 
+# A C++ compiler and CMake let the install build gmlx's CPU kernels (optional: without them the engine
+# falls back to dense/packed weights and says so once at load).
+if [ "$(uname -s)" = Linux ] && ! { command -v cmake && command -v c++; } >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    (apt-get update -qq && apt-get install -y -qq g++ cmake) >/dev/null 2>&1 \
+      || echo "setup: could not install g++/cmake; the CPU kernels will not be built" >&2
+  else
+    echo "setup: for gmlx's fast CPU kernels: sudo apt-get install g++ cmake, then rerun this script" >&2
+  fi
+fi
+
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
 
@@ -23,6 +34,12 @@ if [ ! -f "$stamp" ]; then
     pip install "torch==2.13.0" accelerate || echo "setup: torch 2.13.0 unavailable; reference tests will skip" >&2
   fi
   touch "$stamp"
+fi
+# Build the kernels when an earlier install had no compiler (or after a clean checkout of the sources).
+if ! ls gmlx_server/engine/kernels/_gguf_kernels*.so >/dev/null 2>&1 && command -v cmake >/dev/null \
+    && command -v c++ >/dev/null; then
+  pip install "nanobind>=3.0.1,<4"
+  .venv/bin/python -m gmlx_server.engine.kernels.build >/dev/null || echo "setup: the CPU kernels did not build" >&2
 fi
 
 # OpenBLAS: the mlx-cpu wheel links reference BLAS; gmlx preloads OpenBLAS when it is installed.
