@@ -1,0 +1,139 @@
+"""The CPU kernels against float64 references on random GGUF blocks of every format they read.
+
+The kernels quantize each 32-activation block to int8 (scale max|x| / 127, round half to even), as
+llama.cpp does, and then sum exactly in integers. So each result is checked twice: tightly against a
+float64 product with the same quantized activations (only fp32 scaling and accumulation may differ), and
+against the exact activations within the bound that the activation rounding implies.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from types import ModuleType
+
+import gguf
+import mlx.core as mx
+import numpy as np
+import numpy.typing as npt
+import pytest
+from gguf import GGMLQuantizationType
+from gguf.constants import GGML_QUANT_SIZES
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gmlx_server.engine.kernels import NATIVE_TYPES, probe
+
+F64 = npt.NDArray[np.float64]
+# fp16 field offsets (scale, min) and a scale range keeping |w| comparable across formats
+FP16_FIELDS: dict[str, tuple[tuple[int, ...], float]] = {
+    "Q4_0": ((0,), 0.1), "Q4_1": ((0, 2), 0.1), "Q5_0": ((0,), 0.1), "Q5_1": ((0, 2), 0.1), "Q8_0": ((0,), 0.01),
+    "Q4_K": ((0, 2), 0.02), "Q5_K": ((0, 2), 0.02), "Q6_K": ((208,), 0.02),
+}
+
+
+@pytest.fixture(scope="module")
+def ext() -> ModuleType:
+    status = probe()
+    if status.ext is None:
+        if shutil.which("c++") is None or shutil.which("cmake") is None:
+            pytest.skip(f"no compiler to build the kernels: {status.reason}")
+        pytest.fail(f"the kernels should be built here: {status.reason}")
+    return status.ext
+
+
+@pytest.fixture(scope="module")
+def every_isa(ext: ModuleType) -> Iterator[list[str]]:
+    first = ext.isa()
+    yield ext.isas()
+    ext.set_isa(first)
+    ext.set_threads(0)
+
+
+def random_blocks(rng: np.random.Generator, name: str, rows: int, k: int) -> npt.NDArray[np.uint8]:
+    """Random bytes are valid blocks of every format once the fp16 scale fields hold finite values."""
+    qk, size = GGML_QUANT_SIZES[GGMLQuantizationType[name]]
+    blocks = rng.integers(0, 256, (rows, k // qk, size), dtype=np.uint8)
+    offsets, scale = FP16_FIELDS[name]
+    for off in offsets:
+        vals = rng.uniform(-scale, scale, (rows, k // qk)).astype(np.float16)
+        blocks[..., off:off + 2] = vals.view(np.uint8).reshape(rows, k // qk, 2)
+    return blocks.reshape(rows, -1)
+
+
+def quantized_activations(x: npt.NDArray[np.float32]) -> F64:
+    """The kernels' int8 activation rounding, in numpy's IEEE fp32 arithmetic (same operations)."""
+    xb = x.reshape(x.shape[0], -1, 32)
+    d = np.abs(xb).max(axis=-1, keepdims=True) / np.float32(127)
+    inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, np.float32(1)), np.float32(0)).astype(np.float32)
+    return (np.rint(xb * inv) * d).reshape(x.shape).astype(np.float64)
+
+
+def check_matmul(ext: ModuleType, rng: np.random.Generator, name: str, n: int, blocks_per_row: int,
+                 m: int) -> None:
+    qk = GGML_QUANT_SIZES[GGMLQuantizationType[name]][0]
+    k = qk * blocks_per_row
+    w_blocks = random_blocks(rng, name, n, k)
+    w = gguf.quants.dequantize(w_blocks, GGMLQuantizationType[name]).astype(np.float64)
+    x = rng.standard_normal((m, k)).astype(np.float32) * rng.uniform(0.01, 10.0, (m, 1)).astype(np.float32)
+    y = np.array(ext.matmul(mx.array(x), mx.array(w_blocks), NATIVE_TYPES[name], k))
+    assert y.shape == (m, n) and y.dtype == np.float32
+    xq = quantized_activations(x)
+    ref_q = xq @ w.T
+    magnitude = np.abs(xq) @ np.abs(w).T
+    np.testing.assert_array_less(np.abs(y - ref_q), 2e-6 * magnitude + 1e-30)
+    # the activation rounding moves each x by at most half its block's step, max|x| / 254
+    step = np.repeat(np.abs(x.reshape(m, -1, 32)).max(axis=-1) / 254.0, 32, axis=1)
+    bound = step @ np.abs(w).T * (1 + 1e-5) + 2e-6 * magnitude
+    np.testing.assert_array_less(np.abs(y - x.astype(np.float64) @ w.T), bound + 1e-30)
+
+
+@pytest.mark.parametrize("name", list(NATIVE_TYPES))
+@settings(max_examples=12, deadline=None)
+@given(n=st.integers(1, 40), blocks_per_row=st.integers(1, 3), m=st.integers(1, 64), threads=st.integers(1, 3),
+       seed=st.integers(0, 2**32 - 1))
+def test_matmul_matches_float64_reference(ext: ModuleType, every_isa: list[str], name: str, n: int,
+                                          blocks_per_row: int, m: int, threads: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    ext.set_threads(threads)
+    for isa in every_isa:
+        ext.set_isa(isa)
+        check_matmul(ext, rng, name, n, blocks_per_row, m)
+
+
+@pytest.mark.parametrize("name", list(NATIVE_TYPES))
+def test_dequantize_matches_gguf(ext: ModuleType, every_isa: list[str], name: str) -> None:
+    rng = np.random.default_rng(7)
+    qk = GGML_QUANT_SIZES[GGMLQuantizationType[name]][0]
+    blocks = random_blocks(rng, name, 9, 2 * qk)
+    expected = gguf.quants.dequantize(blocks, GGMLQuantizationType[name])
+    for isa in every_isa:
+        ext.set_isa(isa)
+        got = np.array(ext.dequantize(mx.array(blocks), NATIVE_TYPES[name], 2 * qk))
+        np.testing.assert_allclose(got, expected, rtol=1e-6, atol=0)  # fp32, one rounding apart at most
+
+
+def test_strided_input_dtype_and_compile(ext: ModuleType) -> None:
+    rng = np.random.default_rng(3)
+    blocks = random_blocks(rng, "Q4_1", 24, 64)
+    w = mx.array(blocks)
+    xt = mx.array(rng.standard_normal((64, 5)).astype(np.float32)).T  # a transposed (strided) view
+    base = np.array(ext.matmul(mx.array(np.ascontiguousarray(np.array(xt))), w, NATIVE_TYPES["Q4_1"], 64))
+    np.testing.assert_array_equal(np.array(ext.matmul(xt, w, NATIVE_TYPES["Q4_1"], 64)), base)
+    compiled = mx.compile(lambda a: ext.matmul(a, w, NATIVE_TYPES["Q4_1"], 64) * 2.0)
+    np.testing.assert_array_equal(np.array(compiled(xt)), base * 2.0)
+    half = ext.matmul(xt.astype(mx.float16), w, NATIVE_TYPES["Q4_1"], 64)
+    assert half.dtype == mx.float16 and half.shape == (5, 24)
+
+
+def test_bad_arguments_are_refused(ext: ModuleType) -> None:
+    x = mx.zeros((1, 64))
+    with pytest.raises(ValueError, match="no kernel for ggml type 10"):
+        ext.matmul(x, mx.zeros((4, 42), dtype=mx.uint8), 10, 64)  # Q2_K
+    with pytest.raises(ValueError, match="uint8 rows of 40 bytes"):
+        ext.matmul(x, mx.zeros((4, 36), dtype=mx.uint8), NATIVE_TYPES["Q4_1"], 64)
+    with pytest.raises(ValueError, match="last dimension must be k"):
+        ext.matmul(mx.zeros((1, 32)), mx.zeros((4, 40), dtype=mx.uint8), NATIVE_TYPES["Q4_1"], 64)
+    with pytest.raises(ValueError, match="not supported on this CPU"):
+        ext.set_isa("no-such-isa")
+    assert ext.row_bytes(NATIVE_TYPES["Q6_K"], 512) == 420 and ext.row_bytes(NATIVE_TYPES["Q4_K"], 640) == -1
