@@ -1,6 +1,6 @@
 """`gmlx plan [check|simulate]`: the offline capacity planner and fan-out simulator.
 
-The lead's gmlx_server/cli.py calls add_plan_parser(sub); args.func is run_plan.
+gmlx_server/cli.py calls add_plan_parser(sub); args.func is run_plan.
 
   gmlx plan --model PATH|ID [--config FILE] --width W --depth D [--memory 64GiB]
             [--kv-quant uniform:8 | kvarn:4:8:128] [--layout auto|packed|dense] [--decode-batch N]
@@ -169,7 +169,7 @@ def run_plan(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Standalone entry (`python -m gmlx_plan.cli ...`) until the lead wires `gmlx plan`."""
+    """Standalone entry (`python -m gmlx_plan.cli ...`); `gmlx plan` goes through gmlx_server/cli.py."""
     parser = argparse.ArgumentParser(prog="gmlx")
     add_plan_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)

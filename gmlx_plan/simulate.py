@@ -15,7 +15,7 @@ Model and assumptions:
              memory limits concurrency before the governor would have to shed
   prefill    one request at a time, `prefill_chunk` tokens per iteration at prefill_tok_s
   decode     a step of w streams takes w / A(w) s, A(w) = decode_tok_s * w ** batch_scaling
-             (aggregate tok/s; batch_scaling 1 = perfect batching, 0 = none; DESIGN's CPU
+             (aggregate tok/s; batch_scaling 1 = perfect batching, 0 = none; measured CPU
              figures 11 -> 42 tok/s at w 1 -> 4 give about 0.96)
   drain ETA  (prefill tokens pending) / prefill_tok_s + (decode tokens pending) / A(min(slots, streams))
   outputs    the first of output_tokens comes from prefill (TTFT), the rest from decode steps

@@ -52,7 +52,7 @@ class InvalidRequest(GmlxError):
 
 
 class UnsupportedFeature(GmlxError):
-    """A request feature the spec names that this build does not implement yet."""
+    """A request feature the protocols define that this build does not implement yet."""
 
     status, type = 400, "unsupported_feature"
 

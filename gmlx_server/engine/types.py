@@ -19,7 +19,7 @@ RequestState = Literal["queued", "prefill", "decode", "done"]
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Every sampling knob the spec names; defaults mean 'off'."""
+    """Every sampling knob the protocols accept; defaults mean 'off'."""
 
     temperature: float = 1.0
     top_p: float = 1.0

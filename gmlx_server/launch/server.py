@@ -32,7 +32,7 @@ def fitting_max_output(window: int) -> int:
 
 
 def context_window(row: dict[str, Any]) -> int:
-    """The spec's rule: the smaller of context_length and max_context_at_width_1, when that is known."""
+    """The smaller of context_length and max_context_at_width_1, when that is known."""
     length = int(row["context_length"])
     at_width_1 = row.get("max_context_at_width_1")
     return min(length, int(at_width_1)) if at_width_1 else length

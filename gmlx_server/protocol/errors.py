@@ -1,4 +1,7 @@
-"""Error bodies per protocol (DESIGN §5): one shape for HTTP responses and in-stream SSE events."""
+"""Error bodies per protocol: one shape for HTTP responses and in-stream SSE events.
+
+How errors travel from a raise to this shape: docs/architecture.md, "Errors in one place".
+"""
 
 from __future__ import annotations
 

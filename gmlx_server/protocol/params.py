@@ -1,7 +1,7 @@
-"""The spec's parameter table and the field validators every protocol parser shares.
+"""The parameter table (which request fields each route honors or ignores) and the field validators
+every protocol parser shares.
 
-Each parameter is honored or ignored per route exactly as the spec's "Parameter support" table
-says; a request that sets ignored ones gets one warning line naming them all (logger gmlx.params).
+A request that sets ignored fields gets one warning line naming them all (logger gmlx.params).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ ROUTES: tuple[Route, ...] = ("chat", "responses", "messages", "completions")
 _H, _I = "honored", "ignored"
 _CHECKED = "checked"  # validated and never warned about (completions rejects n > 1 and best_of > 1)
 
-# The spec's table; /v1/completions has no column there, so its entries follow the completions
-# paragraph: standard sampling, seed, stop, stream, stream_options and profile; no template, no logprobs.
+# The table. /v1/completions takes standard sampling, seed, stop, stream, stream_options and profile;
+# no template, no logprobs.
 #                         chat responses messages completions
 PARAMETER_TABLE: Mapping[str, tuple[str, str, str, str]] = {
     "max_completion_tokens": (_H, _I, _I, _I),

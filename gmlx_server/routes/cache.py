@@ -1,4 +1,4 @@
-"""GET /v1/cache/stats and POST /v1/cache/reset: the prompt cache routes (spec: Endpoints)."""
+"""GET /v1/cache/stats and POST /v1/cache/reset: the prompt cache routes."""
 
 from __future__ import annotations
 

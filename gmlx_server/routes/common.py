@@ -45,8 +45,8 @@ class ApiKeyMiddleware:
 class JsonBodyMiddleware:
     """POST bodies: size limit (413), UTF-8 and JSON checks (400), parsed into req.context.body.
 
-    The content type is not checked: `curl -d` sends JSON as form-urlencoded, and the spec's
-    own examples do exactly that.
+    The content type is not checked: `curl -d` sends JSON as form-urlencoded, and README's own
+    examples do exactly that.
     """
 
     def __init__(self, max_bytes: int, timeout_s: float = 60.0) -> None:

@@ -1,4 +1,4 @@
-"""POST /unload, POST /v1/keep and POST /v1/reload: the residency routes (spec: Endpoints)."""
+"""POST /unload, POST /v1/keep and POST /v1/reload: the residency routes."""
 
 from __future__ import annotations
 

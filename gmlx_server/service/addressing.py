@@ -1,4 +1,4 @@
-"""Model addressing (spec: "Addressing a model in a request"): pure functions, no I/O.
+"""Model addressing (an id, an alias, or either with @profile): pure functions, no I/O.
 
 `id`, `id@profile` (split on the last @, only when the suffix names a known profile), aliases
 (to `id` or `id@profile`), the `profile` field, and the layering of sampling values:
@@ -91,7 +91,7 @@ def _split(name: str, cat: Catalog) -> Address:
         return Address(base.model_id, tail, base.alias)
     err = ModelNotFound(name, cat.model_ids)
     if sep and head and _lookup(head, cat) is not None:
-        # The whole string is the id (spec), but the likelier mistake is the profile name: say so.
+        # The whole string is the id (an id may contain @), but the likelier mistake is the profile name: say so.
         err.message += f" ('{clip(tail)}' is not a profile either; valid profiles: {', '.join(cat.valid_profiles)})"
         err.args = (err.message,)
     raise err

@@ -1,4 +1,4 @@
-"""The Hugging Face policy at the model loader (spec: Hugging Face policy): nothing reaches the engine factory
+"""The Hugging Face policy at the model loader: nothing reaches the engine factory
 that only a download could turn into a model.
 
 A repo id, an unresolved hf: ref or a URL gets 403 hf_access_disabled. With server.hf_cache: true a repo id

@@ -1,4 +1,4 @@
-"""The load gate (spec: Limits and back-pressure): a model loads only when its weights fit beside the resident
+"""The load gate (docs/architecture.md, "The memory model"): a model loads only when its weights fit beside the resident
 models that are pinned or busy, and leave the governor's floor free.
 
 The floor is the red band's edge: 5% of the budget (the governor's `total_bytes`) stays free after a load.

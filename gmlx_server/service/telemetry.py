@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from gmlx_server.engine.types import RequestHandle, TokenEvent
 
-RECENT = 8  # the spec's "recent" means: the last eight requests
+RECENT = 8  # "recent" figures (/v1/metrics, gmlx top) cover the last eight requests
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 

@@ -69,7 +69,7 @@ def test_pi_through_gmlx_launch_answers_on_smollm2_with_the_clamp_off(tmp_path: 
 
 @pytest.fixture(scope="module")
 def gemma_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    """One Gemma GGUF under two ids: `gemma` with the clamp on, `gemma-strict` with the spec's 400."""
+    """One Gemma GGUF under two ids: `gemma` with the clamp on, `gemma-strict` with the oversized-max_tokens 400."""
     d = tmp_path_factory.mktemp("gemma")
     config = d / "gmlx.yaml"
     config.write_text(

@@ -1,4 +1,4 @@
-"""The opt-in max_tokens clamp: off, an oversized cap is the spec's 400; on, it shrinks to what the window leaves."""
+"""The opt-in max_tokens clamp: off, an oversized cap is a 400; on, it shrinks to what the window leaves."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""POST /v1/completions: one string prompt, no template, the spec's 400s."""
+"""POST /v1/completions: one string prompt, no template, its 400s."""
 
 from __future__ import annotations
 

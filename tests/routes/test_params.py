@@ -1,4 +1,4 @@
-"""The spec's parameter table, property-tested: random subsets of its fields never give a 500,
+"""The parameter table (protocol/params.py), property-tested: random subsets of its fields never give a 500,
 and the one warning line names exactly the ignored ones."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Model addressing (spec: "Addressing a model in a request"), with hypothesis properties."""
+"""Model addressing (an id, an alias, or either with @profile), with hypothesis properties."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from tests.gguf_factory import FakeTensor, quantize, random_blocks, reference, w
 
 SHAPE = (64, 256)  # HF order (out, in): K-quants need `in` to be a multiple of 256
 
-# The spec: MLX bits per source type, and how close "packed" must come to gguf's dequantization.
+# Expected: MLX bits per source type, and how close "packed" must come to gguf's dequantization.
 EXACT = {QT.Q4_0: 4, QT.Q4_1: 4, QT.Q5_0: 5, QT.Q5_1: 5, QT.Q8_0: 8, QT.IQ4_NL: 8}
 FP16_SCALES = {QT.Q4_K: 4, QT.Q5_K: 5, QT.IQ4_XS: 8, QT.Q8_K: 8}  # exact up to fp16 rounding of d * sub-scale
 REQUANT = {QT.Q2_K: 4, QT.Q3_K: 5, QT.Q6_K: 8, QT.IQ2_XXS: 8, QT.IQ2_XS: 8, QT.IQ2_S: 8, QT.IQ3_XXS: 8,
