@@ -129,7 +129,7 @@ class MLXEngine(EngineBase):
             self._live.pop(job.request.request_id, None)
 
     def submit(self, request: GenerationRequest) -> Handle:
-        if self._closing or not self._thread.is_alive():
+        if self._closing or self._fault is not None or not self._thread.is_alive():
             raise EngineClosed(f"the engine of {self.info.model_id} is {'closed' if self._closing else 'down'}")
         loop = asyncio.get_running_loop()
         cancelled = threading.Event()
@@ -145,6 +145,8 @@ class MLXEngine(EngineBase):
         with self._lock:
             self._live[request.request_id] = job
         self._jobs.put(job)
+        if self._fault is not None:  # the thread died while this was submitted: nobody will take the job
+            self._fail_live("error", f"the engine stopped: {self._fault}")
         return handle
 
     def generate_sync(self, request: GenerationRequest, on_event: Callable[[TokenEvent], None]) -> None:

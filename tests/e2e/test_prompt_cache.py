@@ -33,7 +33,7 @@ def _run(engine: MLXEngine, ids: Sequence[int], boundaries: Sequence[int] = ()) 
 
 
 def _hits(engine: MLXEngine) -> dict[str, int]:
-    return dict(engine.cache_stats()["hits"])
+    return dict(engine.cache_stats().hits)
 
 
 def _reference(path: str, prompts: list[list[int]]) -> list[list[int]]:
@@ -59,7 +59,7 @@ def test_exact_and_block_hits_match_cold_smollm2() -> None:
         assert toks == ref[1] and warm >= 192  # at least the three shared 64-token blocks
         assert _hits(engine)["block"] == 1
         stats = engine.cache_stats()
-        assert stats["entries"] == 2 and 0 < stats["bytes"] <= stats["max_bytes"]
+        assert stats.entries == 2 and 0 < stats.bytes <= stats.max_bytes
     finally:
         engine.close()
 
