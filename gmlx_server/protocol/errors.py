@@ -21,13 +21,16 @@ def is_anthropic(path: str) -> bool:
 _ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                     404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
                     500: "api_error", 503: "overloaded_error", 529: "overloaded_error"}
+# A 503 that a retry cannot cure (the model's file is broken) must not read as overloaded.
+_ANTHROPIC_BY_TYPE = {"model_load_failed": "api_error"}
 
 
 def _anthropic_error(err: GmlxError) -> dict[str, Any]:
     if err.type in _ANTHROPIC_TYPES.values():
         return {"type": err.type, "message": err.message, **err.extra}
     fallback = "api_error" if err.status >= 500 else "invalid_request_error"
-    return {"type": _ANTHROPIC_TYPES.get(err.status, fallback), "message": err.message, "code": err.type,
+    kind = _ANTHROPIC_BY_TYPE.get(err.type) or _ANTHROPIC_TYPES.get(err.status, fallback)
+    return {"type": kind, "message": err.message, "code": err.type,
             **err.extra}
 
 

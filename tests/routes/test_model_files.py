@@ -82,6 +82,7 @@ def test_each_bad_file_is_a_typed_503_naming_the_problem_and_no_engine_is_made(b
                                             "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 503 and r.json()["type"] == "error"  # the Anthropic shape
     assert r.json()["error"]["code"] == "model_load_failed" and "bad magic" in r.json()["error"]["message"]
+    assert r.json()["error"]["type"] == "api_error"  # not overloaded_error: Claude Code would retry a broken file
     for route in ("/v1/keep", "/v1/messages/count_tokens", "/v1/responses"):
         body = {"model": "truncated", "messages": [{"role": "user", "content": "hi"}], "input": "hi"}
         _load_failed(s.client.post(route, json=body), "truncated")
