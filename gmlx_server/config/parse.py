@@ -10,7 +10,15 @@ from typing import Any
 import yaml
 
 from gmlx_server.config.checker import KINDS, Checker
-from gmlx_server.config.settings import BUILTIN_INTENTS, ConfigError, ModelEntry, Profile, ServerConfig, ServerSettings
+from gmlx_server.config.settings import (
+    BACKENDS,
+    BUILTIN_INTENTS,
+    ConfigError,
+    ModelEntry,
+    Profile,
+    ServerConfig,
+    ServerSettings,
+)
 from gmlx_server.web_policy import host_list, origin_list
 
 _SERVER_KINDS = {
@@ -20,7 +28,7 @@ _SERVER_KINDS = {
 }
 _MODEL_KINDS = {
     "path": "str", "profile": "str", "max_kv_size": "int", "pinned": "bool", "chat_template": "str",
-    "weights": "str", "clamp_max_tokens": "bool",
+    "weights": "str", "clamp_max_tokens": "bool", "backend": "str",
 }
 # Keys the file format reserves for features not built yet: refused by name rather than accepted and ignored.
 _UNBUILT_MODEL_KEYS = {
@@ -90,6 +98,9 @@ def _model(c: Checker, mid: str, raw: Any, base: Path) -> ModelEntry:
     kw["weights"] = kw["weights"] or "auto"
     if kw["weights"] not in ("auto", "packed", "dense"):
         raise c.fail(f"{key}.weights", f"expected auto, packed or dense, got {kw['weights']!r}")
+    kw["backend"] = kw["backend"] or BACKENDS[0]
+    if kw["backend"] not in BACKENDS:
+        raise c.fail(f"{key}.backend", f"expected one of {', '.join(BACKENDS)}, got {kw['backend']!r}")
     kw["pinned"] = bool(kw["pinned"])
     return ModelEntry(id=mid, **kw)
 

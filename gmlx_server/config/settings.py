@@ -17,6 +17,7 @@ DEFAULT_MODEL_ID = "smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BLAS_OFF = frozenset({"off", "0", "none"})  # GMLX_BLAS values that keep the mlx-cpu wheel's reference BLAS
 WeightsLayout = Literal["auto", "packed", "dense"]
+BACKENDS = ("mlx",)  # engine backends a model entry may name (engine/factory.py has one builder per name)
 
 
 class ConfigError(Exception):
@@ -75,14 +76,15 @@ class ModelEntry:
     draft: str | None = None
     chat_template: str | None = None
     weights: WeightsLayout = "auto"
+    backend: str = "mlx"
     clamp_max_tokens: bool | None = None  # None: the server's setting
     discovered: bool = False  # found under server.models_dir rather than listed in models:
 
     @property
     def load_key(self) -> tuple[object, ...]:
         """What the engine is built from: a reload keeps a loaded engine while this is unchanged."""
-        return (self.path, self.weights, self.max_kv_size, self.chat_template, self.kv_quant, self.mmproj,
-                self.draft)
+        return (self.backend, self.path, self.weights, self.max_kv_size, self.chat_template, self.kv_quant,
+                self.mmproj, self.draft)
 
 
 @dataclass(frozen=True)

@@ -1,20 +1,33 @@
-"""The real engine factory the server and `gmlx run` use: a GGUF entry -> a running MLXEngine."""
+"""The real engine factory the server and `gmlx run` use: a model entry -> a running engine of its backend."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from gmlx_server.engine.loader import LoadedModel, load_gguf_model
 from gmlx_server.engine.mlx_engine import MLXEngine
+from gmlx_server.engine.types import Engine
 
-if TYPE_CHECKING:  # config is a sibling layer; only its types are needed here
+if TYPE_CHECKING:  # only the types: the factory never reads configuration itself
     from gmlx_server.config import ModelEntry, RuntimeEnv
 
 
-def create_engine(entry: ModelEntry, env: RuntimeEnv) -> MLXEngine:
+def create_engine(entry: ModelEntry, env: RuntimeEnv) -> Engine:
+    """Dispatch on the entry's `backend` (the config refuses names that are not in BACKENDS)."""
+    build = BACKENDS.get(entry.backend)
+    if build is None:
+        raise ValueError(f"no engine backend named {entry.backend!r} (known: {', '.join(BACKENDS)})")
+    return build(entry, env)
+
+
+def create_mlx_engine(entry: ModelEntry, env: RuntimeEnv) -> MLXEngine:
     def load() -> LoadedModel:
         return load_gguf_model(entry.path, model_id=entry.id, layout=entry.weights,
                                max_kv_size=entry.max_kv_size, chat_template=entry.chat_template)
 
     cache_bytes = env.prompt_cache_bytes if env.prompt_cache_bytes is not None else 512 << 20
     return MLXEngine(load, decode_batch=env.decode_batch or 1, prompt_cache_bytes=cache_bytes)
+
+
+BACKENDS: dict[str, Callable[[ModelEntry, RuntimeEnv], Engine]] = {"mlx": create_mlx_engine}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -107,6 +107,7 @@ def test_prompt_cache_bound_defaults_parses_and_reaches_engines(tree: Path) -> N
     (("    path: model.gguf", "    path: missing.gguf"), "models.smollm2.path", "file not found"),
     (("    path: model.gguf", "    clamp_max_tokens: true"), "models.smollm2.path", "missing"),
     (("    weights: dense", "    weights: fp8"), "models.smollm2.weights", "expected auto"),
+    (("    weights: dense", "    weights: dense\n    backend: vllm"), "models.smollm2.backend", "expected one of mlx"),
     (("    profile: qwen-coder", "    profile: nope"), "models.smollm2.profile", "unknown profile"),
     (("    intent: coding", "    intent: poetry"), "profiles.qwen-coder.intent", "expected one of"),
     (("    top_k: 20", "    top_k: 2.5"), "profiles.qwen-coder.top_k", "expected int"),
@@ -340,3 +341,15 @@ def test_gmlx_blas_is_off_a_library_path_or_refused(tmp_path: Path) -> None:
     assert read_env({"GMLX_BLAS": str(lib)}).blas == str(lib)
     with pytest.raises(ConfigError, match="environment: GMLX_BLAS: expected off or the path"):
         read_env({"GMLX_BLAS": str(tmp_path / "absent.so")})
+
+
+def test_a_model_entry_names_its_backend_and_the_factory_dispatches_on_it(tree: Path) -> None:
+    from gmlx_server.config.settings import BACKENDS
+    from gmlx_server.engine import factory
+
+    cfg = load_config(write(tree, FULL.replace("    weights: dense", "    weights: dense\n    backend: mlx")))
+    assert cfg.models["smollm2"].backend == "mlx" and load_config(write(tree, FULL)).models["smollm2"].backend == "mlx"
+    assert set(factory.BACKENDS) == set(BACKENDS)  # every name the config accepts has a builder
+    entry = replace(cfg.models["smollm2"], backend="nope")
+    with pytest.raises(ValueError, match="no engine backend named 'nope'"):
+        factory.create_engine(entry, cfg.env)
