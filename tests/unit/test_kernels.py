@@ -1,9 +1,11 @@
 """The CPU kernels against float64 references on random GGUF blocks of every format they read.
 
-The kernels quantize each 32-activation block to int8 (scale max|x| / 127, round half to even), as
-llama.cpp does, and then sum exactly in integers. So each result is checked twice: tightly against a
-float64 product with the same quantized activations (only fp32 scaling and accumulation may differ), and
-against the exact activations within the bound that the activation rounding implies.
+Three paths, each checked: fp32 activations against decoded codes (the default below 16 rows) and
+dequantized panels of W through a preloaded sgemm (16 rows on, as the suite preloads OpenBLAS) differ
+from a float64 product only by fp32 sums. The optional int8 path rounds each 32-activation block to int8
+(scale max|x| / 127, round half to even) as llama.cpp does, and sums exactly in integers: checked tightly
+against a float64 product with the same rounded activations, and against the exact ones within the
+bound that rounding implies.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from hypothesis import strategies as st
 from gmlx_server.engine.kernels import NATIVE_TYPES, probe
 
 F64 = npt.NDArray[np.float64]
+SGEMM_ROWS = 16  # from this many rows on the kernels use a preloaded BLAS's sgemm (dispatch.cpp)
+MODES = [(False, False), (True, False), (True, True)]  # (int8 activations, sgemm for many rows)
 # fp16 field offsets (scale, min) and a scale range keeping |w| comparable across formats
 FP16_FIELDS: dict[str, tuple[tuple[int, ...], float]] = {
     "Q4_0": ((0,), 0.1), "Q4_1": ((0, 2), 0.1), "Q5_0": ((0,), 0.1), "Q5_1": ((0, 2), 0.1), "Q8_0": ((0,), 0.01),
@@ -48,6 +52,8 @@ def every_isa(ext: ModuleType) -> Iterator[list[str]]:
     yield ext.isas()
     ext.set_isa(first)
     ext.set_threads(0)
+    ext.set_sgemm(True)
+    ext.set_int8(False)
 
 
 def random_blocks(rng: np.random.Generator, name: str, rows: int, k: int) -> npt.NDArray[np.uint8]:
@@ -70,7 +76,7 @@ def quantized_activations(x: npt.NDArray[np.float32]) -> F64:
 
 
 def check_matmul(ext: ModuleType, rng: np.random.Generator, name: str, n: int, blocks_per_row: int,
-                 m: int) -> None:
+                 m: int, exact: bool) -> None:
     qk = GGML_QUANT_SIZES[GGMLQuantizationType[name]][0]
     k = qk * blocks_per_row
     w_blocks = random_blocks(rng, name, n, k)
@@ -78,6 +84,10 @@ def check_matmul(ext: ModuleType, rng: np.random.Generator, name: str, n: int, b
     x = rng.standard_normal((m, k)).astype(np.float32) * rng.uniform(0.01, 10.0, (m, 1)).astype(np.float32)
     y = np.array(ext.matmul(mx.array(x), mx.array(w_blocks), NATIVE_TYPES[name], k))
     assert y.shape == (m, n) and y.dtype == np.float32
+    if exact:  # fp32 activations (the default few-row path, or sgemm): only fp32 sums differ
+        ref = x.astype(np.float64) @ w.T
+        np.testing.assert_array_less(np.abs(y - ref), 1e-5 * (np.abs(x) @ np.abs(w).T) + 1e-30)
+        return
     xq = quantized_activations(x)
     ref_q = xq @ w.T
     magnitude = np.abs(xq) @ np.abs(w).T
@@ -98,7 +108,10 @@ def test_matmul_matches_float64_reference(ext: ModuleType, every_isa: list[str],
     ext.set_threads(threads)
     for isa in every_isa:
         ext.set_isa(isa)
-        check_matmul(ext, rng, name, n, blocks_per_row, m)
+        for int8, sgemm in MODES if ext.sgemm_available() else MODES[:2]:
+            ext.set_int8(int8)
+            ext.set_sgemm(sgemm)
+            check_matmul(ext, rng, name, n, blocks_per_row, m, exact=not int8 or (sgemm and m >= SGEMM_ROWS))
 
 
 @pytest.mark.parametrize("name", list(NATIVE_TYPES))

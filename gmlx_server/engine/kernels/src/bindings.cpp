@@ -27,4 +27,8 @@ NB_MODULE(_gguf_kernels, m) {
   m.def("set_isa", &gk::set_isa, "name"_a);
   m.def("threads", &gk::threads);
   m.def("set_threads", &gk::set_threads, "n"_a);
+  m.def("sgemm_available", &gk::sgemm_available);
+  m.def("set_sgemm", &gk::set_sgemm, "on"_a);
+  m.def("set_int8", &gk::set_int8, "on"_a);
+  m.def("int8", &gk::int8);
 }

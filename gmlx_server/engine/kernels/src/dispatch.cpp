@@ -1,4 +1,5 @@
 // Run-time ISA choice, the worker pool and the matmul driver.
+#include <dlfcn.h>
 #include <sched.h>
 
 #include <algorithm>
@@ -165,6 +166,8 @@ class Pool {
 std::mutex g_pool_mu;
 std::unique_ptr<Pool> g_pool;
 int g_threads = 0;  // 0: not chosen yet
+std::atomic<bool> g_sgemm_ok{true};
+std::atomic<bool> g_int8{false};
 
 Pool& pool() {
   std::lock_guard<std::mutex> lk(g_pool_mu);
@@ -205,26 +208,81 @@ void set_threads(int n) {
   g_pool.reset();
 }
 
+namespace {
+
+// cblas_sgemm of an optimized BLAS already loaded into the global namespace (gmlx preloads OpenBLAS);
+// null when there is none, e.g. only the mlx-cpu wheel's private reference BLAS.
+using Sgemm = void (*)(int, int, int, int, int, int, float, const float*, int, const float*, int, float, float*, int);
+Sgemm global_sgemm() {
+  static const Sgemm fn = reinterpret_cast<Sgemm>(dlsym(RTLD_DEFAULT, "cblas_sgemm"));
+  return fn;
+}
+
+// From this many activation rows on, dequantizing panels of W into sgemm beats the int8 dot products
+// (bench/kernels.py: ~2x at 64 rows, int8 ~2x ahead at 4).
+constexpr int64_t kSgemmRows = 16;
+constexpr int64_t kPanelRows = 256;
+
+void matmul_sgemm(Sgemm sgemm, int type, const uint8_t* w, int64_t rb, int64_t n, int64_t k, const float* x,
+                  int64_t m, float* y) {
+  const Isa& s = isa();
+  Pool& p = pool();
+  thread_local std::vector<float> scratch;  // a thread_local named in a lambda is the running thread's own
+  scratch.resize(static_cast<size_t>(std::min(n, kPanelRows) * k));
+  float* panel = scratch.data();
+  for (int64_t n0 = 0; n0 < n; n0 += kPanelRows) {
+    const int64_t rows = std::min(kPanelRows, n - n0);
+    const int64_t per = (rows + p.size() - 1) / p.size();
+    p.run(p.size(), [&](int64_t t) {
+      for (int64_t r = t * per; r < std::min(rows, (t + 1) * per); ++r)
+        s.dequant_row(type, w + (n0 + r) * rb, k, panel + r * k);
+    });
+    // y[:, n0:n0+rows] = x (m, k) @ panel^T (k, rows): row-major, no-trans x trans, ldc n
+    sgemm(101, 111, 112, static_cast<int>(m), static_cast<int>(rows), static_cast<int>(k), 1.0f, x,
+          static_cast<int>(k), panel, static_cast<int>(k), 0.0f, y + n0, static_cast<int>(n));
+  }
+}
+
+}  // namespace
+
 void matmul(int type, const uint8_t* w, int64_t n, int64_t k, const float* x, int64_t m, float* y) {
   const int64_t rb = row_bytes(type, k);
   if (rb <= 0) throw std::invalid_argument("gguf matmul: unsupported type or row length");
+  if (m >= kSgemmRows && g_sgemm_ok.load(std::memory_order_relaxed) && global_sgemm() != nullptr)
+    return matmul_sgemm(global_sgemm(), type, w, rb, n, k, x, m, y);
   const Isa& s = isa();
   Pool& p = pool();
+  // Enough chunks to balance cores that other processes also use; each a whole number of rows.
+  const int64_t per = std::max<int64_t>(4, (n + 4 * p.size() - 1) / (4 * p.size()));
+  const int64_t chunks = (n + per - 1) / per;
+  if (!g_int8.load(std::memory_order_relaxed)) {
+    p.run(chunks, [&](int64_t c) {
+      const int64_t n0 = c * per, n1 = std::min(n, n0 + per);
+      s.rows_f(type, w, rb, n0, n1, x, m, k, y, n);
+    });
+    return;
+  }
   const int64_t nxb = k / 32;
   thread_local std::vector<XBlock> xq;
   if (static_cast<int64_t>(xq.size()) < m * nxb) xq.resize(m * nxb);
   XBlock* xb = xq.data();
-  p.run(m >= 8 ? p.size() : 1, [&](int64_t t) {
-    for (int64_t i = t; i < m; i += (m >= 8 ? p.size() : 1)) s.quantize_row(x + i * k, k, xb + i * nxb);
+  const int64_t qtasks = m >= 8 ? p.size() : 1;
+  p.run(qtasks, [&](int64_t t) {
+    for (int64_t i = t; i < m; i += qtasks) s.quantize_row(x + i * k, k, xb + i * nxb);
   });
-  // Enough chunks to balance cores that other processes also use; each a whole number of rows.
-  const int64_t per = std::max<int64_t>(4, (n + 4 * p.size() - 1) / (4 * p.size()));
-  const int64_t chunks = (n + per - 1) / per;
   p.run(chunks, [&](int64_t c) {
     const int64_t n0 = c * per, n1 = std::min(n, n0 + per);
     s.rows(type, w, rb, n0, n1, xb, m, nxb, y, n);
   });
 }
+
+bool sgemm_available() { return global_sgemm() != nullptr; }
+
+void set_sgemm(bool on) { g_sgemm_ok.store(on, std::memory_order_relaxed); }
+
+void set_int8(bool on) { g_int8.store(on, std::memory_order_relaxed); }
+
+bool int8() { return g_int8.load(std::memory_order_relaxed); }
 
 void dequantize(int type, const uint8_t* w, int64_t r, int64_t k, float* out) {
   const int64_t rb = row_bytes(type, k);

@@ -172,7 +172,72 @@ inline void dequant_row(int type, const uint8_t* w, int64_t k, float* out) {
   });
 }
 
-inline const Isa table = {GK_ISA_NAME, &rows, &quantize_row, &dequant_row};
+// Codes i*8..i*8+7 of a group as floats (zero- or sign-extended).
+template <bool SIGNED>
+inline f32x8 codes8(u8x32 q, int i) {
+#if defined(__AVX2__)
+  const __m256i v = (__m256i)q;
+  const __m128i half = i < 2 ? _mm256_castsi256_si128(v) : _mm256_extracti128_si256(v, 1);
+  const __m128i part = (i & 1) ? _mm_srli_si128(half, 8) : half;
+  const __m256i wide = SIGNED ? _mm256_cvtepi8_epi32(part) : _mm256_cvtepu8_epi32(part);
+  return (f32x8)_mm256_cvtepi32_ps(wide);
+#else
+  f32x8 out;
+  for (int j = 0; j < 8; ++j) out[j] = SIGNED ? static_cast<float>(static_cast<int8_t>(q[8 * i + j])) : q[8 * i + j];
+  return out;
+#endif
+}
+
+inline f32x8 loadf(const float* p) {
+  f32x8 v;
+  std::memcpy(&v, p, 32);
+  return v;
+}
+
+// The exact variant: fp32 activations against decoded codes (no activation rounding), for the few-row
+// decode shape where the weights' bytes, not the arithmetic, bound the time.
+template <class F, int NR>
+inline void dot_tile_f(const uint8_t* w, int64_t nblocks, const float* x, int64_t ldx, float* y, int64_t ldy) {
+  f32x8 acc[NR];
+  for (int r = 0; r < NR; ++r) acc[r] = splat(0.0f);
+  for (int64_t b = 0; b < nblocks; ++b, w += F::BYTES) {
+    const typename F::State st(w);
+#pragma GCC unroll 8
+    for (int g = 0; g < F::GROUPS; ++g) {
+      const Group G = st.group(g);
+      const f32x8 c0 = codes8<F::SIGNED>(G.q, 0), c1 = codes8<F::SIGNED>(G.q, 1);
+      const f32x8 c2 = codes8<F::SIGNED>(G.q, 2), c3 = codes8<F::SIGNED>(G.q, 3);
+      const float a0 = G.a[0], a1 = G.a[4];
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) {
+        const float* xr = x + r * ldx + (b * F::GROUPS + g) * 32;
+        const f32x8 x0 = loadf(xr), x1 = loadf(xr + 8), x2 = loadf(xr + 16), x3 = loadf(xr + 24);
+        const f32x8 lo = c0 * x0 + c1 * x1, hi = c2 * x2 + c3 * x3;
+        acc[r] += lo * a0 + hi * a1 + (x0 + x1) * G.b0 + (x2 + x3) * G.b1;
+      }
+    }
+  }
+  for (int r = 0; r < NR; ++r) y[r * ldy] = hsum(acc[r]);
+}
+
+template <class F>
+void rows_f_impl(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const float* x, int64_t m_rows,
+                 int64_t k, float* y, int64_t ldy) {
+  const int64_t nblocks = row_bytes / F::BYTES;
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* wr = w + n * row_bytes;
+    int64_t m = 0;
+    for (; m + 4 <= m_rows; m += 4) dot_tile_f<F, 4>(wr, nblocks, x + m * k, k, y + m * ldy + n, ldy);
+    for (; m < m_rows; ++m) dot_tile_f<F, 1>(wr, nblocks, x + m * k, k, y + m * ldy + n, ldy);
+  }
+}
+
+inline void rows_f(int type, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const float* x,
+                   int64_t m_rows, int64_t k, float* y, int64_t ldy) {
+  with_format(type, [&]<class F>() { rows_f_impl<F>(w, row_bytes, n0, n1, x, m_rows, k, y, ldy); });
+}
+
+inline const Isa table = {GK_ISA_NAME, &rows, &rows_f, &quantize_row, &dequant_row};
 
 }  // namespace GK_ISA
 }  // namespace gk

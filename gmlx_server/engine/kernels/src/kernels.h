@@ -17,6 +17,9 @@ struct Isa {
   const char* name;
   void (*rows)(int type, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const XBlock* x,
                int64_t m_rows, int64_t xstride, float* y, int64_t ldy);
+  // the same product with fp32 activations (x is (m_rows, k) row-major): no activation rounding
+  void (*rows_f)(int type, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const float* x,
+                 int64_t m_rows, int64_t k, float* y, int64_t ldy);
   void (*quantize_row)(const float* x, int64_t k, XBlock* out);
   void (*dequant_row)(int type, const uint8_t* w, int64_t k, float* out);
 };
@@ -33,5 +36,12 @@ std::vector<std::string> isa_names();  // usable on this CPU, fastest first
 void set_isa(const std::string& name);
 int threads();
 void set_threads(int n);  // n <= 0: the cores this process may run on
+// Many-row matmuls dequantize W panels into a preloaded BLAS's sgemm when one is there (and allowed).
+bool sgemm_available();
+void set_sgemm(bool on);
+// Few-row matmuls use fp32 activations unless int8 is chosen (llama.cpp's rounding: less arithmetic,
+// but a block's largest activation sets the step of the other 31, and some models have huge outliers).
+void set_int8(bool on);
+bool int8();
 
 }  // namespace gk
