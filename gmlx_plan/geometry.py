@@ -86,7 +86,8 @@ def _scalar(value: Any, key: str) -> int:
     return max(int(v) for v in value) if isinstance(value, list | tuple) else int(value)
 
 
-def _head_dims(h: GGUFHeader, hidden: int, heads: int) -> tuple[int, int]:
+def head_dims(h: GGUFHeader, hidden: int, heads: int) -> tuple[int, int]:
+    """(key, value) head sizes as the engine's mlx-vlm config builds them (the module docstring's table)."""
     arch, fallback = h.architecture, hidden // heads
     key = int(h.arch_value("attention.key_length", fallback))
     if arch == "llama":
@@ -121,7 +122,7 @@ def geometry_from_header(h: GGUFHeader) -> Geometry:
     heads = _per_layer(h.arch_value("attention.head_count"), n, "attention.head_count")
     kv_heads = _per_layer(h.arch_value("attention.head_count_kv", list(heads)), n, "attention.head_count_kv")
     hidden = _scalar(h.arch_value("embedding_length"), "embedding_length")
-    key_dim, value_dim = _head_dims(h, hidden, max(heads))
+    key_dim, value_dim = head_dims(h, hidden, max(heads))
     layers = tuple(LayerKV(kv or hq, key_dim, value_dim, w)  # kv 0 = a layer without attention: count it as MHA
                    for hq, kv, w in zip(heads, kv_heads, _windows(h, n), strict=True))
     return Geometry(

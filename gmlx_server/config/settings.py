@@ -1,4 +1,5 @@
-"""The server's settings as frozen dataclasses: the bottom of the import graph (stdlib only).
+"""The server's settings as frozen dataclasses: the bottom of the server's import graph (the stdlib and the
+planner's pure types only).
 
 What each field means for an operator is in README's Configuration section; how the layers use them
 is in docs/architecture.md ("Where configuration lives").
@@ -10,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from gmlx_plan.memory import KVQuant as KVQuant  # one definition: the planner budgets what the engine would build
+
 BUILTIN_INTENTS = ("chat", "coding", "creative", "precise")
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024  # room for base64 images in vision messages
 SECRET_KEYS = frozenset({"api_key"})  # config errors name these keys but never show their values
@@ -17,6 +20,7 @@ DEFAULT_MODEL_ID = "smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BLAS_OFF = frozenset({"off", "0", "none"})  # GMLX_BLAS values that keep the mlx-cpu wheel's reference BLAS
 WeightsLayout = Literal["auto", "packed", "dense"]
+DEFAULT_PROMPT_CACHE_BYTES = 512 << 20
 BACKENDS = ("mlx",)  # engine backends a model entry may name (engine/factory.py has one builder per name)
 
 
@@ -26,6 +30,7 @@ class ConfigError(Exception):
     def __init__(self, source: str, key: str, what: str) -> None:
         self.source, self.key, self.what = source, key, what
         super().__init__(f"{source}: {key}: {what}" if key else f"{source}: {what}")
+
 
 
 @dataclass(frozen=True)
@@ -54,14 +59,6 @@ class RuntimeEnv:
     hf_hub_cache: str | None = None  # HF_HUB_CACHE, else HF_HOME/hub; None = the default under ~/.cache
     blas: str | None = None  # GMLX_BLAS: "off" keeps the reference BLAS, a path loads that library
 
-
-@dataclass(frozen=True)
-class KVQuant:
-    scheme: Literal["uniform", "kvarn"]
-    bits: int = 4
-    group_size: int = 64
-    value_bits: int | None = None
-    tail_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -109,7 +106,7 @@ class ServerSettings:
     idle_timeout_s: float = 900.0
     decode_batch: int = 4
     memory_budget: int | None = None  # None = auto (measured)
-    prompt_cache_bytes: int = 512 << 20  # per resident model; 0 disables the prompt cache
+    prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES  # per resident model; 0 disables the prompt cache
     clamp_max_tokens: bool = False  # lower an oversized max_tokens to what the window leaves (opt-in)
     allowed_origins: tuple[str, ...] = ()  # browser origins beside the loopback ones ("*": any)
     allowed_hosts: tuple[str, ...] = ()  # Host names beside localhost and IP literals ("*": no check)

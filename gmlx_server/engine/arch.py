@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gmlx_plan.geometry import DEFAULT_CONTEXT, GEMMA3_PATTERN, GEMMA3_WINDOW, head_dims
+from gmlx_plan.geometry import vocab_size as vocab_size
 from gmlx_plan.gguf_header import GGUFHeader
 
 
@@ -70,6 +72,7 @@ class ArchSpec:
 
 
 def _common(h: GGUFHeader, vocab: int) -> dict[str, Any]:
+    """The config keys every family shares; head sizes and windows as the planner's geometry reads them."""
     heads = int(h.arch_value("attention.head_count"))
     hidden = int(h.arch_value("embedding_length"))
     return {
@@ -80,8 +83,8 @@ def _common(h: GGUFHeader, vocab: int) -> dict[str, Any]:
         "num_key_value_heads": int(h.arch_value("attention.head_count_kv", heads)),
         "rms_norm_eps": float(h.arch_value("attention.layer_norm_rms_epsilon", 1e-6)),
         "vocab_size": vocab,
-        "max_position_embeddings": int(h.arch_value("context_length", 4096)),
-        "head_dim": int(h.arch_value("attention.key_length", hidden // heads)),
+        "max_position_embeddings": int(h.arch_value("context_length", DEFAULT_CONTEXT)),
+        "head_dim": head_dims(h, hidden, heads)[0],
         "tie_word_embeddings": not any(t.name == "output.weight" for t in h.tensors),
     }
 
@@ -100,7 +103,6 @@ def _rope_scaling(h: GGUFHeader) -> dict[str, Any] | None:
 
 def _llama_config(h: GGUFHeader, vocab: int) -> dict[str, Any]:
     c = _common(h, vocab)
-    c["head_dim"] = int(h.arch_value("rope.dimension_count", c["head_dim"]))
     # llama.cpp's converter permutes Q/K rows for llama; traditional (interleaved) RoPE undoes it.
     return c | {"model_type": "llama", "rope_theta": float(h.arch_value("rope.freq_base", 10000.0)),
                 "rope_traditional": True, "rope_scaling": _rope_scaling(h)}
@@ -128,8 +130,8 @@ def _gemma3_config(h: GGUFHeader, vocab: int) -> dict[str, Any]:
         "rope_global_base_freq": float(h.arch_value("rope.freq_base", 1e6)),
         "rope_local_base_freq": 10000.0,
         "query_pre_attn_scalar": float(scalar),
-        "sliding_window": int(h.arch_value("attention.sliding_window", 4096)),
-        "sliding_window_pattern": int(h.arch_value("attention.sliding_window_pattern", 6)),
+        "sliding_window": int(h.arch_value("attention.sliding_window", GEMMA3_WINDOW)),
+        "sliding_window_pattern": int(h.arch_value("attention.sliding_window_pattern", GEMMA3_PATTERN)),
         "rope_scaling": _rope_scaling(h),
     }
 
@@ -147,13 +149,6 @@ def arch_spec(header: GGUFHeader) -> ArchSpec:
     if spec is None:
         raise UnsupportedArchitecture(header.path, header.architecture)
     return spec
-
-
-def vocab_size(header: GGUFHeader) -> int:
-    for t in header.tensors:
-        if t.name == "token_embd.weight":
-            return int(t.shape[1])
-    return len(header.metadata.get("tokenizer.ggml.tokens", ()))
 
 
 def make_cache(model: Any) -> list[Any]:

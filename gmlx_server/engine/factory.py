@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from gmlx_server.config.settings import DEFAULT_PROMPT_CACHE_BYTES
 from gmlx_server.engine.loader import LoadedModel, load_gguf_model
 from gmlx_server.engine.mlx_engine import MLXEngine
 from gmlx_server.engine.types import Engine
@@ -26,7 +27,7 @@ def create_mlx_engine(entry: ModelEntry, env: RuntimeEnv) -> MLXEngine:
         return load_gguf_model(entry.path, model_id=entry.id, layout=entry.weights,
                                max_kv_size=entry.max_kv_size, chat_template=entry.chat_template)
 
-    cache_bytes = env.prompt_cache_bytes if env.prompt_cache_bytes is not None else 512 << 20
+    cache_bytes = env.prompt_cache_bytes if env.prompt_cache_bytes is not None else DEFAULT_PROMPT_CACHE_BYTES
     return MLXEngine(load, decode_batch=env.decode_batch or 1, prompt_cache_bytes=cache_bytes)
 
 

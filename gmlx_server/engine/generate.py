@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 import mlx.core as mx
 
+from gmlx_plan.memory import PREFILL_CHUNK  # the planner budgets this chunk's transient memory
 from gmlx_server.engine.arch import make_cache
 from gmlx_server.engine.detokenizer import IncrementalDetokenizer
 from gmlx_server.engine.kv_snapshot import has_window, restore, take
@@ -23,7 +24,6 @@ from gmlx_server.engine.structured import GrammarConstraint, GrammarViolation
 from gmlx_server.engine.thinking import ThinkingBudget
 from gmlx_server.engine.types import FinishReason, GenerationRequest, RequestState, Timings, TokenEvent
 
-PREFILL_CHUNK = 512
 GrammarTokenizer = Callable[[], Any]  # the model's llguidance tokenizer, built on first use
 
 

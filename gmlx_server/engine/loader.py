@@ -10,6 +10,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from gmlx_plan.geometry import DEFAULT_CONTEXT
 from gmlx_plan.gguf_header import GGUFHeader, ggml_type_name, read_header
 from gmlx_server.engine.arch import ArchSpec, arch_spec, vocab_size
 from gmlx_server.engine.attention import install_cpu_attention
@@ -56,7 +57,7 @@ def load_gguf_model(path: str | Path, model_id: str | None = None, layout: Layou
         transpose_dense_linears(model)
     tokenizer = GGUFTokenizer.from_metadata(header.metadata)
     template = JinjaChatTemplate.from_metadata(header.metadata, spec.family, chat_template)
-    trained = int(header.arch_value("context_length", 4096))
+    trained = int(header.arch_value("context_length", DEFAULT_CONTEXT))
     info = ModelInfo(
         model_id=model_id or Path(path).stem, path=str(path), architecture=header.architecture,
         family=spec.family, context_length=min(trained, max_kv_size) if max_kv_size else trained,

@@ -43,10 +43,7 @@ class BootTable:
 
 
 def _kv_quant(entry: ModelEntry) -> KVQuant | None:
-    q = entry.kv_quant
-    if q is None:
-        return None
-    return KVQuant(q.scheme, q.bits, q.group_size, q.value_bits, q.tail_tokens)
+    return entry.kv_quant
 
 
 def memory_model(entry: ModelEntry) -> MemoryModel:

@@ -11,13 +11,15 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
+from gmlx_plan.geometry import DEFAULT_CONTEXT
 from gmlx_plan.gguf_header import read_header
 from gmlx_server.engine.arch import arch_spec
 from gmlx_server.engine.chat_template import JinjaChatTemplate
 from gmlx_server.engine.tokenizer import GGUFTokenizer
 from gmlx_server.engine.types import ChatTemplate, Engine, Tokenizer
+from gmlx_server.neutral import GenerationParams
 from gmlx_server.service.addressing import resolve_address, resolve_settings
-from gmlx_server.service.generate import GenerationInput, check_message_count, tokenize
+from gmlx_server.service.generate import check_message_count, tokenize
 from gmlx_server.service.hf_policy import local_entry
 from gmlx_server.service.host import ModelHost
 
@@ -33,7 +35,7 @@ class PromptTools:
 def _header_tools(path: str, chat_template: str | None, max_kv_size: int | None) -> PromptTools:
     header = read_header(path)
     family = arch_spec(header).family
-    trained = int(header.arch_value("context_length", 4096))
+    trained = int(header.arch_value("context_length", DEFAULT_CONTEXT))
     return PromptTools(family, min(trained, max_kv_size) if max_kv_size else trained,
                        GGUFTokenizer.from_metadata(header.metadata),
                        JinjaChatTemplate.from_metadata(header.metadata, family, chat_template))
@@ -65,7 +67,7 @@ class Estimator:
                 raise self.host.files.load_failed(local, exc) from exc
         return self._tools[key], None
 
-    async def estimate(self, inp: GenerationInput) -> dict[str, Any]:
+    async def estimate(self, inp: GenerationParams) -> dict[str, Any]:
         host = self.host
         check_message_count(inp)
         addr = resolve_address(inp.model, inp.profile, host.catalog)

@@ -1,0 +1,54 @@
+"""GGUF facts have one source, the planner's: the engine's mlx-vlm config takes head sizes, windows, vocabulary
+and the context default from gmlx_plan.geometry, so the capacity table budgets the model the engine builds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+
+from gmlx_plan import geometry, memory
+from gmlx_plan.gguf_header import read_header
+from gmlx_server.config.settings import KVQuant as ConfigKVQuant
+from gmlx_server.engine import generate
+from gmlx_server.engine.arch import ARCHS, arch_spec, vocab_size
+from tests.conftest import gemma_path, smollm2_path
+from tests.gguf_factory import FakeTensor, write_gguf
+
+
+def _engine_view(path: str | Path) -> tuple[dict[str, object], geometry.Geometry]:
+    h = read_header(path)
+    cfg = arch_spec(h).build_config(h, vocab_size(h))
+    return cfg, geometry.geometry_from_header(h)
+
+
+def _assert_same(cfg: dict[str, object], geo: geometry.Geometry) -> None:
+    head = cfg.get("head_dim") or int(cfg["hidden_size"]) // int(cfg["num_attention_heads"])  # type: ignore[call-overload]
+    assert head == geo.layers[0].key_dim
+    assert cfg["vocab_size"] == geo.vocab and cfg["max_position_embeddings"] == geo.context_length
+    windows = {layer.window for layer in geo.layers if layer.window is not None}
+    assert windows == ({cfg["sliding_window"]} if "sliding_window" in cfg else set())
+
+
+@pytest.mark.parametrize("which", ["smollm2", "gemma"])
+def test_the_real_models_engine_config_is_the_planners_geometry(which: str) -> None:
+    _assert_same(*_engine_view(smollm2_path() if which == "smollm2" else gemma_path()))
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+@pytest.mark.parametrize("extra", [{}, {"attention.key_length": 24, "attention.value_length": 24},
+                                   {"rope.dimension_count": 16}, {"vocab_size": 77}])
+def test_edge_headers_agree_too(arch: str, extra: dict[str, int], tmp_path: Path) -> None:
+    """Heads that key_length or rope.dimension_count override, no context_length, a 1-D token table."""
+    meta = {f"{arch}.{k}": v for k, v in {"block_count": 2, "embedding_length": 64, "feed_forward_length": 128,
+                                          "attention.head_count": 4, "attention.head_count_kv": 2, **extra}.items()}
+    path = write_gguf(tmp_path / "m.gguf", [FakeTensor("token_embd.weight", np.zeros((77, 64), np.float32), QT.F32)],
+                      arch=arch, metadata=meta)
+    _assert_same(*_engine_view(path))
+
+
+def test_the_shared_constants_are_the_planners() -> None:
+    assert generate.PREFILL_CHUNK is memory.PREFILL_CHUNK
+    assert ConfigKVQuant is memory.KVQuant
