@@ -12,10 +12,8 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from gmlx_plan.gguf_header import GGUFFormatError, read_header
 from gmlx_server.config import ModelEntry, RuntimeEnv, ServerConfig
 from gmlx_server.engine.types import Engine, EngineClosed, GenerationRequest, RequestHandle, check_engine
 from gmlx_server.errors import EngineRestarting, GmlxError, ModelNotFound
@@ -28,6 +26,8 @@ from gmlx_server.service.hf_policy import local_entry
 from gmlx_server.service.load_gate import LoadGate
 from gmlx_server.service.memory import MemoryReading, read_memory
 from gmlx_server.service.model_files import ModelFiles, ModelLoadFailed
+from gmlx_server.service.model_list import ModelList
+from gmlx_server.service.readiness import Readiness, readiness_of
 from gmlx_server.service.reload import ModelChanges, diff_models, rebuild_capacity
 from gmlx_server.service.residency import Residency, close_engine, release_memory, streaming, warm_up
 from gmlx_server.service.supervisor import Supervisor
@@ -60,7 +60,6 @@ class ModelHost:
         self._factory = engine_factory or default_engine_factory
         self._engines: dict[str, Engine] = {}
         self._load_lock = asyncio.Lock()  # loads, unloads and reloads, one at a time: the gate's view holds
-        self._context: dict[str, int | None] = {}  # model id -> trained context length (GGUF header)
         self.telemetry = Telemetry()
         self.token_memo = TokenMemo()  # the prompt cache's anchor probes, per host
         self.admission = Admission(config.env, self.telemetry)
@@ -69,10 +68,11 @@ class ModelHost:
         self.residency = Residency(clock)
         self.supervisor = Supervisor(clock)
         self.gate = LoadGate(self)  # real time: its 3 s wait is wall-clock
+        self.listing = ModelList(self)
         # Header checks need real files: an injected factory's entries name none.
         self.files = ModelFiles(check_headers=self._factory is default_engine_factory)
-        default = self._default_id()
-        self._verify_files([self.entry(default)] if default is not None else [])  # so ready=1 knows at boot
+        default = self.default_id()
+        self.verify_files([self.entry(default)] if default is not None else [])  # so ready=1 knows at boot
 
     def _read_memory(self) -> MemoryReading:
         # MLX's allocator is process-wide: each engine's snapshot measures all of it, so summing them would count
@@ -291,7 +291,7 @@ class ModelHost:
             self.config, self.catalog = config, Catalog.from_config(config)
             self.files.forget((*changes.changed, *changes.removed))  # a new entry gets a new verdict
             for model_id in (*changes.changed, *changes.removed):
-                self._context.pop(model_id, None)
+                self.listing.forget(model_id)
                 self.residency.retire(model_id, resident=model_id in self._engines)
             for model_id in self.residency.expired(self._engines, self.is_pinned, 0.0):
                 await self.evict(model_id)
@@ -314,100 +314,24 @@ class ModelHost:
             except Exception:
                 log.exception("closing engine %s failed", model_id)
 
-    # --- /v1/models ---------------------------------------------------------------------------
-
-    def _trained_context(self, entry: ModelEntry) -> int | None:
-        if entry.id not in self._context:
-            value: int | None = None
-            if entry.path.lower().endswith(".gguf"):
-                try:
-                    raw = read_header(entry.path).arch_value("context_length")
-                    value = int(raw) if raw is not None else None
-                except (GGUFFormatError, ValueError, TypeError):
-                    log.warning("cannot read the GGUF header of %s", entry.path)
-            self._context[entry.id] = value
-        return self._context[entry.id]
-
-    def _context_length(self, entry: ModelEntry) -> int | None:
-        engine = self._engines.get(entry.id)
-        if engine is not None:
-            return engine.info.context_length
-        trained = self._trained_context(entry)
-        if trained is None or entry.max_kv_size is None:
-            return trained
-        return min(trained, entry.max_kv_size)
+    # --- /v1/models and /health?ready=1 ----------------------------------------------------------
 
     async def list_models(self) -> list[dict[str, Any]]:
         """Configured and discovered ids, then alias presets, each with its markers."""
-        known = self._context.keys() | self._engines.keys()
-        missing = [e for e in self.config.models.values() if e.id not in known]
-        if missing:
-            await asyncio.to_thread(lambda: [self._trained_context(e) for e in missing])
-        await asyncio.to_thread(self._verify_files, list(self.config.models.values()))
-        default = self.config.server.default_model
-        rows = [self._model_row(e, default) for e in self.config.models.values()]
-        rows += [self._alias_row(name, target, default) for name, target in self.config.aliases.items()]
-        return rows
+        return await self.listing.rows()
 
-    def _model_row(self, entry: ModelEntry, default: str | None) -> dict[str, Any]:
-        return {
-            "id": entry.id, "object": "model", "created": 0, "owned_by": "gmlx",
-            "resident": entry.id in self._engines, "pinned": entry.pinned,
-            # Speculative decoding and vision are not built yet: false until they are.
-            "speculative": False, "vlm": False,
-            "profile": entry.profile, "default": entry.id == default or len(self.config.models) == 1,
-            "discovered": entry.discovered,
-            "context_length": self._context_length(entry),
-            "max_context_at_width_1": self.capacity.max_context_at_width_1(entry.id),
-            "load_error": self.files.problem(entry.id),  # why its file cannot load; null when none is known
-        }
-
-    def _verify_files(self, entries: Iterable[ModelEntry]) -> None:
+    def verify_files(self, entries: Iterable[ModelEntry]) -> None:
         """Header verdicts, remembered (blocking: a stat per model once its file is judged)."""
         for entry in entries:
             with contextlib.suppress(GmlxError):  # a bad file is remembered; a repo id stays the loader's 403
                 self.files.verify(local_entry(entry, self.config))
 
-    def _default_id(self) -> str | None:
+    def default_id(self) -> str | None:
         try:
             return resolve_address("", None, self.catalog).model_id
         except GmlxError:
             return None
 
-    def _alias_row(self, name: str, target: str, default: str | None) -> dict[str, Any]:
-        mid, _, prof = target.rpartition("@") if target not in self.config.models else (target, "", "")
-        row = self._model_row(self.config.models[mid], default)
-        return {**row, "id": name, "alias_of": target, "profile": prof or row["profile"],
-                "default": name == default, "discovered": False}
-
-    # --- /health?ready=1 ----------------------------------------------------------------------
-
     def readiness(self) -> Readiness:
-        """Coarse verdict: model (the default model's file cannot load), restarting (an engine died and waits out
-        its backoff), pressure (orange/red band), then queue (someone waits), then busy (no free slot)."""
-        stats = [e.stats() for e in self._engines.values()]
-        waiting = sum(s.waiting for s in stats)
-        in_flight = sum(s.in_flight for s in stats)
-        default = self._default_id()
-        if default is not None and self.files.problem(default) is not None:
-            return Readiness(False, "model", 30, in_flight, waiting)
-        down = self.supervisor.down
-        if down or any(e.fault is not None for e in self._engines.values()):
-            wait = max(1, round(min((self.supervisor.wait_s(m) for m in down), default=1.0)))
-            return Readiness(False, "restarting", wait, in_flight, waiting)
-        if self.governor.pressure:
-            return Readiness(False, "pressure", 5, in_flight, waiting)
-        if waiting > 0:
-            return Readiness(False, "queue", 2, in_flight, waiting)
-        if stats and all(s.in_flight >= s.decode_batch for s in stats):
-            return Readiness(False, "busy", 1, in_flight, waiting)
-        return Readiness(True, None, None, in_flight, waiting)
-
-
-@dataclass(frozen=True)
-class Readiness:
-    ready: bool
-    reason: str | None  # one word: model | restarting | pressure | queue | busy
-    retry_after_s: int | None
-    in_flight: int
-    waiting: int
+        """Coarse verdict for a load balancer: see service/readiness.py."""
+        return readiness_of(self)

@@ -1,0 +1,80 @@
+"""GET /v1/models: configured and discovered ids, then alias presets, each with its markers and the two
+context figures (GGUF headers are read off the loop, once per model, and remembered)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from gmlx_plan.gguf_header import GGUFFormatError, read_header
+
+if TYPE_CHECKING:
+    from gmlx_server.config import ModelEntry
+    from gmlx_server.service.host import ModelHost
+
+log = logging.getLogger("gmlx.host")
+
+
+class ModelList:
+    def __init__(self, host: ModelHost) -> None:
+        self.host = host
+        self._context: dict[str, int | None] = {}  # model id -> trained context length (GGUF header)
+
+    def forget(self, model_id: str) -> None:
+        """A reload changed or removed the entry: read its header again when next listed."""
+        self._context.pop(model_id, None)
+
+    async def rows(self) -> list[dict[str, Any]]:
+        host = self.host
+        known = self._context.keys() | host.resident.keys()
+        missing = [e for e in host.config.models.values() if e.id not in known]
+        if missing:
+            await asyncio.to_thread(lambda: [self._trained_context(e) for e in missing])
+        await asyncio.to_thread(host.verify_files, list(host.config.models.values()))
+        default = host.config.server.default_model
+        rows = [self._model_row(e, default) for e in host.config.models.values()]
+        rows += [self._alias_row(name, target, default) for name, target in host.config.aliases.items()]
+        return rows
+
+    def _trained_context(self, entry: ModelEntry) -> int | None:
+        if entry.id not in self._context:
+            value: int | None = None
+            if entry.path.lower().endswith(".gguf"):
+                try:
+                    raw = read_header(entry.path).arch_value("context_length")
+                    value = int(raw) if raw is not None else None
+                except (GGUFFormatError, ValueError, TypeError):
+                    log.warning("cannot read the GGUF header of %s", entry.path)
+            self._context[entry.id] = value
+        return self._context[entry.id]
+
+    def _context_length(self, entry: ModelEntry) -> int | None:
+        engine = self.host.resident.get(entry.id)
+        if engine is not None:
+            return engine.info.context_length
+        trained = self._trained_context(entry)
+        if trained is None or entry.max_kv_size is None:
+            return trained
+        return min(trained, entry.max_kv_size)
+
+    def _model_row(self, entry: ModelEntry, default: str | None) -> dict[str, Any]:
+        host = self.host
+        return {
+            "id": entry.id, "object": "model", "created": 0, "owned_by": "gmlx",
+            "resident": entry.id in host.resident, "pinned": entry.pinned,
+            # Speculative decoding and vision are not built yet: false until they are.
+            "speculative": False, "vlm": False,
+            "profile": entry.profile, "default": entry.id == default or len(host.config.models) == 1,
+            "discovered": entry.discovered,
+            "context_length": self._context_length(entry),
+            "max_context_at_width_1": host.capacity.max_context_at_width_1(entry.id),
+            "load_error": host.files.problem(entry.id),  # why its file cannot load; null when none is known
+        }
+
+    def _alias_row(self, name: str, target: str, default: str | None) -> dict[str, Any]:
+        models = self.host.config.models
+        mid, _, prof = target.rpartition("@") if target not in models else (target, "", "")
+        row = self._model_row(models[mid], default)
+        return {**row, "id": name, "alias_of": target, "profile": prof or row["profile"],
+                "default": name == default, "discovered": False}
