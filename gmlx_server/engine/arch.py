@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gmlx_plan.families import GEMMA, LLAMA, QWEN
 from gmlx_plan.geometry import DEFAULT_CONTEXT, GEMMA3_PATTERN, GEMMA3_WINDOW, head_dims
 from gmlx_plan.geometry import vocab_size as vocab_size
 from gmlx_plan.gguf_header import GGUFHeader
@@ -137,10 +138,10 @@ def _gemma3_config(h: GGUFHeader, vocab: int) -> dict[str, Any]:
 
 
 ARCHS: dict[str, ArchSpec] = {
-    "llama": ArchSpec("llama", "llama", _llama_config, _LAYER_NAMES),
-    "qwen2": ArchSpec("qwen", "qwen2", _qwen2_config, _LAYER_NAMES),
-    "qwen3": ArchSpec("qwen", "qwen3", _qwen3_config, _LAYER_NAMES),
-    "gemma3": ArchSpec("gemma", "gemma3", _gemma3_config, _GEMMA3_LAYER_NAMES, norm_offset=-1.0),
+    "llama": ArchSpec(LLAMA.name, "llama", _llama_config, _LAYER_NAMES),
+    "qwen2": ArchSpec(QWEN.name, "qwen2", _qwen2_config, _LAYER_NAMES),
+    "qwen3": ArchSpec(QWEN.name, "qwen3", _qwen3_config, _LAYER_NAMES),
+    "gemma3": ArchSpec(GEMMA.name, "gemma3", _gemma3_config, _GEMMA3_LAYER_NAMES, norm_offset=-1.0),
 }
 
 

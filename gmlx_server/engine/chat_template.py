@@ -22,6 +22,8 @@ import jinja2.nodes
 import jinja2.parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from gmlx_plan.families import LLAMA, family_of
+
 log = logging.getLogger("gmlx.engine")
 
 
@@ -197,13 +199,13 @@ class JinjaChatTemplate:
 
 def fallback_family(family: str, tokens: Sequence[str]) -> str:
     """The built-in template for a family; the vocabulary decides when the family does not."""
-    family = family.lower()
-    if family.startswith("gemma"):
-        return "gemma"
+    known = family_of(family)
+    if known.template is not None:
+        return known.template
     vocab = set(tokens) & {"<|start_header_id|>", "<start_of_turn>", "<|im_start|>"}
-    if family.startswith("llama") and "<|start_header_id|>" in vocab:
+    if known is LLAMA and "<|start_header_id|>" in vocab:
         return "llama3"
-    if family.startswith(("qwen", "chatml")) or "<|im_start|>" in vocab:
+    if "<|im_start|>" in vocab:
         return "chatml"
     if "<|start_header_id|>" in vocab:
         return "llama3"

@@ -24,6 +24,8 @@ from numpy.typing import NDArray
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
 from tokenizers.models import BPE
 
+from gmlx_plan.families import family_of
+
 log = logging.getLogger("gmlx.engine")
 
 # llama.cpp token types.
@@ -278,7 +280,7 @@ def _byte_level_pre(pre: str) -> pre_tokenizers.PreTokenizer:
 
 
 def _build_sentencepiece(metadata: Mapping[str, Any], vocab: _Vocab) -> tuple[Tokenizer, bool]:
-    gemma = str(metadata.get("general.architecture", "")).startswith("gemma")
+    gemma = family_of(str(metadata.get("general.architecture", ""))).spelled_spaces
     # Gemma stores runs of spaces as real spaces; the BPE sees them as '▁' runs.
     spelled = {i: "▁" * len(t) for i, t in enumerate(vocab.tokens) if gemma and " " in t and not t.strip()}
     bpe_vocab = vocab.with_spelling(spelled)

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
+from gmlx_plan.families import family_of
+
 # family -> "base" (no profile at all) or an intent -> SamplingParams values.
 SAMPLING_TABLE: Mapping[str, Mapping[str, Mapping[str, Any]]] = MappingProxyType({
     "llama": {
@@ -52,14 +54,11 @@ SAMPLING_TABLE: Mapping[str, Mapping[str, Mapping[str, Any]]] = MappingProxyType
     },
 })
 
-_FAMILY_PREFIXES = (("qwen", "qwen"), ("gemma", "gemma"), ("mistral", "mistral"), ("mixtral", "mistral"),
-                    ("llama", "llama"), ("smollm", "llama"))
 
 
 def table_family(family: str) -> str:
     """Map an engine family/architecture name (qwen3, gemma3_text, ...) to a row of the table."""
-    f = family.lower()
-    return next((row for prefix, row in _FAMILY_PREFIXES if f.startswith(prefix)), "default")
+    return family_of(family).name
 
 
 def family_sampling(family: str, intent: str | None) -> dict[str, Any]:

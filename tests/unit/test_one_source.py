@@ -52,3 +52,22 @@ def test_edge_headers_agree_too(arch: str, extra: dict[str, int], tmp_path: Path
 def test_the_shared_constants_are_the_planners() -> None:
     assert generate.PREFILL_CHUNK is memory.PREFILL_CHUNK
     assert ConfigKVQuant is memory.KVQuant
+
+
+@pytest.mark.parametrize("name, row, template", [
+    ("gemma3", "gemma", "gemma"), ("gemma3_text", "gemma", "gemma"), ("qwen2", "qwen", "chatml"),
+    ("Qwen3", "qwen", "chatml"), ("llama", "llama", None), ("SmolLM2", "llama", None), ("mixtral", "mistral", None),
+    ("phi3", "default", None),
+])
+def test_one_family_record_serves_every_reader(name: str, row: str, template: str | None) -> None:
+    """The intents row, the built-in template and the architecture table all come from gmlx_plan.families."""
+    from gmlx_plan.families import family_of
+    from gmlx_server.engine.chat_template import fallback_family
+    from gmlx_server.service.intents import table_family
+
+    assert table_family(name) == family_of(name).name == row
+    assert family_of(name).template == template
+    if template is not None:
+        assert fallback_family(name, ()) == template
+    for arch, spec in ARCHS.items():
+        assert spec.family == family_of(arch).name
