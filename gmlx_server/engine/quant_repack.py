@@ -17,10 +17,12 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from gmlx_plan.memory import AFFINE_GROUP
+
 U8 = npt.NDArray[np.uint8]
 F32 = npt.NDArray[np.float32]
 
-GROUP = 32  # MLX affine group size used for every packed tensor
+GROUP = AFFINE_GROUP  # MLX affine group size used for every packed tensor (the planner's constant)
 QK_K = 256  # k-quant super-block
 
 # llama.cpp's non-linear 4-bit code book (IQ4_NL / IQ4_XS): int8 levels, so +128 makes an exact uint8 code.

@@ -71,3 +71,12 @@ def test_one_family_record_serves_every_reader(name: str, row: str, template: st
         assert fallback_family(name, ()) == template
     for arch, spec in ARCHS.items():
         assert spec.family == family_of(arch).name
+
+
+def test_the_engines_bit_tables_are_the_planners() -> None:
+    """The planner sizes packed weights from PACKED_BITS; the engine repacks or requantizes to exactly those."""
+    from gmlx_server.engine.gguf_tensors import REQUANT_BITS
+    from gmlx_server.engine.quant_repack import GROUP, REPACKERS
+
+    assert {t: bits for t, (bits, _) in REPACKERS.items()} | dict(REQUANT_BITS) == memory.PACKED_BITS
+    assert GROUP == memory.AFFINE_GROUP
