@@ -1,23 +1,33 @@
-"""Generate the Grafana dashboards in grafana/dashboards/ from one description of their panels.
+"""Generate the Grafana dashboards in grafana/dashboards/ with grafana-foundation-sdk's typed builders.
 
     .venv/bin/python grafana/generate.py          # rewrite the JSON files
     .venv/bin/python grafana/generate.py --check  # exit 1 when the committed JSON is stale
 
-Plain Python and JSON (no dashboards-as-code dependency). Every query filters on the `instance`
-variable (one Prometheus, several gmlx servers) and per-model queries on `model`. The panels'
-PromQL is run against a real Prometheus scraping a real `gmlx serve` by tests/e2e/test_prometheus.py.
+Every query filters on the `instance` variable (one Prometheus, several gmlx servers) and per-model
+queries on `model`. The panels' PromQL is run against a real Prometheus scraping a real `gmlx serve` by
+tests/e2e/test_prometheus.py.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, Self, TypeVar
+
+from grafana_foundation_sdk.builders import common, dashboard, prometheus, statetimeline, timeseries
+from grafana_foundation_sdk.builders import stat as stat_panel
+from grafana_foundation_sdk.builders import table as table_panel
+from grafana_foundation_sdk.cog.builder import Builder
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.cog.variants import Dataquery
+from grafana_foundation_sdk.models import common as cm
+from grafana_foundation_sdk.models import dashboard as dm
+from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 OUT = Path(__file__).resolve().parent / "dashboards"
-DS = {"type": "prometheus", "uid": "${datasource}"}
+DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 RATE = "[$__rate_interval]"
 BANDS = ("green", "yellow", "orange", "red")
 BAND_COLORS = {"green": "green", "yellow": "yellow", "orange": "orange", "red": "red"}
@@ -45,78 +55,91 @@ def band_index() -> str:
     return " + ignoring(band) ".join(parts)
 
 
-@dataclass
-class Target:
-    expr: str
-    legend: str = ""
-    instant: bool = False
-
-    def json(self, ref: str) -> dict[str, Any]:
-        out: dict[str, Any] = {"datasource": DS, "refId": ref, "expr": self.expr, "legendFormat": self.legend,
-                               "range": not self.instant, "instant": self.instant}
-        if self.instant:
-            out["format"] = "table"
-        return out
+def Target(expr: str, legend: str = "", instant: bool = False) -> prometheus.Dataquery:
+    q = prometheus.Dataquery().datasource(DS).expr(expr).legend_format(legend)
+    return q.instant().format(PromQueryFormat.TABLE) if instant else q.range()
 
 
-@dataclass
-class Panel:
-    kind: str  # timeseries, stat, table, state-timeline
-    title: str
-    targets: list[Target]
-    width: int = 8
-    height: int = 8
-    unit: str = "short"
-    description: str = ""
-    options: dict[str, Any] = field(default_factory=dict)
-    defaults: dict[str, Any] = field(default_factory=dict)
-    overrides: list[dict[str, Any]] = field(default_factory=list)
-    transformations: list[dict[str, Any]] = field(default_factory=list)
+class _Panel(Protocol):
+    """The setters every panel builder has (the SDK gives each panel type its own class)."""
+
+    def with_target(self, target: Builder[Dataquery]) -> Self: ...
+    def title(self, title: str) -> Self: ...
+    def description(self, description: str) -> Self: ...
+    def datasource(self, datasource: dm.DataSourceRef) -> Self: ...
+    def span(self, w: int) -> Self: ...
+    def height(self, h: int) -> Self: ...
+    def unit(self, unit: str) -> Self: ...
+
+
+P = TypeVar("P", bound=_Panel)
+L = TypeVar("L", timeseries.Panel, statetimeline.Panel)
+PanelBuilder = timeseries.Panel | stat_panel.Panel | table_panel.Panel | statetimeline.Panel
 
 
 @dataclass
 class Row:
     title: str
-    panels: list[Panel]
+    panels: list[PanelBuilder]
     repeat: str | None = None
 
 
-def series(title: str, *targets: Target, unit: str = "short", width: int = 8, stack: bool = False,
-           description: str = "") -> Panel:
-    custom = {"stacking": {"mode": "normal" if stack else "none"}, "fillOpacity": 20 if stack else 8}
-    return Panel("timeseries", title, list(targets), width, unit=unit, description=description,
-                 defaults={"custom": custom})
+def _panel(p: P, title: str, targets: tuple[prometheus.Dataquery, ...], width: int, height: int, unit: str = "short",
+           description: str = "") -> P:
+    for i, t in enumerate(targets):
+        p = p.with_target(t.ref_id(chr(ord("A") + i)))
+    return p.title(title).description(description).datasource(DS).span(width).height(height).unit(unit)
 
 
-def stat(title: str, target: Target, unit: str = "short", width: int = 4, **options: Any) -> Panel:
-    opts = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}, "colorMode": "value",
-            "graphMode": "none", "textMode": "auto", **options}
-    return Panel("stat", title, [target], width, 4, unit, options=opts)
+def _legend_and_tooltip(p: L) -> L:
+    """A bottom list legend and a shared tooltip; said in full, as the SDK's defaults hide the legend and sort
+    the tooltip, unlike Grafana's."""
+    legend = common.VizLegendOptions().display_mode(cm.LegendDisplayMode.LIST).placement(cm.LegendPlacement.BOTTOM)
+    tooltip = common.VizTooltipOptions().mode(cm.TooltipDisplayMode.MULTI).sort(cm.SortOrder.NONE)
+    return p.legend(legend.show_legend(True)).tooltip(tooltip)
 
 
-def table(title: str, target: Target, columns: dict[str, str], width: int = 8) -> Panel:
+def series(title: str, *targets: prometheus.Dataquery, unit: str = "short", width: int = 8, stack: bool = False,
+           description: str = "") -> timeseries.Panel:
+    mode = cm.StackingMode.NORMAL if stack else cm.StackingMode.NONE
+    return _legend_and_tooltip(_panel(timeseries.Panel(), title, targets, width, 8, unit, description)
+                               .stacking(common.StackingConfig().mode(mode)).fill_opacity(20 if stack else 8))
+
+
+def stat(title: str, target: prometheus.Dataquery, unit: str = "short", width: int = 4,
+         text_mode: cm.BigValueTextMode = cm.BigValueTextMode.AUTO,
+         color_mode: cm.BigValueColorMode = cm.BigValueColorMode.VALUE, description: str = "") -> stat_panel.Panel:
+    return (_panel(stat_panel.Panel(), title, (target,), width, 4, unit, description)
+            .reduce_options(common.ReduceDataOptions().calcs(["lastNotNull"]).fields("").values(False))
+            .color_mode(color_mode).graph_mode(cm.BigValueGraphMode.NONE).text_mode(text_mode))
+
+
+def table(title: str, target: prometheus.Dataquery, columns: dict[str, str], width: int = 8) -> table_panel.Panel:
     """An instant table; `columns` renames the kept fields, every other field is hidden."""
-    organize = {"id": "organize", "options": {"renameByName": columns, "includeByName": dict.fromkeys(columns, True)}}
-    return Panel("table", title, [target], width, 8, transformations=[organize])
+    organize = dm.DataTransformerConfig(id_val="organize", options={
+        "renameByName": columns, "includeByName": dict.fromkeys(columns, True)})
+    return _panel(table_panel.Panel(), title, (target,), width, 8).with_transformation(organize)
 
 
-def band_overrides() -> list[dict[str, Any]]:
-    return [{"matcher": {"id": "byName", "options": b},
-             "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": BAND_COLORS[b]}}]}
-            for b in BANDS]
+def band_colors(p: stat_panel.Panel) -> stat_panel.Panel:
+    for b in BANDS:
+        p = p.override_by_name(b, [dm.DynamicConfigValue(id_val="color", value={
+            "mode": "fixed", "fixedColor": BAND_COLORS[b]})])
+    return p
 
 
-def band_mappings() -> list[dict[str, Any]]:
-    return [{"type": "value", "options": {str(i): {"text": b, "color": BAND_COLORS[b], "index": i}
-                                          for i, b in enumerate(BANDS)}}]
+def band_timeline(title: str, target: prometheus.Dataquery, width: int) -> statetimeline.Panel:
+    mapping = dm.ValueMap(options={str(i): dm.ValueMappingResult(text=b, color=BAND_COLORS[b], index=i)
+                                   for i, b in enumerate(BANDS)})
+    return _legend_and_tooltip(_panel(statetimeline.Panel(), title, (target,), width, 8).mappings([mapping])
+                               .color_scheme(dashboard.FieldColor().mode(dm.FieldColorModeId.THRESHOLDS)))
 
 
 def overview_rows() -> list[Row]:
     now = Row("Now", [
-        Panel("stat", "Governor band", [Target(f"{m('gmlx_governor_band')} == 1", "{{band}}")], 4, 4,
-              options={"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-                       "textMode": "name", "colorMode": "background", "graphMode": "none"},
-              overrides=band_overrides(), description="The memory governor's band on each server."),
+        band_colors(stat("Governor band", Target(f"{m('gmlx_governor_band')} == 1", "{{band}}"),
+                        text_mode=cm.BigValueTextMode.NAME, color_mode=cm.BigValueColorMode.BACKGROUND,
+                        description="The memory governor's band on each server.")),
         stat("Decode tok/s", Target(f"sum({m('gmlx_rates_decode_tok_s')})")),
         stat("Decoding", Target(f"sum({m('gmlx_concurrency_in_flight')})")),
         stat("Waiting", Target(f"sum({m('gmlx_queue_waiting')})")),
@@ -162,8 +185,7 @@ def overview_rows() -> list[Row]:
                width=24),
     ])
     governor = Row("Governor and memory", [
-        Panel("state-timeline", "Governor band", [Target(band_index(), "{{instance}}")], 12,
-              defaults={"mappings": band_mappings(), "color": {"mode": "thresholds"}}),
+        band_timeline("Governor band", Target(band_index(), "{{instance}}"), 12),
         series("Sheds and band changes",
                Target(f"sum(increase({m('gmlx_governor_sheds_total')}{RATE}))", "sheds"),
                Target(f"sum by (band) (increase({m('gmlx_governor_band_changes_total')}{RATE}))", "entered {{band}}"),
@@ -234,67 +256,40 @@ def model_rows() -> list[Row]:
     ], repeat="model")]
 
 
-def _variable(name: str, label: str, query: str, multi: bool) -> dict[str, Any]:
-    return {"name": name, "label": label, "type": "query", "datasource": DS, "definition": query,
-            "query": {"query": query, "refId": f"{name}-values"}, "refresh": 2, "sort": 1,
-            "includeAll": True, "allValue": ".*", "multi": multi, "current": {}, "hide": 0}
+def _variable(name: str, label: str, query: str) -> dashboard.QueryVariable:
+    return (dashboard.QueryVariable(name).label(label).datasource(DS).query({"query": query, "refId": f"{name}-values"})
+            .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dm.VariableSort.ALPHABETICAL_ASC)
+            .include_all(True).all_value(".*").multi(True))
 
 
-def _panel_json(p: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "id": pid, "type": p.kind, "title": p.title, "description": p.description, "datasource": DS,
-        "gridPos": {"h": p.height, "w": p.width, "x": x, "y": y},
-        "targets": [t.json(chr(ord("A") + i)) for i, t in enumerate(p.targets)],
-        "fieldConfig": {"defaults": {"unit": p.unit, **p.defaults}, "overrides": p.overrides},
-        "options": p.options or {"legend": {"displayMode": "list", "placement": "bottom"},
-                                 "tooltip": {"mode": "multi"}},
-    }
-    if p.transformations:
-        out["transformations"] = p.transformations
-    return out
-
-
-def _layout(rows: list[Row]) -> list[dict[str, Any]]:
-    panels: list[dict[str, Any]] = []
-    y = 0
+def dashboard_json(uid: str, title: str, description: str, rows: list[Row]) -> dict[str, Any]:
+    board = (dashboard.Dashboard(title).uid(uid).description(description).tags(["gmlx"]).editable().version(1)
+             .refresh("10s").time("now-1h", "now").timezone("browser").tooltip(dm.DashboardCursorSync.CROSSHAIR)
+             .link(dashboard.DashboardLink("gmlx").type(dm.DashboardLinkType.DASHBOARDS).tags(["gmlx"])
+                   .as_dropdown(False))
+             .with_variable(dashboard.DatasourceVariable("datasource").label("Prometheus").type("prometheus"))
+             .with_variable(_variable("instance", "Server", "label_values(gmlx_concurrency_decode_batch, instance)"))
+             .with_variable(_variable("model", "Model", "label_values(gmlx_resident_models_in_flight, model)")))
+    pid = 0  # rows stay expanded (their panels follow them); the SDK lays panels left to right and wraps at 24
     for row in rows:
-        panels.append({"id": len(panels) + 1, "type": "row", "title": row.title, "collapsed": False,
-                       "gridPos": {"h": 1, "w": 24, "x": 0, "y": y}, "panels": [],
-                       **({"repeat": row.repeat} if row.repeat else {})})
-        y, x, line = y + 1, 0, 0
+        pid += 1
+        r = dashboard.Row(row.title).id(pid)
+        board = board.with_row(r.repeat(row.repeat) if row.repeat else r)
         for p in row.panels:
-            if x + p.width > 24:
-                y, x, line = y + line, 0, 0
-            panels.append(_panel_json(p, len(panels) + 1, x, y))
-            x, line = x + p.width, max(line, p.height)
-        y += line
-    return panels
-
-
-def dashboard(uid: str, title: str, description: str, rows: list[Row]) -> dict[str, Any]:
-    return {
-        "uid": uid, "title": title, "description": description, "tags": ["gmlx"], "editable": True,
-        "schemaVersion": 39, "version": 1, "refresh": "10s", "time": {"from": "now-1h", "to": "now"},
-        "timezone": "browser", "graphTooltip": 1, "annotations": {"list": []},
-        "links": [{"type": "dashboards", "tags": ["gmlx"], "asDropdown": False, "title": "gmlx"}],
-        "templating": {"list": [
-            {"name": "datasource", "label": "Prometheus", "type": "datasource", "query": "prometheus",
-             "current": {}, "hide": 0, "refresh": 1},
-            _variable("instance", "Server", "label_values(gmlx_concurrency_decode_batch, instance)", True),
-            _variable("model", "Model", "label_values(gmlx_resident_models_in_flight, model)", True),
-        ]},
-        "panels": _layout(rows),
-    }
+            pid += 1
+            board = board.with_panel(p.id(pid))
+    out: dict[str, Any] = json.loads(json.dumps(board.build(), cls=JSONEncoder))
+    return out
 
 
 def dashboards() -> dict[str, dict[str, Any]]:
     return {
-        "gmlx-overview.json": dashboard(
+        "gmlx-overview.json": dashboard_json(
             "gmlx-overview", "gmlx overview",
             "Throughput, latency, queue and admission, the memory governor, memory, the boot capacity table and "
             "the prompt cache.",
             overview_rows()),
-        "gmlx-models.json": dashboard(
+        "gmlx-models.json": dashboard_json(
             "gmlx-models", "gmlx models", "One row per resident model (repeated over the model variable).",
             model_rows()),
     }
