@@ -1,11 +1,11 @@
 """The CPU kernels against float64 references on random GGUF blocks of every format they read.
 
-Three paths, each checked: fp32 activations against decoded codes (the default below 16 rows) and
-dequantized panels of W through a preloaded sgemm (16 rows on, as the suite preloads OpenBLAS) differ
-from a float64 product only by fp32 sums. The optional int8 path rounds each 32-activation block to int8
-(scale max|x| / 127, round half to even) as llama.cpp does, and sums exactly in integers: checked tightly
-against a float64 product with the same rounded activations, and against the exact ones within the
-bound that rounding implies.
+Below 16 rows the kernels round each 32-activation block to int16 (the default; scale max|x| / 32767,
+round half to even), to int8 as llama.cpp does (scale max|x| / 127), or keep fp32, and sum codes times
+activations exactly in integers (or in fp32). A rounded path is checked tightly against a float64
+product with the same rounded activations (only fp32 scaling and sums may differ) and against the exact
+activations within the bound that rounding implies; the fp32 path, and from 16 rows on dequantized
+panels of W through a preloaded sgemm (the suite preloads OpenBLAS), against the exact product.
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ from gmlx_server.engine.kernels import NATIVE_TYPES, probe
 
 F64 = npt.NDArray[np.float64]
 SGEMM_ROWS = 16  # from this many rows on the kernels use a preloaded BLAS's sgemm (dispatch.cpp)
-MODES = [(False, False), (True, False), (True, True)]  # (int8 activations, sgemm for many rows)
+# (activations, sgemm for many rows); levels of the rounding (0: none)
+MODES = [("int16", False), ("int8", False), ("f32", False), ("int16", True)]
+LEVELS = {"int16": 32767, "int8": 127, "f32": 0}
 # fp16 field offsets (scale, min) and a scale range keeping |w| comparable across formats
 FP16_FIELDS: dict[str, tuple[tuple[int, ...], float]] = {
     "Q4_0": ((0,), 0.1), "Q4_1": ((0, 2), 0.1), "Q5_0": ((0,), 0.1), "Q5_1": ((0, 2), 0.1), "Q8_0": ((0,), 0.01),
@@ -53,7 +55,7 @@ def every_isa(ext: ModuleType) -> Iterator[list[str]]:
     ext.set_isa(first)
     ext.set_threads(0)
     ext.set_sgemm(True)
-    ext.set_int8(False)
+    ext.set_activations("int16")
 
 
 def random_blocks(rng: np.random.Generator, name: str, rows: int, k: int) -> npt.NDArray[np.uint8]:
@@ -67,16 +69,16 @@ def random_blocks(rng: np.random.Generator, name: str, rows: int, k: int) -> npt
     return blocks.reshape(rows, -1)
 
 
-def quantized_activations(x: npt.NDArray[np.float32]) -> F64:
-    """The kernels' int8 activation rounding, in numpy's IEEE fp32 arithmetic (same operations)."""
+def quantized_activations(x: npt.NDArray[np.float32], levels: int) -> F64:
+    """The kernels' activation rounding, in numpy's IEEE fp32 arithmetic (the same operations)."""
     xb = x.reshape(x.shape[0], -1, 32)
-    d = np.abs(xb).max(axis=-1, keepdims=True) / np.float32(127)
+    d = np.abs(xb).max(axis=-1, keepdims=True) / np.float32(levels)
     inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, np.float32(1)), np.float32(0)).astype(np.float32)
     return (np.rint(xb * inv) * d).reshape(x.shape).astype(np.float64)
 
 
 def check_matmul(ext: ModuleType, rng: np.random.Generator, name: str, n: int, blocks_per_row: int,
-                 m: int, exact: bool) -> None:
+                 m: int, levels: int) -> None:
     qk = GGML_QUANT_SIZES[GGMLQuantizationType[name]][0]
     k = qk * blocks_per_row
     w_blocks = random_blocks(rng, name, n, k)
@@ -84,16 +86,16 @@ def check_matmul(ext: ModuleType, rng: np.random.Generator, name: str, n: int, b
     x = rng.standard_normal((m, k)).astype(np.float32) * rng.uniform(0.01, 10.0, (m, 1)).astype(np.float32)
     y = np.array(ext.matmul(mx.array(x), mx.array(w_blocks), NATIVE_TYPES[name], k))
     assert y.shape == (m, n) and y.dtype == np.float32
-    if exact:  # fp32 activations (the default few-row path, or sgemm): only fp32 sums differ
+    if not levels:  # fp32 activations (or sgemm): only fp32 sums differ
         ref = x.astype(np.float64) @ w.T
         np.testing.assert_array_less(np.abs(y - ref), 1e-5 * (np.abs(x) @ np.abs(w).T) + 1e-30)
         return
-    xq = quantized_activations(x)
+    xq = quantized_activations(x, levels)
     ref_q = xq @ w.T
     magnitude = np.abs(xq) @ np.abs(w).T
     np.testing.assert_array_less(np.abs(y - ref_q), 2e-6 * magnitude + 1e-30)
-    # the activation rounding moves each x by at most half its block's step, max|x| / 254
-    step = np.repeat(np.abs(x.reshape(m, -1, 32)).max(axis=-1) / 254.0, 32, axis=1)
+    # the activation rounding moves each x by at most half its block's step, max|x| / (2 * levels)
+    step = np.repeat(np.abs(x.reshape(m, -1, 32)).max(axis=-1) / (2.0 * levels), 32, axis=1)
     bound = step @ np.abs(w).T * (1 + 1e-5) + 2e-6 * magnitude
     np.testing.assert_array_less(np.abs(y - x.astype(np.float64) @ w.T), bound + 1e-30)
 
@@ -108,10 +110,10 @@ def test_matmul_matches_float64_reference(ext: ModuleType, every_isa: list[str],
     ext.set_threads(threads)
     for isa in every_isa:
         ext.set_isa(isa)
-        for int8, sgemm in MODES if ext.sgemm_available() else MODES[:2]:
-            ext.set_int8(int8)
+        for mode, sgemm in MODES if ext.sgemm_available() else MODES[:3]:
+            ext.set_activations(mode)
             ext.set_sgemm(sgemm)
-            check_matmul(ext, rng, name, n, blocks_per_row, m, exact=not int8 or (sgemm and m >= SGEMM_ROWS))
+            check_matmul(ext, rng, name, n, blocks_per_row, m, 0 if sgemm and m >= SGEMM_ROWS else LEVELS[mode])
 
 
 @pytest.mark.parametrize("name", list(NATIVE_TYPES))
@@ -149,4 +151,6 @@ def test_bad_arguments_are_refused(ext: ModuleType) -> None:
         ext.matmul(mx.zeros((1, 32)), mx.zeros((4, 40), dtype=mx.uint8), NATIVE_TYPES["Q4_1"], 64)
     with pytest.raises(ValueError, match="not supported on this CPU"):
         ext.set_isa("no-such-isa")
+    with pytest.raises(ValueError, match="int16, int8 or f32"):
+        ext.set_activations("int4")
     assert ext.row_bytes(NATIVE_TYPES["Q6_K"], 512) == 420 and ext.row_bytes(NATIVE_TYPES["Q4_K"], 640) == -1

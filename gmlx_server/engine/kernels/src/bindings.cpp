@@ -29,6 +29,6 @@ NB_MODULE(_gguf_kernels, m) {
   m.def("set_threads", &gk::set_threads, "n"_a);
   m.def("sgemm_available", &gk::sgemm_available);
   m.def("set_sgemm", &gk::set_sgemm, "on"_a);
-  m.def("set_int8", &gk::set_int8, "on"_a);
-  m.def("int8", &gk::int8);
+  m.def("set_activations", &gk::set_activations, "mode"_a);
+  m.def("activations", &gk::activations);
 }

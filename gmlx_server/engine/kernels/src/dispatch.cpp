@@ -167,7 +167,9 @@ std::mutex g_pool_mu;
 std::unique_ptr<Pool> g_pool;
 int g_threads = 0;  // 0: not chosen yet
 std::atomic<bool> g_sgemm_ok{true};
-std::atomic<bool> g_int8{false};
+enum Mode { kInt16 = 0, kInt8 = 1, kF32 = 2 };
+const char* const kModeNames[] = {"int16", "int8", "f32"};
+std::atomic<int> g_mode{kInt16};
 
 Pool& pool() {
   std::lock_guard<std::mutex> lk(g_pool_mu);
@@ -243,6 +245,24 @@ void matmul_sgemm(Sgemm sgemm, int type, const uint8_t* w, int64_t rb, int64_t n
   }
 }
 
+// Quantize the m activation rows (in parallel when many), then run the weight-row chunks on them.
+template <class Block, class Quantize, class Rows>
+void run_quantized(Pool& p, const float* x, int64_t m, int64_t k, Quantize quantize, Rows rows, int64_t per,
+                   int64_t chunks, int64_t n) {
+  const int64_t nxb = k / 32;
+  thread_local std::vector<Block> scratch;  // a thread_local named in a lambda is the running thread's own
+  if (static_cast<int64_t>(scratch.size()) < m * nxb) scratch.resize(m * nxb);
+  Block* xb = scratch.data();
+  const int64_t qtasks = m >= 8 ? p.size() : 1;
+  p.run(qtasks, [&](int64_t t) {
+    for (int64_t i = t; i < m; i += qtasks) quantize(x + i * k, k, xb + i * nxb);
+  });
+  p.run(chunks, [&](int64_t c) {
+    const int64_t n0 = c * per;
+    rows(xb, n0, std::min(n, n0 + per));
+  });
+}
+
 }  // namespace
 
 void matmul(int type, const uint8_t* w, int64_t n, int64_t k, const float* x, int64_t m, float* y) {
@@ -255,34 +275,38 @@ void matmul(int type, const uint8_t* w, int64_t n, int64_t k, const float* x, in
   // Enough chunks to balance cores that other processes also use; each a whole number of rows.
   const int64_t per = std::max<int64_t>(4, (n + 4 * p.size() - 1) / (4 * p.size()));
   const int64_t chunks = (n + per - 1) / per;
-  if (!g_int8.load(std::memory_order_relaxed)) {
+  const int mode = g_mode.load(std::memory_order_relaxed);
+  if (mode == kF32) {
     p.run(chunks, [&](int64_t c) {
       const int64_t n0 = c * per, n1 = std::min(n, n0 + per);
       s.rows_f(type, w, rb, n0, n1, x, m, k, y, n);
     });
-    return;
+  } else if (mode == kInt16) {
+    run_quantized<XBlock16>(p, x, m, k, s.quantize_row16, [&](const XBlock16* xb, int64_t n0, int64_t n1) {
+      s.rows16(type, w, rb, n0, n1, xb, m, k / 32, y, n);
+    }, per, chunks, n);
+  } else {
+    run_quantized<XBlock>(p, x, m, k, s.quantize_row, [&](const XBlock* xb, int64_t n0, int64_t n1) {
+      s.rows(type, w, rb, n0, n1, xb, m, k / 32, y, n);
+    }, per, chunks, n);
   }
-  const int64_t nxb = k / 32;
-  thread_local std::vector<XBlock> xq;
-  if (static_cast<int64_t>(xq.size()) < m * nxb) xq.resize(m * nxb);
-  XBlock* xb = xq.data();
-  const int64_t qtasks = m >= 8 ? p.size() : 1;
-  p.run(qtasks, [&](int64_t t) {
-    for (int64_t i = t; i < m; i += qtasks) s.quantize_row(x + i * k, k, xb + i * nxb);
-  });
-  p.run(chunks, [&](int64_t c) {
-    const int64_t n0 = c * per, n1 = std::min(n, n0 + per);
-    s.rows(type, w, rb, n0, n1, xb, m, nxb, y, n);
-  });
 }
 
 bool sgemm_available() { return global_sgemm() != nullptr; }
 
 void set_sgemm(bool on) { g_sgemm_ok.store(on, std::memory_order_relaxed); }
 
-void set_int8(bool on) { g_int8.store(on, std::memory_order_relaxed); }
+void set_activations(const std::string& mode) {
+  for (int i = 0; i < 3; ++i) {
+    if (mode == kModeNames[i]) {
+      g_mode.store(i, std::memory_order_relaxed);
+      return;
+    }
+  }
+  throw std::invalid_argument("activations must be int16, int8 or f32, not '" + mode + "'");
+}
 
-bool int8() { return g_int8.load(std::memory_order_relaxed); }
+std::string activations() { return kModeNames[g_mode.load(std::memory_order_relaxed)]; }
 
 void dequantize(int type, const uint8_t* w, int64_t r, int64_t k, float* out) {
   const int64_t rb = row_bytes(type, k);

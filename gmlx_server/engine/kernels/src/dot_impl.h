@@ -237,7 +237,111 @@ inline void rows_f(int type, const uint8_t* w, int64_t row_bytes, int64_t n0, in
   with_format(type, [&]<class F>() { rows_f_impl<F>(w, row_bytes, n0, n1, x, m_rows, k, y, ldy); });
 }
 
-inline const Isa table = {GK_ISA_NAME, &rows, &rows_f, &quantize_row, &dequant_row};
+// --- int16 activations: 256x finer than int8 (a block's outlier no longer erases its neighbours), and
+// still integer dot products: pairs of int16 products summed into int32 lanes (VNNI vpdpwssd or pmaddwd).
+typedef int16_t i16x16 __attribute__((vector_size(32)));
+typedef int32_t i32x16 __attribute__((vector_size(64)));
+
+struct Codes16 {
+  i16x16 lo, hi;  // elements 0..15 and 16..31, widened
+};
+
+template <bool SIGNED>
+inline Codes16 widen(u8x32 q) {
+  const u8x16 lo = __builtin_shufflevector(q, q, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const u8x16 hi = __builtin_shufflevector(q, q, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
+  if constexpr (SIGNED) {
+    typedef int8_t i8x16 __attribute__((vector_size(16)));
+    return {__builtin_convertvector((i8x16)lo, i16x16), __builtin_convertvector((i8x16)hi, i16x16)};
+  }
+  return {__builtin_convertvector(lo, i16x16), __builtin_convertvector(hi, i16x16)};
+}
+
+// acc + 8 int32 lanes, lane l = c[2l] * x[2l] + c[2l + 1] * x[2l + 1]
+inline i32x8 dot16(i32x8 acc, i16x16 c, i16x16 x) {
+#if defined(GK_AVXVNNI)
+  return (i32x8)_mm256_dpwssd_avx_epi32((__m256i)acc, (__m256i)c, (__m256i)x);
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return (i32x8)_mm256_dpwssd_epi32((__m256i)acc, (__m256i)c, (__m256i)x);
+#elif defined(__AVX2__)
+  return acc + (i32x8)_mm256_madd_epi16((__m256i)c, (__m256i)x);
+#else
+  const i32x16 p = __builtin_convertvector(c, i32x16) * __builtin_convertvector(x, i32x16);
+  return acc + __builtin_shufflevector(p, p, 0, 2, 4, 6, 8, 10, 12, 14) +
+         __builtin_shufflevector(p, p, 1, 3, 5, 7, 9, 11, 13, 15);
+#endif
+}
+
+template <class F, int NR>
+inline void dot_tile16(const uint8_t* w, int64_t nblocks, const XBlock16* x, int64_t xstride, float* y,
+                       int64_t ldy) {
+  f32x8 acc[NR];
+  float bias[NR];
+  for (int r = 0; r < NR; ++r) acc[r] = splat(0.0f), bias[r] = 0.0f;
+  const i32x8 zero = {};
+  for (int64_t b = 0; b < nblocks; ++b, w += F::BYTES) {
+    const typename F::State st(w);
+    const XBlock16* xb = x + b * F::GROUPS;
+#pragma GCC unroll 8
+    for (int g = 0; g < F::GROUPS; ++g) {
+      const Group G = st.group(g);
+      const Codes16 c = widen<F::SIGNED>(G.q);
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) {
+        const XBlock16& xr = xb[r * xstride + g];
+        i16x16 x0, x1;
+        std::memcpy(&x0, xr.q, 32);
+        std::memcpy(&x1, xr.q + 16, 32);
+        if constexpr (F::HALF_SCALES) {
+          acc[r] += __builtin_convertvector(dot16(zero, c.lo, x0), f32x8) * (G.a[0] * xr.d) +
+                    __builtin_convertvector(dot16(zero, c.hi, x1), f32x8) * (G.a[4] * xr.d);
+        } else {
+          acc[r] += __builtin_convertvector(dot16(dot16(zero, c.lo, x0), c.hi, x1), f32x8) * (G.a[0] * xr.d);
+        }
+        bias[r] += G.b0 * xr.s0 + G.b1 * xr.s1;
+      }
+    }
+  }
+  for (int r = 0; r < NR; ++r) y[r * ldy] = hsum(acc[r]) + bias[r];
+}
+
+template <class F>
+void rows16_impl(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const XBlock16* x, int64_t m_rows,
+                 int64_t xstride, float* y, int64_t ldy) {
+  const int64_t nblocks = row_bytes / F::BYTES;
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* wr = w + n * row_bytes;
+    int64_t m = 0;
+    for (; m + 4 <= m_rows; m += 4) dot_tile16<F, 4>(wr, nblocks, x + m * xstride, xstride, y + m * ldy + n, ldy);
+    for (; m < m_rows; ++m) dot_tile16<F, 1>(wr, nblocks, x + m * xstride, xstride, y + m * ldy + n, ldy);
+  }
+}
+
+inline void rows16(int type, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const XBlock16* x,
+                   int64_t m_rows, int64_t xstride, float* y, int64_t ldy) {
+  with_format(type, [&]<class F>() { rows16_impl<F>(w, row_bytes, n0, n1, x, m_rows, xstride, y, ldy); });
+}
+
+// One activation row -> k / 32 XBlock16s (symmetric int16, scale = max|x| / 32767).
+inline void quantize_row16(const float* x, int64_t k, XBlock16* out) {
+  for (int64_t b = 0; b < k / 32; ++b, x += 32) {
+    float amax = 0.0f;
+    for (int i = 0; i < 32; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+    const float d = amax / 32767.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    int s0 = 0, s1 = 0;
+    for (int i = 0; i < 32; ++i) {
+      const int q = static_cast<int>(std::nearbyint(x[i] * id));
+      out[b].q[i] = static_cast<int16_t>(q);
+      (i < 16 ? s0 : s1) += q;
+    }
+    out[b].d = d;
+    out[b].s0 = d * static_cast<float>(s0);
+    out[b].s1 = d * static_cast<float>(s1);
+  }
+}
+
+inline const Isa table = {GK_ISA_NAME, &rows, &rows16, &rows_f, &quantize_row, &quantize_row16, &dequant_row};
 
 }  // namespace GK_ISA
 }  // namespace gk

@@ -106,11 +106,11 @@ inline u8x32 high_bits32(const uint8_t* qh) {
   return (u8x32)((spread & bit) != 0) & 0x10;
 }
 
-// A format: BYTES per block of QK elements, GROUPS = QK / 32, SIGNED codes or not, and a per-block
-// State that decodes group g. State construction reads the block's shared scales once.
+// A format: BYTES per block of QK elements, GROUPS = QK / 32, SIGNED codes or not, HALF_SCALES when
+// a group's two halves scale differently (Q6_K), and a per-block State that decodes group g. State construction reads the block's shared scales once.
 struct FQ4_0 {
   static constexpr int QK = 32, BYTES = 18, GROUPS = 1;
-  static constexpr bool SIGNED = false;
+  static constexpr bool SIGNED = false, HALF_SCALES = false;
   struct State {
     const uint8_t* p;
     explicit State(const uint8_t* b) : p(b) {}
@@ -123,7 +123,7 @@ struct FQ4_0 {
 
 struct FQ4_1 {
   static constexpr int QK = 32, BYTES = 20, GROUPS = 1;
-  static constexpr bool SIGNED = false;
+  static constexpr bool SIGNED = false, HALF_SCALES = false;
   struct State {
     const uint8_t* p;
     explicit State(const uint8_t* b) : p(b) {}
@@ -136,7 +136,7 @@ struct FQ4_1 {
 
 struct FQ5_0 {
   static constexpr int QK = 32, BYTES = 22, GROUPS = 1;
-  static constexpr bool SIGNED = false;
+  static constexpr bool SIGNED = false, HALF_SCALES = false;
   struct State {
     const uint8_t* p;
     explicit State(const uint8_t* b) : p(b) {}
@@ -149,7 +149,7 @@ struct FQ5_0 {
 
 struct FQ5_1 {
   static constexpr int QK = 32, BYTES = 24, GROUPS = 1;
-  static constexpr bool SIGNED = false;
+  static constexpr bool SIGNED = false, HALF_SCALES = false;
   struct State {
     const uint8_t* p;
     explicit State(const uint8_t* b) : p(b) {}
@@ -162,7 +162,7 @@ struct FQ5_1 {
 
 struct FQ8_0 {
   static constexpr int QK = 32, BYTES = 34, GROUPS = 1;
-  static constexpr bool SIGNED = true;
+  static constexpr bool SIGNED = true, HALF_SCALES = false;
   struct State {
     const uint8_t* p;
     explicit State(const uint8_t* b) : p(b) {}
@@ -188,7 +188,7 @@ inline u8x32 k_nibbles(const uint8_t* qs, int g) {
 
 struct FQ4_K {
   static constexpr int QK = 256, BYTES = 144, GROUPS = 8;
-  static constexpr bool SIGNED = false;
+  static constexpr bool SIGNED = false, HALF_SCALES = false;
   struct State {
     const uint8_t* p;
     float a[8], b[8];
@@ -199,7 +199,7 @@ struct FQ4_K {
 
 struct FQ5_K {
   static constexpr int QK = 256, BYTES = 176, GROUPS = 8;
-  static constexpr bool SIGNED = false;
+  static constexpr bool SIGNED = false, HALF_SCALES = false;
   struct State {
     const uint8_t* p;
     u8x32 qh;
@@ -219,7 +219,7 @@ struct FQ5_K {
 // bits 2k..2k+1 of qh[h*32 + i] as bits 4..5.
 struct FQ6_K {
   static constexpr int QK = 256, BYTES = 210, GROUPS = 8;
-  static constexpr bool SIGNED = false;
+  static constexpr bool SIGNED = false, HALF_SCALES = true;
   struct State {
     const uint8_t* p;
     float d;

@@ -13,14 +13,23 @@ struct XBlock {
   int8_t q[32];
 };
 
+// 32 activations quantized to int16 (the default few-row path): x[i] ~= d * q[i], s0/s1 as above.
+struct XBlock16 {
+  float d, s0, s1, pad;
+  int16_t q[32];
+};
+
 struct Isa {
   const char* name;
   void (*rows)(int type, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const XBlock* x,
                int64_t m_rows, int64_t xstride, float* y, int64_t ldy);
+  void (*rows16)(int type, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const XBlock16* x,
+                 int64_t m_rows, int64_t xstride, float* y, int64_t ldy);
   // the same product with fp32 activations (x is (m_rows, k) row-major): no activation rounding
   void (*rows_f)(int type, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const float* x,
                  int64_t m_rows, int64_t k, float* y, int64_t ldy);
   void (*quantize_row)(const float* x, int64_t k, XBlock* out);
+  void (*quantize_row16)(const float* x, int64_t k, XBlock16* out);
   void (*dequant_row)(int type, const uint8_t* w, int64_t k, float* out);
 };
 
@@ -39,9 +48,10 @@ void set_threads(int n);  // n <= 0: the cores this process may run on
 // Many-row matmuls dequantize W panels into a preloaded BLAS's sgemm when one is there (and allowed).
 bool sgemm_available();
 void set_sgemm(bool on);
-// Few-row matmuls use fp32 activations unless int8 is chosen (llama.cpp's rounding: less arithmetic,
-// but a block's largest activation sets the step of the other 31, and some models have huge outliers).
-void set_int8(bool on);
-bool int8();
+// How few-row matmuls take activations: "int16" (default: per-32 int16 rounding, integer dot products),
+// "int8" (llama.cpp's rounding: a block's largest activation sets the step of the other 31, and some
+// models' outliers make that visible in the logits) or "f32" (exact, about half the speed of int16).
+void set_activations(const std::string& mode);
+std::string activations();
 
 }  // namespace gk
