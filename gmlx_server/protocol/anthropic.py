@@ -11,9 +11,10 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from gmlx_server.errors import UnsupportedFeature
+from gmlx_server.neutral import GenerationParams
 from gmlx_server.protocol import params as p
 from gmlx_server.protocol.neutral import merge_turns, name_tool_results, tool_call_entry, tool_function
-from gmlx_server.protocol.openai import GenerationParams, body_object, response_format, text_content, thinking_controls
+from gmlx_server.protocol.openai import body_object, response_format, text_content, thinking_controls
 
 if TYPE_CHECKING:
     from gmlx_server.engine.structured import CompiledGrammar

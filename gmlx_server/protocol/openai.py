@@ -1,64 +1,24 @@
-"""OpenAI request bodies -> neutral generation inputs (pure; raises InvalidRequest with `param`).
+"""OpenAI request bodies -> the neutral GenerationParams (pure; raises InvalidRequest with `param`).
 
-Unknown fields are accepted. The result, `GenerationParams`, is what service.generate consumes
-(structurally: protocol and service do not import each other).
+Unknown fields are accepted. `GenerationParams` (gmlx_server/neutral.py) is what service.generate consumes.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gmlx_server.engine.types import ChatTemplate
 from gmlx_server.errors import InvalidRequest, UnsupportedFeature
+from gmlx_server.neutral import GenerationParams
 from gmlx_server.protocol import jsonsafe
 from gmlx_server.protocol import params as p
-from gmlx_server.protocol.tools import tool_format_for
 
 if TYPE_CHECKING:
     from gmlx_server.engine.structured import CompiledGrammar
 
 _ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 _EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
-
-
-@dataclass(frozen=True)
-class GenerationParams:
-    """One generation request in neutral form; `prompt` set means raw text, no chat template."""
-
-    model: str = ""
-    profile: str | None = None
-    messages: tuple[dict[str, Any], ...] = ()
-    prompt: str | None = None
-    tools: tuple[dict[str, Any], ...] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    sampling: Mapping[str, Any] = field(default_factory=dict)  # explicit fields only
-    logit_bias: Mapping[int, float] = field(default_factory=dict)
-    max_tokens: int | None = None
-    stop: tuple[str, ...] = ()
-    logprobs: bool = False
-    top_logprobs: int = 0
-    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    enable_thinking: bool | None = None
-    thinking_budget: int | None = None
-    reasoning_effort: str | None = None
-    stream: bool = False
-    include_usage: bool = False
-    timings_per_token: bool = False
-    grammar: CompiledGrammar | None = None  # structured output, compiled while parsing
-    ignored: tuple[str, ...] = ()
-
-    @property
-    def offers_tools(self) -> bool:
-        """Tools reach the template (tool_choice none strips them), so the reply may hold calls."""
-        return bool(self.tools) and self.tool_choice != "none"
-
-    def stop_strings(self, template: ChatTemplate) -> tuple[str, ...]:
-        """The request's stop strings, plus what the template's tool-call syntax needs while tools are on."""
-        fmt = tool_format_for(template) if self.offers_tools else None
-        return self.stop + tuple(s for s in (fmt.stop if fmt else ()) if s not in self.stop)
 
 
 def text_content(msg: Mapping[str, Any], where: str) -> str | None:

@@ -11,8 +11,8 @@ from typing import Any
 
 from gmlx_server.engine.types import ChatTemplate, TokenEvent
 from gmlx_server.errors import GmlxError
+from gmlx_server.neutral import GenerationParams
 from gmlx_server.protocol.neutral import Event, EventEncoder, Tally
-from gmlx_server.protocol.openai import GenerationParams
 from gmlx_server.protocol.tools import (
     TextDelta,
     ToolCallArgsDelta,
@@ -90,3 +90,9 @@ def with_tool_calls(encoder: EventEncoder, params: GenerationParams, template: C
     if fmt is None:
         return encoder
     return ToolCallEncoder(encoder, fmt.streaming(params.tools), params, fmt.stop)
+
+
+def tool_stops(params: GenerationParams, template: ChatTemplate) -> tuple[str, ...]:
+    """The stop strings the template's tool-call syntax needs while the request offers tools."""
+    fmt = tool_format_for(template) if params.offers_tools else None
+    return tuple(fmt.stop) if fmt is not None else ()

@@ -7,9 +7,10 @@ import uuid
 
 import falcon.asgi
 
-from gmlx_server.protocol.openai import GenerationParams, parse_chat, parse_completion
+from gmlx_server.neutral import GenerationParams
+from gmlx_server.protocol.openai import parse_chat, parse_completion
 from gmlx_server.protocol.openai_out import OpenAIEncoder, ResponseMeta
-from gmlx_server.protocol.tool_calls import with_tool_calls
+from gmlx_server.protocol.tool_calls import tool_stops, with_tool_calls
 from gmlx_server.routes.common import GmlxRequest, body_of, report_clamp
 from gmlx_server.routes.events import send
 from gmlx_server.routes.parsing import parse_body
@@ -22,7 +23,7 @@ async def respond(req: GmlxRequest, resp: falcon.asgi.Response, host: ModelHost,
                   kind: str) -> None:
     chat = kind == "chat"
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-    started = await start_generation(host, params, rid)
+    started = await start_generation(host, params, rid, tool_stops=tool_stops)
     meta = ResponseMeta(rid, started.model_id, int(time.time()), started.prompt_tokens,
                         "chat" if chat else "completion", params.include_usage, params.timings_per_token,
                         params.logprobs)

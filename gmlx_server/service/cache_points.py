@@ -17,11 +17,13 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, TypedDict
 
 from gmlx_server.engine.prompt_cache import common_prefix
 from gmlx_server.engine.types import ChatTemplate, Engine
+from gmlx_server.neutral import GenerationParams
 from gmlx_server.service.addressing import Settings
 from gmlx_server.service.cache_stats import engine_cache_stats
 
@@ -32,10 +34,10 @@ OFF_LOOP_TOKENS = 8192  # above this prompt length, or OFF_LOOP_MESSAGES, the pr
 OFF_LOOP_MESSAGES = 64  # each probe renders the whole conversation: thousands of short messages add up
 _MEMO_SIZE = 32
 
-Message = Mapping[str, Any]
+Message = dict[str, Any]  # as GenerationParams.messages holds them
 Render = Callable[[Sequence[Message]], str]
 Encode = Callable[[str], list[int]]
-ChatRenderer = Callable[[Any, Settings, ChatTemplate], str]  # service/generate.py's render_chat
+ChatRenderer = Callable[[GenerationParams, Settings, ChatTemplate], str]  # service/generate.py's render_chat
 
 
 class CacheHints(TypedDict):
@@ -114,17 +116,7 @@ def _newest_turn(messages: Sequence[Message]) -> int | None:
     return i if i < len(messages) else None
 
 
-class _WithMessages:
-    """The request as render_chat reads it, with other messages: every other field is the request's."""
-
-    def __init__(self, inp: Any, messages: Sequence[Message]) -> None:
-        self._inp, self.messages = inp, tuple(messages)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inp, name)
-
-
-async def request_hints(inp: Any, settings: Settings, engine: Engine, ids: Sequence[int],
+async def request_hints(inp: GenerationParams, settings: Settings, engine: Engine, ids: Sequence[int],
                         render_chat: ChatRenderer, memo: TokenMemo | None = None) -> CacheHints:
     """generate.py's entry: probes rendered through the request's own path (profile system prompt,
     tools, template variables), so they agree with the prompt it rendered."""
@@ -133,12 +125,12 @@ async def request_hints(inp: Any, settings: Settings, engine: Engine, ids: Seque
 
     def hints() -> CacheHints:
         def render(messages: Sequence[Message]) -> str:
-            return render_chat(_WithMessages(inp, messages), settings, engine.template)
+            return render_chat(replace(inp, messages=tuple(messages)), settings, engine.template)
 
         def encode(text: str) -> list[int]:
             return engine.tokenizer.encode(text, False)
 
-        shared = bool(settings.system or (inp.tools and inp.tool_choice != "none")
+        shared = bool(settings.system or inp.offers_tools
                       or any(m.get("role") in PREFIX_ROLES for m in inp.messages))
         return cache_hints(inp.messages, render, encode, ids, shared_prefix=shared,
                            window=engine.info.sliding_window,

@@ -17,8 +17,9 @@ from gmlx_server.engine.arch import arch_spec
 from gmlx_server.engine.chat_template import JinjaChatTemplate
 from gmlx_server.engine.tokenizer import GGUFTokenizer
 from gmlx_server.engine.types import ChatTemplate, Engine, Tokenizer
+from gmlx_server.neutral import GenerationParams
 from gmlx_server.service.addressing import resolve_address, resolve_settings
-from gmlx_server.service.generate import GenerationInput, check_message_count, tokenize
+from gmlx_server.service.generate import check_message_count, tokenize
 from gmlx_server.service.hf_policy import local_entry
 from gmlx_server.service.host import ModelHost
 
@@ -66,7 +67,7 @@ class Estimator:
                 raise self.host.files.load_failed(local, exc) from exc
         return self._tools[key], None
 
-    async def estimate(self, inp: GenerationInput) -> dict[str, Any]:
+    async def estimate(self, inp: GenerationParams) -> dict[str, Any]:
         host = self.host
         check_message_count(inp)
         addr = resolve_address(inp.model, inp.profile, host.catalog)

@@ -2,17 +2,17 @@
 
 Rendering and tokenizing run in a worker thread, never on the event loop: the template is pure Python
 (the GIL switches every 5 ms) and long texts tokenize without the GIL, so /health answers whatever a
-prompt holds. Nothing here calls MLX. The input is any object with GenerationInput's fields (the protocol
-layer's GenerationParams satisfies it structurally; protocol and service never import each other).
+prompt holds. Nothing here calls MLX. The input is the neutral GenerationParams (gmlx_server/neutral.py),
+whichever protocol parser or `gmlx run` built it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 from gmlx_server.engine.types import (
     ChatTemplate,
@@ -24,52 +24,18 @@ from gmlx_server.engine.types import (
     Tokenizer,
 )
 from gmlx_server.errors import ContextOverflow, GmlxError, InvalidRequest, UnsupportedFeature
+from gmlx_server.neutral import GenerationParams
 from gmlx_server.service.addressing import Settings, merge_sampling, resolve_address, resolve_settings
 from gmlx_server.service.cache_points import request_hints
 from gmlx_server.service.host import ModelHost
-
-if TYPE_CHECKING:
-    from gmlx_server.engine.structured import CompiledGrammar
 
 log = logging.getLogger("gmlx.generate")
 MAX_MESSAGES = 100_000  # per request: bounds the template's work before it starts
 
 
-class GenerationInput(Protocol):
-    @property
-    def model(self) -> str: ...
-    @property
-    def profile(self) -> str | None: ...
-    @property
-    def messages(self) -> tuple[dict[str, Any], ...]: ...
-    @property
-    def prompt(self) -> str | None: ...
-    @property
-    def tools(self) -> tuple[dict[str, Any], ...] | None: ...
-    @property
-    def tool_choice(self) -> str | dict[str, Any] | None: ...
-    @property
-    def sampling(self) -> Mapping[str, Any]: ...
-    @property
-    def logit_bias(self) -> Mapping[int, float]: ...
-    @property
-    def max_tokens(self) -> int | None: ...
-    @property
-    def grammar(self) -> CompiledGrammar | None: ...
-    @property
-    def logprobs(self) -> bool: ...
-    @property
-    def top_logprobs(self) -> int: ...
-    @property
-    def template_kwargs(self) -> Mapping[str, Any]: ...
-    @property
-    def enable_thinking(self) -> bool | None: ...
-    @property
-    def thinking_budget(self) -> int | None: ...
-    @property
-    def reasoning_effort(self) -> str | None: ...
-
-    def stop_strings(self, template: ChatTemplate) -> tuple[str, ...]: ...
+# What the template's tool-call syntax adds to the stop strings: the protocol layer's tool_stops, passed in
+# by the route (protocol and service never import each other).
+ToolStops = Callable[[GenerationParams, ChatTemplate], tuple[str, ...]]
 
 
 @dataclass(frozen=True)
@@ -86,7 +52,7 @@ class Started:
     requested_max_tokens: int | None = None  # set when the clamp lowered the client's max_tokens
 
 
-def thinking_variables(inp: GenerationInput, variables: frozenset[str]) -> dict[str, Any]:
+def thinking_variables(inp: GenerationParams, variables: frozenset[str]) -> dict[str, Any]:
     """enable_thinking / reasoning_effort / thinking_budget, only where the template reads them."""
     enable, effort, budget = inp.enable_thinking, inp.reasoning_effort, inp.thinking_budget
     if enable is None and effort is not None:
@@ -97,7 +63,7 @@ def thinking_variables(inp: GenerationInput, variables: frozenset[str]) -> dict[
     return {k: v for k, v in values.items() if v is not None and k in variables}
 
 
-def template_variables(inp: GenerationInput, settings: Settings, template: ChatTemplate) -> dict[str, Any]:
+def template_variables(inp: GenerationParams, settings: Settings, template: ChatTemplate) -> dict[str, Any]:
     """Profile kwargs < request chat_template_kwargs < the dedicated thinking/tool fields."""
     values = dict(settings.template_kwargs)
     values.update(inp.template_kwargs)
@@ -110,7 +76,7 @@ def template_variables(inp: GenerationInput, settings: Settings, template: ChatT
     return values
 
 
-def render_chat(inp: GenerationInput, settings: Settings, template: ChatTemplate) -> str:
+def render_chat(inp: GenerationParams, settings: Settings, template: ChatTemplate) -> str:
     messages = list(inp.messages)
     if settings.system and (not messages or messages[0].get("role") != "system"):
         messages.insert(0, {"role": "system", "content": settings.system})  # a request's own system wins
@@ -143,11 +109,11 @@ def fit_context(prompt_tokens: int, explicit: int | None, profile_cap: int | Non
     return OutputCap(min(room, profile_cap) if profile_cap is not None else room)
 
 
-def with_profile_stop(own: tuple[str, ...], profile: tuple[str, ...]) -> tuple[str, ...]:
-    return own + tuple(s for s in profile if s not in own)
+def add_stops(own: tuple[str, ...], more: tuple[str, ...]) -> tuple[str, ...]:
+    return own + tuple(s for s in more if s not in own)
 
 
-def build_sampling(settings: Settings, inp: GenerationInput, vocab_size: int) -> SamplingParams:
+def build_sampling(settings: Settings, inp: GenerationParams, vocab_size: int) -> SamplingParams:
     bad = [t for t in inp.logit_bias if t >= vocab_size]
     if bad:
         raise InvalidRequest(f"'logit_bias': token id {bad[0]} is outside the vocabulary (size {vocab_size})",
@@ -165,7 +131,7 @@ class PromptTooLong(GmlxError):
         super().__init__(f"prompt is too long: {detail}", param=param, code="context_length_exceeded", extra=extra)
 
 
-def check_message_count(inp: GenerationInput) -> None:
+def check_message_count(inp: GenerationParams) -> None:
     n = len(inp.messages)
     if n > MAX_MESSAGES:
         raise PromptTooLong(f"{n} messages, more than the {MAX_MESSAGES} a request may hold", messages=n,
@@ -182,7 +148,7 @@ def check_length(text: str, tokenizer: Tokenizer, model: str, budget: int, param
                             prompt_chars=len(text), min_prompt_tokens=least, context_budget=budget)
 
 
-def tokenize(inp: GenerationInput, settings: Settings, template: ChatTemplate, tokenizer: Tokenizer,
+def tokenize(inp: GenerationParams, settings: Settings, template: ChatTemplate, tokenizer: Tokenizer,
              model: str, budget: int) -> tuple[str, list[int]]:
     """Render (or take the raw prompt), refuse what cannot fit, tokenize. Blocking: run it in a thread."""
     raw = inp.prompt is not None
@@ -206,7 +172,7 @@ class Prompt:
     ids: list[int]
 
 
-async def prepare_prompt(host: ModelHost, inp: GenerationInput) -> Prompt:
+async def prepare_prompt(host: ModelHost, inp: GenerationParams) -> Prompt:
     """Address -> engine -> template -> tokens: shared by generation and token counting, so both agree."""
     check_message_count(inp)  # before a model loads for it
     addr = resolve_address(inp.model, inp.profile, host.catalog)
@@ -217,13 +183,14 @@ async def prepare_prompt(host: ModelHost, inp: GenerationInput) -> Prompt:
     return Prompt(engine, addr.model_id, settings, text, ids)
 
 
-async def count_prompt_tokens(host: ModelHost, inp: GenerationInput) -> tuple[str, int]:
+async def count_prompt_tokens(host: ModelHost, inp: GenerationParams) -> tuple[str, int]:
     """(model id, exact prompt token count) without submitting anything."""
     prompt = await prepare_prompt(host, inp)
     return prompt.model_id, len(prompt.ids)
 
 
-async def start_generation(host: ModelHost, inp: GenerationInput, request_id: str) -> Started:
+async def start_generation(host: ModelHost, inp: GenerationParams, request_id: str, *,
+                           tool_stops: ToolStops) -> Started:
     """Everything that can refuse the request happens here, before a byte of response is sent."""
     prompt = await prepare_prompt(host, inp)
     engine, settings, text, ids = prompt.engine, prompt.settings, prompt.text, prompt.ids
@@ -240,7 +207,7 @@ async def start_generation(host: ModelHost, inp: GenerationInput, request_id: st
     request = GenerationRequest(
         request_id=request_id, prompt_tokens=ids, max_tokens=max_tokens,
         sampling=build_sampling(settings, inp, engine.tokenizer.vocab_size),
-        stop=with_profile_stop(inp.stop_strings(engine.template), settings.stop),
+        stop=add_stops(add_stops(inp.stop, tool_stops(inp, engine.template)), settings.stop),
         logprobs=inp.logprobs, top_logprobs=min(inp.top_logprobs, host.env.top_logprobs_k),
         thinking=thinking, starts_in_thinking=opened, grammar=inp.grammar,
         **await request_hints(inp, settings, engine, ids, render_chat, host.token_memo),  # prompt-cache points
@@ -263,7 +230,7 @@ def check_constrainable(engine: Engine) -> None:
         raise UnsupportedFeature(f"'{e.param}': {e}", param=e.param) from None
 
 
-def thinking_control(inp: GenerationInput, text: str) -> ThinkingControl | None:
+def thinking_control(inp: GenerationParams, text: str) -> ThinkingControl | None:
     """A budget, or a prompt that already opened a thinking block, makes the engine track thinking."""
     control = ThinkingControl(budget=inp.thinking_budget)
     if inp.thinking_budget is not None or (inp.prompt is None and text.rstrip().endswith(control.open_tag)):

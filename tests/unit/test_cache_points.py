@@ -17,6 +17,7 @@ from gmlx_server.engine.arch import arch_spec
 from gmlx_server.engine.chat_template import JinjaChatTemplate
 from gmlx_server.engine.tokenizer import GGUFTokenizer
 from gmlx_server.engine.types import PromptCacheStats
+from gmlx_server.neutral import GenerationParams
 from gmlx_server.service.addressing import Settings
 from gmlx_server.service.cache_points import NO_HINTS, cache_hints, common_prefix, request_hints
 from gmlx_server.service.generate import render_chat
@@ -71,18 +72,6 @@ def test_a_template_that_refuses_or_hides_the_probe_gives_no_point() -> None:
 
 
 @dataclass
-class _Inp:
-    messages: tuple[dict[str, Any], ...]
-    prompt: str | None = None
-    tools: tuple[dict[str, Any], ...] | None = None
-    tool_choice: str | None = None
-    template_kwargs: dict[str, Any] = field(default_factory=dict)
-    enable_thinking: bool | None = None
-    reasoning_effort: str | None = None
-    thinking_budget: int | None = None
-
-
-@dataclass
 class _Engine:
     template: FakeTemplate = field(default_factory=FakeTemplate)
     tokenizer: FakeTokenizer = field(default_factory=FakeTokenizer)
@@ -95,12 +84,12 @@ class _Engine:
 
 def test_request_hints_render_the_profile_system_prompt_and_skip_raw_prompts_and_cacheless_engines() -> None:
     engine, profile = _Engine(), Settings({}, system="Profile says hi.")
-    inp = _Inp(({"role": "user", "content": "Q"},))
+    inp = GenerationParams(messages=({"role": "user", "content": "Q"},))
     ids = engine.tokenizer.encode(render_chat(inp, profile, engine.template), False)
     hints = asyncio.run(request_hints(inp, profile, engine, ids, render_chat))  # type: ignore[arg-type]
     assert hints["cache_anchor"] == len("<|system|>Profile says hi.\n<|user|>")
     assert asyncio.run(request_hints(inp, Settings({}), engine, ids, render_chat)) == NO_HINTS  # type: ignore[arg-type]
-    raw = _Inp((), prompt="text")
+    raw = GenerationParams(prompt="text")
     assert asyncio.run(request_hints(raw, profile, engine, ids, render_chat)) == NO_HINTS  # type: ignore[arg-type]
     off = _Engine(cache_on=False)  # no prompt cache: no probes either
     assert asyncio.run(request_hints(inp, profile, off, ids, render_chat)) == NO_HINTS  # type: ignore[arg-type]

@@ -1,0 +1,47 @@
+"""The neutral generation request: what every protocol parser and `gmlx run` produce and the service consumes.
+
+It sits below both the protocol and the service layer (which never import each other), so one type serves
+both sides; it imports nothing of the server (the grammar's type only for the type checker). Copies with
+other fields are `dataclasses.replace(params, ...)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gmlx_server.engine.structured import CompiledGrammar
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """One generation request in neutral form; `prompt` set means raw text, no chat template."""
+
+    model: str = ""
+    profile: str | None = None
+    messages: tuple[dict[str, Any], ...] = ()
+    prompt: str | None = None
+    tools: tuple[dict[str, Any], ...] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    sampling: Mapping[str, Any] = field(default_factory=dict)  # explicit fields only
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    logprobs: bool = False
+    top_logprobs: int = 0
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    enable_thinking: bool | None = None
+    thinking_budget: int | None = None
+    reasoning_effort: str | None = None
+    stream: bool = False
+    include_usage: bool = False
+    timings_per_token: bool = False
+    grammar: CompiledGrammar | None = None  # structured output, compiled while parsing
+    ignored: tuple[str, ...] = ()
+
+    @property
+    def offers_tools(self) -> bool:
+        """Tools reach the template (tool_choice none strips them), so the reply may hold calls."""
+        return bool(self.tools) and self.tool_choice != "none"
