@@ -32,6 +32,7 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
+from gmlx_plan.memory import PREFILL_CHUNK
 from gmlx_plan.queueing import Rates, drain_eta_s, retry_after_s
 
 
@@ -51,7 +52,7 @@ class Workload:
 class ServerSide:
     decode_batch: int
     queue_cap: int
-    prefill_chunk: int = 512
+    prefill_chunk: int = PREFILL_CHUNK
     slots: int | None = None  # memory-limited decode width; None = decode_batch
     geometry_ok: bool = True  # one request of depth + output_tokens fits; else every request gets 400
 
