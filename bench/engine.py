@@ -25,10 +25,13 @@ import bench.blas_first  # noqa: F401  (OpenBLAS before mlx is first imported)
 # isort: split
 import mlx.core as mx
 
+from gmlx_server.engine.arch import make_cache
 from gmlx_server.engine.blas import current_blas
+from gmlx_server.engine.kernels.modules import GGUFLinear
 from gmlx_server.engine.loader import load_gguf_model
 from gmlx_server.engine.mlx_engine import MLXEngine
 from gmlx_server.engine.types import GenerationRequest, SamplingParams, TokenEvent
+from gmlx_server.engine.weights import TransposedLinear
 from tests.conftest import gemma_path, smollm2_path
 
 
@@ -68,26 +71,75 @@ def bench_gmlx(path: str, layout: str, n_prompt: int, n_gen: int, runs: int) -> 
 
 
 def bench_llama_cpp(path: str, n_prompt: int, n_gen: int, runs: int) -> dict[str, float] | None:
+    """llama-bench's prefill and decode, measured separately: a crash in one leaves the other's figure."""
     exe = shutil.which("llama-bench")
     if exe is None:
         return None
-    out = subprocess.run([exe, "-m", path, "-p", str(n_prompt), "-n", str(n_gen), "-r", str(runs), "-o", "json"],
-                         capture_output=True, text=True, check=True, timeout=900).stdout
-    rows = json.loads(out)
-    pp = next(r for r in rows if r["n_prompt"] > 0)
-    tg = next(r for r in rows if r["n_gen"] > 0)
-    return {"prefill_tok_s": pp["avg_ts"], "decode_tok_s": tg["avg_ts"]}
+    out: dict[str, float] = {}
+    for key, p, n in (("prefill_tok_s", n_prompt, 0), ("decode_tok_s", 0, n_gen)):
+        done = subprocess.run([exe, "-m", path, "-p", str(p), "-n", str(n), "-r", str(runs), "-o", "json"],
+                              capture_output=True, text=True, timeout=900)
+        if done.returncode == 0:
+            out[key] = json.loads(done.stdout)[0]["avg_ts"]
+        else:
+            print(f"llama-bench -p {p} -n {n} failed (exit {done.returncode}): {done.stderr.strip()[-200:]}")
+    return out
+
+
+def _ratio(ours: float, ref: float | None) -> str:
+    return f"{ours / ref:.2f}x" if ref else "n/a"
+
+
+def profile(path: str, layout: str, steps: int = 20) -> None:
+    """Where one width-1 decode step's time goes: matmuls, everything else, and building the graph."""
+    lm = load_gguf_model(path, layout=layout)  # type: ignore[arg-type]
+    model = lm.model
+    linears = [(p, m) for p, m in model.named_modules() if isinstance(m, GGUFLinear | TransposedLinear)]
+
+    def step_ms() -> tuple[float, float]:
+        cache = make_cache(model)
+        mx.eval(model(mx.array([[1, 2, 3, 4]]), cache=cache).logits)
+        build, total = [], []
+        for _ in range(steps):
+            t = time.perf_counter()
+            out = model(mx.array([[5]]), cache=cache).logits
+            build.append(time.perf_counter() - t)
+            mx.eval(out)
+            total.append(time.perf_counter() - t)
+        return statistics.median(total) * 1e3, statistics.median(build) * 1e3
+
+    full, build = step_ms()
+    xs = [mx.random.normal((1, 1, _in_dims(m))) for _, m in linears]
+    mx.eval(xs)
+    mx.eval([m(x) for (_, m), x in zip(linears, xs, strict=True)])
+    t = time.perf_counter()
+    for _ in range(5):
+        mx.eval([m(x) for (_, m), x in zip(linears, xs, strict=True)])
+    mm = (time.perf_counter() - t) / 5 * 1e3
+    print(f"profile {Path(path).name} ({lm.info.weights_layout}, width 1): step {full:.1f} ms = "
+          f"{len(linears)} matmuls {mm:.1f} ms (timed alone, same shapes) + the rest {full - mm:.1f} ms "
+          f"(attention, norms, RoPE, elementwise, sampling-free), of which building the graph in Python "
+          f"{build:.1f} ms")
+
+
+def _in_dims(m: object) -> int:
+    return m.in_dims if isinstance(m, GGUFLinear) else m.weight_t.shape[0]  # type: ignore[attr-defined]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--layout", default="auto", choices=["auto", "dense", "packed"])
+    ap.add_argument("--layout", default="auto", choices=["auto", "native", "dense", "packed"])
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--models", default="smollm2,gemma")
+    ap.add_argument("--profile", action="store_true", help="time one decode step per op class instead")
     ap.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.profile:
+        for name in args.models.split(","):
+            profile({"smollm2": smollm2_path, "gemma": gemma_path}[name](), args.layout)
+        return
     paths = {"smollm2": smollm2_path, "gemma": gemma_path}
     names = args.models.split(",")
     if not args.quiet:
@@ -106,9 +158,9 @@ def main() -> None:
         if ref is None:
             print(f"{name:8s} llama.cpp not on PATH (build llama-bench to compare)")
             continue
-        print(f"{name:8s} llama.cpp prefill {ref['prefill_tok_s']:7.1f} tok/s  decode {ref['decode_tok_s']:6.1f} tok/s"
-              f"  -> gmlx/llama.cpp prefill {g['prefill_tok_s'] / ref['prefill_tok_s']:.2f}x"
-              f"  decode {g['decode_tok_s'] / ref['decode_tok_s']:.2f}x")
+        pp, tg = ref.get("prefill_tok_s"), ref.get("decode_tok_s")
+        print(f"{name:8s} llama.cpp prefill {pp or float('nan'):7.1f} tok/s  decode {tg or float('nan'):6.1f} tok/s"
+              f"  -> gmlx/llama.cpp prefill {_ratio(g['prefill_tok_s'], pp)}  decode {_ratio(g['decode_tok_s'], tg)}")
 
 
 if __name__ == "__main__":
