@@ -21,18 +21,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gmlx_server.startup import preload_blas
-
-preload_blas()  # before mlx is first imported
+import bench.blas_first  # noqa: F401  (OpenBLAS before mlx is first imported)
 
 # isort: split
-import gguf  # noqa: E402
-import mlx.core as mx  # noqa: E402
-import numpy as np  # noqa: E402
-from gguf import GGMLQuantizationType  # noqa: E402
+import gguf
+import mlx.core as mx
+import numpy as np
+from gguf import GGMLQuantizationType
 
-from gmlx_server.engine.kernels import NATIVE_TYPES, probe  # noqa: E402
-from tests.unit.test_kernels import random_blocks  # noqa: E402
+from gmlx_server.engine.kernels import NATIVE_TYPES, probe
+from tests.unit.test_kernels import random_blocks
 
 SHAPES_32 = [(1536, 576), (576, 1536), (2048, 640), (49152, 576)]  # (out, in) for 32-element blocks
 SHAPES_256 = [(2048, 1024), (1024, 2048), (32768, 1024)]
