@@ -64,6 +64,7 @@ def read_env(environ: Mapping[str, str] | None = None) -> RuntimeEnv:
         header_timeout_s=pick(_env_value(e, "GMLX_HEADER_TIMEOUT_S", float, 0.001), d.header_timeout_s),
         hf_hub_cache=_hf_hub_cache(e),
         blas=_blas(e),
+        native_kernels=pick(_env_value(e, "GMLX_NATIVE_KERNELS", bool), d.native_kernels),
     )
 
 

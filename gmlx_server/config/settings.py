@@ -58,6 +58,7 @@ class RuntimeEnv:
     header_timeout_s: float = 20.0  # a request line + headers must arrive within this (`gmlx serve`)
     hf_hub_cache: str | None = None  # HF_HUB_CACHE, else HF_HOME/hub; None = the default under ~/.cache
     blas: str | None = None  # GMLX_BLAS: "off" keeps the reference BLAS, a path loads that library
+    native_kernels: bool = True  # GMLX_NATIVE_KERNELS=0: "auto" weights skip the CPU kernels' native layout
 
 
 
