@@ -96,8 +96,8 @@ def _model(c: Checker, mid: str, raw: Any, base: Path) -> ModelEntry:
     if kw["max_kv_size"] is not None and kw["max_kv_size"] < 1:
         raise c.fail(f"{key}.max_kv_size", "must be at least 1")
     kw["weights"] = kw["weights"] or "auto"
-    if kw["weights"] not in ("auto", "packed", "dense"):
-        raise c.fail(f"{key}.weights", f"expected auto, packed or dense, got {kw['weights']!r}")
+    if kw["weights"] not in ("auto", "native", "packed", "dense"):
+        raise c.fail(f"{key}.weights", f"expected auto, native, packed or dense, got {kw['weights']!r}")
     kw["backend"] = kw["backend"] or BACKENDS[0]
     if kw["backend"] not in BACKENDS:
         raise c.fail(f"{key}.backend", f"expected one of {', '.join(BACKENDS)}, got {kw['backend']!r}")

@@ -19,7 +19,7 @@ SECRET_KEYS = frozenset({"api_key"})  # config errors name these keys but never 
 DEFAULT_MODEL_ID = "smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BLAS_OFF = frozenset({"off", "0", "none"})  # GMLX_BLAS values that keep the mlx-cpu wheel's reference BLAS
-WeightsLayout = Literal["auto", "packed", "dense"]
+WeightsLayout = Literal["auto", "native", "packed", "dense"]
 DEFAULT_PROMPT_CACHE_BYTES = 512 << 20
 BACKENDS = ("mlx",)  # engine backends a model entry may name (engine/factory.py has one builder per name)
 
