@@ -75,6 +75,8 @@ def load_gguf_model(path: str | Path, model_id: str | None = None, layout: Layou
 def _layout(requested: LayoutChoice, on_gpu: bool, native_kernels: bool) -> tuple[str, str]:
     chosen, why = choose_layout(requested, on_gpu=on_gpu, native=native_kernels)
     if chosen != "native":
+        if requested == "auto" and not on_gpu and native_kernels:  # e.g. installed without a compiler
+            log.warning("gmlx CPU kernels unavailable, falling back: %s", probe().reason)
         return chosen, why
     status = probe()
     if status.available:
