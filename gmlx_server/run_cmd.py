@@ -1,18 +1,31 @@
-"""`gmlx run <id-or-path>[@profile] "prompt"`: one prompt from the terminal, same addressing as the server."""
+"""`gmlx run <id-or-path>[@profile] "prompt"`: one prompt from the terminal, through the server's own path.
+
+The model host, prompt preparation and request builder are the server's (service/generate.py), so a profile's
+stop strings, max_tokens and system prompt and the context fit apply as they do to an HTTP request; only
+admission is skipped (one request) and no HTTP server starts.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import sys
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, get_args
 
-from gmlx_server.config import ConfigError, ServerConfig, load_config, read_env
+from gmlx_server.config import ConfigError, ServerConfig, WeightsLayout, load_config, read_env
 from gmlx_server.errors import GmlxError, ModelNotFound
-from gmlx_server.service.addressing import Address, Catalog, resolve_address, resolve_settings
+from gmlx_server.neutral import GenerationParams
+from gmlx_server.service.addressing import Address, Catalog, resolve_address
+
+if TYPE_CHECKING:  # the service and engine modules load once the process is prepared for MLX
+    from gmlx_server.engine.types import Engine, GenerationRequest
+    from gmlx_server.service.generate import Prepared
+    from gmlx_server.service.host import ModelHost
 
 log = logging.getLogger("gmlx.run")
 
@@ -26,11 +39,12 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--config", help="a gmlx YAML config file, for configured ids, aliases and profiles")
     p.add_argument("--profile", help="a profile or built-in intent (chat, coding, creative, precise)")
     p.add_argument("--temperature", type=float)
-    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--max-tokens", type=int,
+                   help="the output cap (default: the profile's max_tokens, else what the context window leaves)")
     p.add_argument("--seed", type=int)
     p.add_argument("--system", help="a system message")
     p.add_argument("--raw", action="store_true", help="complete the text as is, without the chat template")
-    p.add_argument("--weights", choices=["auto", "packed", "dense"], help="override the weight layout")
+    p.add_argument("--weights", choices=get_args(WeightsLayout), help="override the weight layout")
     p.add_argument("-v", "--verbose", action="store_true", help="show the load log")
     p.set_defaults(func=run_run)
     return p
@@ -80,41 +94,55 @@ def run_run(args: argparse.Namespace) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         cfg, addr = _resolve_or_shift(args)
-        text = _prompt_text(args)
+        inp = _params(args, addr, _prompt_text(args))
     except (ConfigError, GmlxError) as e:
         print(f"gmlx run: {e}", file=sys.stderr)
         return 2
     from gmlx_server.startup import prepare_process
 
     prepare_process(cfg)  # OpenBLAS before mlx loads
-    from gmlx_server.engine.factory import create_engine  # imports MLX: only once we know what to run
+    from gmlx_server.service.host import ModelHost  # its engine factory imports MLX on the first load
 
-    entry = cfg.models[addr.model_id]
-    if args.weights:
-        entry = type(entry)(**{**entry.__dict__, "weights": args.weights})
+    host = ModelHost(_with_weights(cfg, addr.model_id, args.weights))
     try:
-        engine = create_engine(entry, cfg.env)
-    except (OSError, ValueError) as e:
-        print(f"gmlx run: cannot load {entry.path}: {e}", file=sys.stderr)
-        return 1
-    try:
-        return _generate(engine, cfg, addr, args, text)
+        try:
+            prep = asyncio.run(_prepare(host, inp))
+        except GmlxError as e:  # the server's refusals: context, length, memory, a file that cannot load
+            print(f"gmlx run: {e}", file=sys.stderr)
+            return 2 if e.status < 500 else 1
+        return _generate(prep.prompt.engine, prep.request)
     finally:
-        engine.close()
+        host.close()
 
 
-def _generate(engine: Any, cfg: ServerConfig, addr: Address, args: argparse.Namespace, text: str) -> int:
-    from gmlx_server.engine.types import GenerationRequest, SamplingParams, TokenEvent
+def _params(args: argparse.Namespace, addr: Address, text: str) -> GenerationParams:
+    """The terminal's prompt as the neutral request a protocol parser would build from a body."""
+    sampling = {k: v for k, v in (("temperature", args.temperature), ("seed", args.seed)) if v is not None}
+    common = {"model": addr.model_id, "profile": addr.profile, "sampling": sampling, "max_tokens": args.max_tokens}
+    if args.raw:
+        return GenerationParams(**common, prompt=text)
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    return GenerationParams(**common, messages=(*system, {"role": "user", "content": text}))
 
-    settings = resolve_settings(addr, engine.info.family, Catalog.from_config(cfg))
-    sampling = dict(settings.sampling)
-    for key, value in (("temperature", args.temperature), ("seed", args.seed)):
-        if value is not None:
-            sampling[key] = value
-    fields = set(SamplingParams.__dataclass_fields__)
-    params = SamplingParams(**{k: v for k, v in sampling.items() if k in fields})
-    prompt = _render(engine, settings, args, text)
-    req = GenerationRequest(f"run-{uuid.uuid4().hex[:8]}", prompt, args.max_tokens, params)
+
+def _with_weights(cfg: ServerConfig, model_id: str, weights: WeightsLayout | None) -> ServerConfig:
+    if weights is None:
+        return cfg
+    entry = replace(cfg.models[model_id], weights=weights)
+    return replace(cfg, models={**cfg.models, model_id: entry})
+
+
+async def _prepare(host: ModelHost, inp: GenerationParams) -> Prepared:
+    """The server's path up to submit (prompt, context fit, request), in one event loop for the CLI."""
+    from gmlx_server.protocol.tool_calls import tool_stops
+    from gmlx_server.service.generate import prepare_request
+
+    return await prepare_request(host, inp, f"run-{uuid.uuid4().hex[:8]}", tool_stops=tool_stops)
+
+
+def _generate(engine: Engine, request: GenerationRequest) -> int:
+    from gmlx_server.engine.types import TokenEvent
+
     t0 = time.perf_counter()
     final: list[TokenEvent] = []
 
@@ -124,22 +152,9 @@ def _generate(engine: Any, cfg: ServerConfig, addr: Address, args: argparse.Name
         if ev.finish_reason is not None:
             final.append(ev)
 
-    engine.generate_sync(req, on_event)
+    engine.generate_sync(request, on_event)
     _report(final[0] if final else None, time.perf_counter() - t0)
     return 0 if final and final[0].finish_reason != "error" else 1
-
-
-def _render(engine: Any, settings: Any, args: argparse.Namespace, text: str) -> list[int]:
-    if args.raw:
-        return list(engine.tokenizer.encode(text))
-    messages = []
-    system = args.system or settings.system
-    if system:
-        messages.append({"role": "system", "content": system})
-    messages.append({"role": "user", "content": text})
-    rendered = engine.template.render(messages, add_generation_prompt=True, **settings.template_kwargs)
-    # The template writes BOS itself where the model wants one.
-    return list(engine.tokenizer.encode(rendered, add_special_tokens=False))
 
 
 def _report(final: Any, wall: float) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gmlx_server.engine.types import (
@@ -189,35 +189,65 @@ async def count_prompt_tokens(host: ModelHost, inp: GenerationParams) -> tuple[s
     return prompt.model_id, len(prompt.ids)
 
 
-async def start_generation(host: ModelHost, inp: GenerationParams, request_id: str, *,
-                           tool_stops: ToolStops) -> Started:
-    """Everything that can refuse the request happens here, before a byte of response is sent."""
-    prompt = await prepare_prompt(host, inp)
-    engine, settings, text, ids = prompt.engine, prompt.settings, prompt.text, prompt.ids
-    cap = fit_context(len(ids), inp.max_tokens, settings.max_tokens, engine.info.context_length,
-                      prompt.model_id, clamp=prompt.model_id in host.catalog.clamped)
-    max_tokens = cap.max_tokens
+def output_cap(host: ModelHost, prompt: Prompt, explicit: int | None, request_id: str) -> OutputCap:
+    """The context fit: the explicit max_tokens, else the profile's, within what the window leaves."""
+    budget = prompt.engine.info.context_length
+    cap = fit_context(len(prompt.ids), explicit, prompt.settings.max_tokens, budget, prompt.model_id,
+                      clamp=prompt.model_id in host.catalog.clamped)
     if cap.requested is not None:
         log.info("%s: max_tokens %d clamped to %d (%d prompt tokens, context window %d of model '%s')",
-                 request_id, cap.requested, max_tokens, len(ids), engine.info.context_length, prompt.model_id)
+                 request_id, cap.requested, cap.max_tokens, len(prompt.ids), budget, prompt.model_id)
+    return cap
+
+
+def build_request(prompt: Prompt, inp: GenerationParams, request_id: str, cap: OutputCap, *,
+                  tool_stops: ToolStops, top_logprobs_k: int) -> GenerationRequest:
+    """The engine's request for a tokenized prompt, without prompt-cache points: no I/O, no await."""
+    engine, settings, text = prompt.engine, prompt.settings, prompt.text
     thinking = thinking_control(inp, text)
     opened = thinking is not None and text.rstrip().endswith(thinking.open_tag)
     if inp.grammar is not None:
         check_constrainable(engine)
-    request = GenerationRequest(
-        request_id=request_id, prompt_tokens=ids, max_tokens=max_tokens,
+    return GenerationRequest(
+        request_id=request_id, prompt_tokens=prompt.ids, max_tokens=cap.max_tokens,
         sampling=build_sampling(settings, inp, engine.tokenizer.vocab_size),
         stop=add_stops(add_stops(inp.stop, tool_stops(inp, engine.template)), settings.stop),
-        logprobs=inp.logprobs, top_logprobs=min(inp.top_logprobs, host.env.top_logprobs_k),
+        logprobs=inp.logprobs, top_logprobs=min(inp.top_logprobs, top_logprobs_k),
         thinking=thinking, starts_in_thinking=opened, grammar=inp.grammar,
-        **await request_hints(inp, settings, engine, ids, render_chat, host.token_memo),  # prompt-cache points
     )
-    pinned = inp.max_tokens if cap.requested is None else max_tokens
-    host.capacity.preflight(prompt.model_id, len(ids), pinned)  # memory 400 before any prefill
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request ready for the engine: its prompt, output cap and the GenerationRequest itself."""
+
+    prompt: Prompt
+    cap: OutputCap
+    request: GenerationRequest
+
+
+async def prepare_request(host: ModelHost, inp: GenerationParams, request_id: str, *,
+                          tool_stops: ToolStops) -> Prepared:
+    """Every refusal but admission's: the server submits the result, `gmlx run` generates it in the terminal."""
+    prompt = await prepare_prompt(host, inp)
+    cap = output_cap(host, prompt, inp.max_tokens, request_id)
+    request = build_request(prompt, inp, request_id, cap, tool_stops=tool_stops,
+                            top_logprobs_k=host.env.top_logprobs_k)
+    hints = await request_hints(inp, prompt.settings, prompt.engine, prompt.ids, render_chat, host.token_memo)
+    pinned = inp.max_tokens if cap.requested is None else cap.max_tokens
+    host.capacity.preflight(prompt.model_id, len(prompt.ids), pinned)  # memory 400 before any prefill
+    return Prepared(prompt, cap, replace(request, **hints))
+
+
+async def start_generation(host: ModelHost, inp: GenerationParams, request_id: str, *,
+                           tool_stops: ToolStops) -> Started:
+    """Everything that can refuse the request happens here, before a byte of response is sent."""
+    prep = await prepare_request(host, inp, request_id, tool_stops=tool_stops)
+    prompt, engine = prep.prompt, prep.prompt.engine
     host.admission.admit(prompt.model_id, engine.stats())  # no await between this and submit: no race
-    handle = host.telemetry.track(prompt.model_id, host.submit(prompt.model_id, engine, request))
-    return Started(handle, prompt.model_id, settings.profile, len(ids), max_tokens, engine.tokenizer,
-                   engine.template, cap.requested)
+    handle = host.telemetry.track(prompt.model_id, host.submit(prompt.model_id, engine, prep.request))
+    return Started(handle, prompt.model_id, prompt.settings.profile, len(prompt.ids), prep.cap.max_tokens,
+                   engine.tokenizer, engine.template, prep.cap.requested)
 
 
 def check_constrainable(engine: Engine) -> None:
