@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cmath>
+#include <type_traits>
 
 #include "formats.h"
 #include "kernels.h"
@@ -137,17 +138,19 @@ inline void rows(int type, const uint8_t* w, int64_t row_bytes, int64_t n0, int6
   with_format(type, [&]<class F>() { rows_impl<F>(w, row_bytes, n0, n1, x, m_rows, xstride, y, ldy); });
 }
 
-// One activation row of k floats -> k / 32 XBlocks (symmetric int8, scale = max|x| / 127).
-inline void quantize_row(const float* x, int64_t k, XBlock* out) {
+// One activation row of k floats -> k / 32 blocks of symmetric integers, scale = max|x| / LEVELS
+// (int8: 127, int16: 32767), with the scaled sums of each 16-element half.
+template <class Block, int LEVELS>
+inline void quantize_row_to(const float* x, int64_t k, Block* out) {
   for (int64_t b = 0; b < k / 32; ++b, x += 32) {
     float amax = 0.0f;
     for (int i = 0; i < 32; ++i) amax = std::fmax(amax, std::fabs(x[i]));
-    const float d = amax / 127.0f;
+    const float d = amax / static_cast<float>(LEVELS);
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     int s0 = 0, s1 = 0;
     for (int i = 0; i < 32; ++i) {
       const int q = static_cast<int>(std::nearbyint(x[i] * id));
-      out[b].q[i] = static_cast<int8_t>(q);
+      out[b].q[i] = static_cast<std::remove_reference_t<decltype(out[b].q[0])>>(q);
       (i < 16 ? s0 : s1) += q;
     }
     out[b].d = d;
@@ -155,6 +158,8 @@ inline void quantize_row(const float* x, int64_t k, XBlock* out) {
     out[b].s1 = d * static_cast<float>(s1);
   }
 }
+
+inline void quantize_row(const float* x, int64_t k, XBlock* out) { quantize_row_to<XBlock, 127>(x, k, out); }
 
 // Dequantize one row of k elements (exact: the same decoders, in fp32).
 inline void dequant_row(int type, const uint8_t* w, int64_t k, float* out) {
@@ -322,23 +327,8 @@ inline void rows16(int type, const uint8_t* w, int64_t row_bytes, int64_t n0, in
   with_format(type, [&]<class F>() { rows16_impl<F>(w, row_bytes, n0, n1, x, m_rows, xstride, y, ldy); });
 }
 
-// One activation row -> k / 32 XBlock16s (symmetric int16, scale = max|x| / 32767).
 inline void quantize_row16(const float* x, int64_t k, XBlock16* out) {
-  for (int64_t b = 0; b < k / 32; ++b, x += 32) {
-    float amax = 0.0f;
-    for (int i = 0; i < 32; ++i) amax = std::fmax(amax, std::fabs(x[i]));
-    const float d = amax / 32767.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    int s0 = 0, s1 = 0;
-    for (int i = 0; i < 32; ++i) {
-      const int q = static_cast<int>(std::nearbyint(x[i] * id));
-      out[b].q[i] = static_cast<int16_t>(q);
-      (i < 16 ? s0 : s1) += q;
-    }
-    out[b].d = d;
-    out[b].s0 = d * static_cast<float>(s0);
-    out[b].s1 = d * static_cast<float>(s1);
-  }
+  quantize_row_to<XBlock16, 32767>(x, k, out);
 }
 
 inline const Isa table = {GK_ISA_NAME, &rows, &rows16, &rows_f, &quantize_row, &quantize_row16, &dequant_row};
