@@ -116,10 +116,11 @@ inline void dot_tile(const uint8_t* w, int64_t nblocks, const XBlock* x, int64_t
   for (int r = 0; r < NR; ++r) y[r * ldy] = hsum(acc[r]) + bias[r];
 }
 
-// Rows [n0, n1) of W against all M quantized activation rows; y is (M, ldy) row-major.
-template <class F>
-void rows_impl(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const XBlock* x, int64_t m_rows,
-               int64_t xstride, float* y, int64_t ldy) {
+// Rows [n0, n1) of W against all M activation rows (each `xstride` elements/blocks apart); y is (M, ldy)
+// row-major. Tile<F, NR>::run computes NR activation rows against one weight row.
+template <class F, template <class, int> class Tile, class X>
+void rows_tiled(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const X* x, int64_t m_rows,
+                int64_t xstride, float* y, int64_t ldy) {
   const int64_t nblocks = row_bytes / F::BYTES;
   constexpr int64_t MB = 64;  // activation rows kept hot in L2 while the weight rows stream past
   for (int64_t m0 = 0; m0 < m_rows; m0 += MB) {
@@ -127,15 +128,22 @@ void rows_impl(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, cons
     for (int64_t n = n0; n < n1; ++n) {
       const uint8_t* wr = w + n * row_bytes;
       int64_t m = m0;
-      for (; m + 4 <= m1; m += 4) dot_tile<F, 4>(wr, nblocks, x + m * xstride, xstride, y + m * ldy + n, ldy);
-      for (; m < m1; ++m) dot_tile<F, 1>(wr, nblocks, x + m * xstride, xstride, y + m * ldy + n, ldy);
+      for (; m + 4 <= m1; m += 4) Tile<F, 4>::run(wr, nblocks, x + m * xstride, xstride, y + m * ldy + n, ldy);
+      for (; m < m1; ++m) Tile<F, 1>::run(wr, nblocks, x + m * xstride, xstride, y + m * ldy + n, ldy);
     }
   }
 }
 
+template <class F, int NR>
+struct Int8Tile {
+  static void run(const uint8_t* w, int64_t nb, const XBlock* x, int64_t xs, float* y, int64_t ldy) {
+    dot_tile<F, NR>(w, nb, x, xs, y, ldy);
+  }
+};
+
 inline void rows(int type, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const XBlock* x,
                  int64_t m_rows, int64_t xstride, float* y, int64_t ldy) {
-  with_format(type, [&]<class F>() { rows_impl<F>(w, row_bytes, n0, n1, x, m_rows, xstride, y, ldy); });
+  with_format(type, [&]<class F>() { rows_tiled<F, Int8Tile>(w, row_bytes, n0, n1, x, m_rows, xstride, y, ldy); });
 }
 
 // One activation row of k floats -> k / 32 blocks of symmetric integers, scale = max|x| / LEVELS
@@ -225,21 +233,16 @@ inline void dot_tile_f(const uint8_t* w, int64_t nblocks, const float* x, int64_
   for (int r = 0; r < NR; ++r) y[r * ldy] = hsum(acc[r]);
 }
 
-template <class F>
-void rows_f_impl(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const float* x, int64_t m_rows,
-                 int64_t k, float* y, int64_t ldy) {
-  const int64_t nblocks = row_bytes / F::BYTES;
-  for (int64_t n = n0; n < n1; ++n) {
-    const uint8_t* wr = w + n * row_bytes;
-    int64_t m = 0;
-    for (; m + 4 <= m_rows; m += 4) dot_tile_f<F, 4>(wr, nblocks, x + m * k, k, y + m * ldy + n, ldy);
-    for (; m < m_rows; ++m) dot_tile_f<F, 1>(wr, nblocks, x + m * k, k, y + m * ldy + n, ldy);
+template <class F, int NR>
+struct F32Tile {
+  static void run(const uint8_t* w, int64_t nb, const float* x, int64_t k, float* y, int64_t ldy) {
+    dot_tile_f<F, NR>(w, nb, x, k, y, ldy);
   }
-}
+};
 
 inline void rows_f(int type, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const float* x,
                    int64_t m_rows, int64_t k, float* y, int64_t ldy) {
-  with_format(type, [&]<class F>() { rows_f_impl<F>(w, row_bytes, n0, n1, x, m_rows, k, y, ldy); });
+  with_format(type, [&]<class F>() { rows_tiled<F, F32Tile>(w, row_bytes, n0, n1, x, m_rows, k, y, ldy); });
 }
 
 // --- int16 activations: 256x finer than int8 (a block's outlier no longer erases its neighbours), and
@@ -277,6 +280,35 @@ inline i32x8 dot16(i32x8 acc, i16x16 c, i16x16 x) {
 #endif
 }
 
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
+// AVX-512: one vpdpwssd covers a whole 32-element group (16 lanes: 0-7 the first half, 8-15 the second).
+template <class F, int NR>
+inline void dot_tile16(const uint8_t* w, int64_t nblocks, const XBlock16* x, int64_t xstride, float* y,
+                       int64_t ldy) {
+  __m512 acc[NR];
+  float bias[NR];
+  for (int r = 0; r < NR; ++r) acc[r] = _mm512_setzero_ps(), bias[r] = 0.0f;
+  for (int64_t b = 0; b < nblocks; ++b, w += F::BYTES) {
+    const typename F::State st(w);
+    const XBlock16* xb = x + b * F::GROUPS;
+#pragma GCC unroll 8
+    for (int g = 0; g < F::GROUPS; ++g) {
+      const Group G = st.group(g);
+      const __m512i c = F::SIGNED ? _mm512_cvtepi8_epi16((__m256i)G.q) : _mm512_cvtepu8_epi16((__m256i)G.q);
+      const __m512 a = F::HALF_SCALES ? _mm512_insertf32x8(_mm512_set1_ps(G.a[0]), _mm256_set1_ps(G.a[4]), 1)
+                                      : _mm512_set1_ps(G.a[0]);
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) {
+        const XBlock16& xr = xb[r * xstride + g];
+        const __m512i p = _mm512_dpwssd_epi32(_mm512_setzero_si512(), c, _mm512_loadu_si512(xr.q));
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(a, _mm512_set1_ps(xr.d)), acc[r]);
+        bias[r] += G.b0 * xr.s0 + G.b1 * xr.s1;
+      }
+    }
+  }
+  for (int r = 0; r < NR; ++r) y[r * ldy] = _mm512_reduce_add_ps(acc[r]) + bias[r];
+}
+#else
 template <class F, int NR>
 inline void dot_tile16(const uint8_t* w, int64_t nblocks, const XBlock16* x, int64_t xstride, float* y,
                        int64_t ldy) {
@@ -309,22 +341,18 @@ inline void dot_tile16(const uint8_t* w, int64_t nblocks, const XBlock16* x, int
   }
   for (int r = 0; r < NR; ++r) y[r * ldy] = hsum(acc[r]) + bias[r];
 }
+#endif
 
-template <class F>
-void rows16_impl(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const XBlock16* x, int64_t m_rows,
-                 int64_t xstride, float* y, int64_t ldy) {
-  const int64_t nblocks = row_bytes / F::BYTES;
-  for (int64_t n = n0; n < n1; ++n) {
-    const uint8_t* wr = w + n * row_bytes;
-    int64_t m = 0;
-    for (; m + 4 <= m_rows; m += 4) dot_tile16<F, 4>(wr, nblocks, x + m * xstride, xstride, y + m * ldy + n, ldy);
-    for (; m < m_rows; ++m) dot_tile16<F, 1>(wr, nblocks, x + m * xstride, xstride, y + m * ldy + n, ldy);
+template <class F, int NR>
+struct Int16Tile {
+  static void run(const uint8_t* w, int64_t nb, const XBlock16* x, int64_t xs, float* y, int64_t ldy) {
+    dot_tile16<F, NR>(w, nb, x, xs, y, ldy);
   }
-}
+};
 
 inline void rows16(int type, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const XBlock16* x,
                    int64_t m_rows, int64_t xstride, float* y, int64_t ldy) {
-  with_format(type, [&]<class F>() { rows16_impl<F>(w, row_bytes, n0, n1, x, m_rows, xstride, y, ldy); });
+  with_format(type, [&]<class F>() { rows_tiled<F, Int16Tile>(w, row_bytes, n0, n1, x, m_rows, xstride, y, ldy); });
 }
 
 inline void quantize_row16(const float* x, int64_t k, XBlock16* out) {
