@@ -8,17 +8,24 @@
 3. While a stream decodes, /health is polled every 20 ms: p50/p99 latency (it must never wait on the engine).
 4. Aggregate decode tok/s with 1, 2 and 4 concurrent streams (continuous batching) and the scaling ratio.
 5. /v1/metrics (JSON) and the Prometheus scrape p50/p99 while 4 streams decode.
+6. When `llama-server` is on PATH: the same aggregate decode at width 1 and 4 against llama-server on the
+   same file with 4 slots (`-np 4`), and gmlx's ratio to it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import shutil
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -119,6 +126,46 @@ def scrape_latency(base: str, gen: int, eos_ids: list[int]) -> dict[str, list[fl
     return lat
 
 
+@contextlib.contextmanager
+def llama_server(exe: str, slots: int = 4) -> Iterator[str]:
+    """llama.cpp's server on the same GGUF with `slots` parallel slots; yields its base URL."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [exe, "-m", smollm2_path(), "--port", str(port), "-np", str(slots), "-c", str(2048 * slots)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(base + "/health", timeout=1).status_code == 200:
+                    break
+            if proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited with {proc.returncode}")
+            time.sleep(0.1)
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def compare_llama_server(gen: int, eos: list[int], ours: dict[int, float]) -> None:
+    exe = shutil.which("llama-server")
+    if exe is None:
+        print("llama-server not on PATH (build it to compare)")
+        return
+    try:
+        with llama_server(exe) as base:
+            http_decode(base, 8, eos)  # warm up
+            theirs = {w: aggregate_decode(base, gen, eos, w) for w in (1, 4)}
+    except (RuntimeError, httpx.HTTPError) as e:
+        print(f"llama-server failed: {e}")
+        return
+    for w, rate in theirs.items():
+        print(f"llama-server -np 4, width {w}: aggregate decode {rate:6.1f} tok/s  -> gmlx/llama-server "
+              f"{ours[w] / rate:.2f}x")
+
+
 def _pct(values: list[float]) -> str:
     q = statistics.quantiles(values, n=100)
     return f"p50 {q[49] * 1000:.1f} ms  p99 {q[98] * 1000:.1f} ms  ({len(values)} probes)"
@@ -152,6 +199,7 @@ def main() -> None:
         print(f"width {w}: aggregate decode {rate:6.1f} tok/s  ({rate / widths[1]:.2f}x width 1)")
     for path, values in scrapes.items():
         print(f"{path} while 4 streams decode: {_pct(values)}")
+    compare_llama_server(args.gen, eos, widths)
 
 
 if __name__ == "__main__":
