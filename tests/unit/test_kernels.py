@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
+from pathlib import Path
 from types import ModuleType
 
 import gguf
@@ -24,7 +25,11 @@ from gguf.constants import GGML_QUANT_SIZES
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gmlx_server.config import read_env
+from gmlx_server.engine.arch import make_cache
 from gmlx_server.engine.kernels import NATIVE_TYPES, probe
+from gmlx_server.engine.loader import LoadedModel, load_gguf_model
+from tests.conftest import smollm2_path
 
 F64 = npt.NDArray[np.float64]
 SGEMM_ROWS = 16  # from this many rows on the kernels use a preloaded BLAS's sgemm (dispatch.cpp)
@@ -154,3 +159,34 @@ def test_bad_arguments_are_refused(ext: ModuleType) -> None:
     with pytest.raises(ValueError, match="int16, int8 or f32"):
         ext.set_activations("int4")
     assert ext.row_bytes(NATIVE_TYPES["Q6_K"], 512) == 420 and ext.row_bytes(NATIVE_TYPES["Q4_K"], 640) == -1
+
+
+def _greedy(lm: LoadedModel, prompt: list[int], steps: int) -> tuple[list[int], npt.NDArray[np.float32]]:
+    cache = make_cache(lm.model)
+    logits = lm.model(mx.array([prompt]), cache=cache).logits[0, -1]
+    rows, ids = [np.array(logits)], []
+    for _ in range(steps):
+        ids.append(int(mx.argmax(logits).item()))
+        logits = lm.model(mx.array([[ids[-1]]]), cache=cache).logits[0, -1]
+        rows.append(np.array(logits))
+    return ids, np.stack(rows)
+
+
+@pytest.mark.slow
+def test_native_layout_matches_dense_on_smollm2(ext: ModuleType) -> None:
+    """auto on the CPU picks the native layout (about the file's bytes); native_kernels=False keeps dense."""
+    path = smollm2_path()
+    native = load_gguf_model(path)
+    dense = load_gguf_model(path, native_kernels=False)
+    assert (native.info.weights_layout, dense.info.weights_layout) == ("native", "dense")
+    assert native.info.weights_bytes < 1.1 * Path(path).stat().st_size < dense.info.weights_bytes / 4
+    prompt = native.tokenizer.encode("The capital of France is", add_special_tokens=True)
+    ids_n, rows_n = _greedy(native, prompt, 12)
+    ids_d, rows_d = _greedy(dense, prompt, 12)
+    assert ids_n == ids_d
+    assert float(np.abs(rows_n - rows_d).max()) < 0.05  # int16 activations: measured ~0.004
+
+
+def test_env_switch_reaches_the_engine_config() -> None:
+    assert read_env({"GMLX_NATIVE_KERNELS": "0"}).native_kernels is False
+    assert read_env({}).native_kernels is True
