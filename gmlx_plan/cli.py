@@ -3,7 +3,7 @@
 gmlx_server/cli.py calls add_plan_parser(sub); args.func is run_plan.
 
   gmlx plan --model PATH|ID [--config FILE] --width W --depth D [--memory 64GiB]
-            [--kv-quant uniform:8 | kvarn:4:8:128] [--layout auto|packed|dense] [--decode-batch N]
+            [--kv-quant uniform:8 | kvarn:4:8:128] [--layout auto|packed|dense|native] [--decode-batch N]
             [--device auto|metal|cpu] [--kv-dtype auto|f16|f32] [--max-kv-size N] [--json]
   gmlx plan simulate --model ... --width W --depth D --waves K --output-tokens N --think-s T --spread-s S
             [--decode-tok-s R --prefill-tok-s P | --server URL [--api-key KEY]] [--queue-cap C] [--png FILE]
@@ -13,17 +13,21 @@ Exit status: 0 the plan fits, 1 it does not (the reason is printed), 2 an input 
 (simulate: {"capacity", "simulation", "png"}).
 Flags win over the config; the config (server.decode_batch, server.memory_budget and the model's
 max_kv_size, kv_quant, weights) wins over the defaults, so the plan matches the server's boot table.
---layout auto means packed on macOS and dense elsewhere (the CPU server runs dense whenever
-OpenBLAS loads, and dense is the larger of the two, so the plan stays on the safe side).
+--layout auto means packed on macOS; elsewhere native when gmlx's CPU kernels are built beside the server
+(as its auto layout then is), else dense (the CPU server runs dense whenever OpenBLAS loads, and dense is
+the larger of dense and packed, so the plan stays on the safe side).
 --device auto means metal on macOS, where prefill attention runs fused for head dims 64/80/128.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import os
 import platform
 import sys
+from pathlib import Path
 from typing import Any
 
 from gmlx_plan.budget import default_budget, parse_memory
@@ -49,7 +53,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory", help="memory budget (64GiB, 24G, 512MiB, bytes); default: measured available "
                                     "minus max(512 MiB, 10%%)")
     p.add_argument("--kv-quant", help="none, uniform:BITS[:GROUP] or kvarn:KEY_BITS:VALUE_BITS:TAIL[:GROUP]")
-    p.add_argument("--layout", choices=("auto", "packed", "dense"), help="weights layout (default auto)")
+    p.add_argument("--layout", choices=("auto", "packed", "dense", "native"), help="weights layout (default auto)")
     p.add_argument("--device", choices=("auto", "metal", "cpu"), default="auto",
                    help="where the model runs (auto: metal on macOS): Metal fuses prefill attention")
     p.add_argument("--kv-dtype", choices=("auto", "f16", "f32"), default="auto",
@@ -87,13 +91,25 @@ def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
+def native_kernels_built() -> bool:
+    """Whether gmlx's CPU kernels were built beside the server, found by file name (nothing is imported),
+    and not turned off with GMLX_NATIVE_KERNELS: then the server's auto layout on a CPU is native."""
+    if os.environ.get("GMLX_NATIVE_KERNELS", "").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    spec = importlib.util.find_spec("gmlx_server")  # locates the package without running it
+    roots = spec.submodule_search_locations or [] if spec is not None else []
+    return any(any((Path(root) / "engine" / "kernels").glob("_gguf_kernels*")) for root in roots)
+
+
 def _layout(flag: str | None, configured: str | None) -> Layout:
     choice = flag or configured or "auto"
     if choice == "auto":
-        return "packed" if platform.system() == "Darwin" else "dense"
-    if choice not in ("packed", "dense"):
-        raise PlanInputError(f"layout {choice!r}: expected auto, packed or dense")
-    return "packed" if choice == "packed" else "dense"
+        if platform.system() == "Darwin":
+            return "packed"
+        return "native" if native_kernels_built() else "dense"
+    if choice not in ("packed", "dense", "native"):
+        raise PlanInputError(f"layout {choice!r}: expected auto, packed, dense or native")
+    return "packed" if choice == "packed" else "native" if choice == "native" else "dense"
 
 
 def _build(args: argparse.Namespace) -> tuple[MemoryModel, CapacityTable, dict[str, int]]:

@@ -22,21 +22,26 @@ from tests.e2e.server import ROOT, LiveServer, gmlx_serve
 
 pytestmark = pytest.mark.slow
 TIMEOUT = httpx.Timeout(300)
+# Dense weights (about 0.5 and 1.1 GB): the budget holds one model at a time whatever layout auto would pick.
 CONFIG = """server:
   default_model: smollm2
   memory_budget: 1400000000
 models:
   smollm2:
     path: {smollm2}
+    weights: dense
   gemma:
     path: {gemma}
+    weights: dense
 """
 RELOADED = """  smollm2:
     path: {smollm2}
+    weights: dense
     pinned: true
     profile: precise
   smollm2-copy:
     path: {smollm2}
+    weights: dense
 """
 
 
@@ -85,7 +90,7 @@ def test_two_real_models_swap_pin_unload_keep_and_reload(tmp_path: Path) -> None
         # Reload: pin smollm2 and change its profile, add a model. The loaded engine is not reloaded.
         before, capacity = rows(s)["smollm2"], httpx.get(s.v1 + "/metrics").json()["server"]["capacity"]
         config.write_text(CONFIG.split("  smollm2:")[0].format(**paths) + RELOADED.format(**paths)
-                          + f"  gemma:\n    path: {paths['gemma']}\n")
+                          + f"  gemma:\n    path: {paths['gemma']}\n    weights: dense\n")
         body = httpx.post(s.v1 + "/reload", timeout=60).json()
         assert body["added"] == ["smollm2-copy"] and body["kept_loaded"] == ["smollm2"], body
         after = rows(s)["smollm2"]

@@ -165,3 +165,19 @@ def test_header_without_strings_steps_over_the_vocabulary(tmp_path: Path) -> Non
     for strings in (True, False):
         with pytest.raises(GGUFFormatError, match="truncated"):
             read_header(tmp_path / "cut.gguf", strings=strings)
+
+
+def test_auto_layout_is_the_servers_native_when_the_kernels_are_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by file name, as the server's loader decides, without importing the server or MLX."""
+    from gmlx_plan import cli
+    from gmlx_server.engine import kernels
+
+    assert cli.native_kernels_built() == kernels.built()
+    monkeypatch.setattr(cli.platform, "system", lambda: "Linux")
+    monkeypatch.setattr(cli, "native_kernels_built", lambda: True)
+    assert cli._layout(None, None) == "native" and cli._layout("dense", None) == "dense"
+    monkeypatch.setattr(cli, "native_kernels_built", lambda: False)
+    assert cli._layout(None, None) == "dense" and cli._layout(None, "native") == "native"
+    monkeypatch.undo()
+    monkeypatch.setenv("GMLX_NATIVE_KERNELS", "0")
+    assert cli.native_kernels_built() is False
