@@ -223,7 +223,7 @@ Sgemm global_sgemm() {
 }
 
 // From this many activation rows on, dequantizing panels of W into sgemm beats the int8 dot products
-// (bench/kernels.py: ~2x at 64 rows, int8 ~2x ahead at 4).
+// (bench/kernel_speed.py: ~2x at 64 rows, int8 ~2x ahead at 4).
 constexpr int64_t kSgemmRows = 16;
 constexpr int64_t kPanelRows = 256;
 

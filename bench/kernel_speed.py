@@ -1,6 +1,6 @@
 """GB/s of gmlx's GGUF kernels per format and shape, beside a memory-copy ceiling and dense fp32 sgemm.
 
-    .venv/bin/python bench/kernels.py [--threads N] [--rows 1,4,64,512] [--formats Q4_1,Q4_K,...]
+    .venv/bin/python bench/kernel_speed.py [--threads N] [--rows 1,4,64,512] [--formats Q4_1,Q4_K,...]
 
 Shapes are the test models' projections (SmolLM2 576/1536, Gemma 3 640/2048 and their vocab heads; the
 K-quants take 1024/2048 since their 256-element blocks do not divide 576 or 640). Weights are random
