@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -27,7 +28,7 @@ import mlx.core as mx
 
 from gmlx_server.engine.arch import make_cache
 from gmlx_server.engine.blas import current_blas
-from gmlx_server.engine.kernels.modules import GGUFLinear
+from gmlx_server.engine.kernels.modules import GGUFEmbedding, GGUFLinear
 from gmlx_server.engine.loader import load_gguf_model
 from gmlx_server.engine.mlx_engine import MLXEngine
 from gmlx_server.engine.types import GenerationRequest, SamplingParams, TokenEvent
@@ -94,7 +95,10 @@ def profile(path: str, layout: str, steps: int = 20) -> None:
     """Where one width-1 decode step's time goes: matmuls, everything else, and building the graph."""
     lm = load_gguf_model(path, layout=layout)  # type: ignore[arg-type]
     model = lm.model
-    linears = [(p, m) for p, m in model.named_modules() if isinstance(m, GGUFLinear | TransposedLinear)]
+    linears: list[tuple[str, Any]] = [(p, m) for p, m in model.named_modules()
+                                      if isinstance(m, GGUFLinear | TransposedLinear)]
+    if getattr(getattr(model, "args", None), "tie_word_embeddings", False) and "lm_head" not in model:
+        linears.append(("embed_tokens.as_linear", _Head(model.model.embed_tokens)))  # the tied output head
 
     def step_ms() -> tuple[float, float]:
         cache = make_cache(model)
@@ -112,18 +116,32 @@ def profile(path: str, layout: str, steps: int = 20) -> None:
     xs = [mx.random.normal((1, 1, _in_dims(m))) for _, m in linears]
     mx.eval(xs)
     mx.eval([m(x) for (_, m), x in zip(linears, xs, strict=True)])
-    t = time.perf_counter()
-    for _ in range(5):
+    samples = []
+    for _ in range(steps):
+        t = time.perf_counter()
         mx.eval([m(x) for (_, m), x in zip(linears, xs, strict=True)])
-    mm = (time.perf_counter() - t) / 5 * 1e3
+        samples.append(time.perf_counter() - t)
+    mm = statistics.median(samples) * 1e3
     print(f"profile {Path(path).name} ({lm.info.weights_layout}, width 1): step {full:.1f} ms = "
           f"{len(linears)} matmuls {mm:.1f} ms (timed alone, same shapes) + the rest {full - mm:.1f} ms "
           f"(attention, norms, RoPE, elementwise, sampling-free), of which building the graph in Python "
           f"{build:.1f} ms")
 
 
-def _in_dims(m: object) -> int:
-    return m.in_dims if isinstance(m, GGUFLinear) else m.weight_t.shape[0]  # type: ignore[attr-defined]
+class _Head:
+    """A tied embedding called as the output projection."""
+
+    def __init__(self, embed: Any) -> None:
+        self.embed = embed
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.embed.as_linear(x)
+
+
+def _in_dims(m: Any) -> int:
+    if isinstance(m, _Head):
+        return int(m.embed.dims if isinstance(m.embed, GGUFEmbedding) else m.embed.weight_t.shape[0])
+    return int(m.in_dims if isinstance(m, GGUFLinear) else m.weight_t.shape[0])
 
 
 def main() -> None:
