@@ -176,7 +176,7 @@ def _native_tensor(raw: U8, info: TensorInfo, type_name: str) -> ConvertedTensor
     if type_name in NATIVE_TYPES:
         blocks, became, native = raw.reshape(rows, -1), f"native {type_name} blocks", type_name
     else:  # no kernel reads it: Q8_0 keeps the requantization error well under the source's own
-        dense = _gguf_dequant(raw, info, type_name).reshape(rows, -1)
+        dense = np.array(_convert_dense(raw, info, type_name, mx.float32)).reshape(rows, -1)  # covers Q8_K too
         blocks = gguf.quants.quantize(dense, GGMLQuantizationType.Q8_0)
         became, native = "native Q8_0 blocks (requantized)", "Q8_0"
     return ConvertedTensor({"weight": mx.array(blocks)}, None, None, type_name, became, NATIVE_TYPES[native])

@@ -1,4 +1,4 @@
-"""GGUF tensor data -> MLX arrays: every common ggml type, both layouts, against gguf's own dequantization."""
+"""GGUF tensor data -> MLX arrays: every common ggml type, every layout, against gguf's own dequantization."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from gmlx_server.engine.gguf_tensors import (
     convert_tensor,
     load_gguf_tensors,
 )
+from gmlx_server.engine.kernels import NATIVE_TYPES
 from gmlx_server.engine.quant_repack import pack_bits, quantize_affine
 from tests.gguf_factory import FakeTensor, quantize, random_blocks, reference, write_gguf
 
@@ -68,13 +69,28 @@ def _check_dense(t: ConvertedTensor, ref: np.ndarray) -> None:
     np.testing.assert_allclose(np.array(w), ref, rtol=0, atol=1e-6 * float(np.abs(ref).max()))
 
 
+def _check_native(t: ConvertedTensor, raw: np.ndarray, ref: np.ndarray, qtype: QT) -> None:
+    """Kernel types keep their blocks byte for byte; the rest become Q8_0 blocks within Q8_0's rounding."""
+    blocks = np.array(t.arrays["weight"])
+    assert set(t.arrays) == {"weight"} and blocks.dtype == np.uint8 and blocks.shape[0] == SHAPE[0]
+    if qtype.name in NATIVE_TYPES:
+        assert t.became == f"native {qtype.name} blocks" and t.native_type == qtype.value
+        assert np.array_equal(blocks, raw.reshape(SHAPE[0], -1))
+        return
+    assert t.became == "native Q8_0 blocks (requantized)" and t.native_type == QT.Q8_0.value
+    got = reference(blocks, QT.Q8_0).reshape(SHAPE)
+    step = np.repeat(np.abs(ref.reshape(-1, 32)).max(axis=1) / 127, 32).reshape(SHAPE)
+    # half a step, plus the fp16 rounding of the stored scale (2^-11 relative) times |code| <= 127
+    assert np.all(np.abs(got - ref) <= step * (0.5 + 127 * 2.0**-11) + 1e-7)
+
+
 def _roundtrip(tmp_path: Path, raw: np.ndarray, qtype: QT) -> dict[Layout, dict[str, ConvertedTensor]]:
     norm = np.linspace(0.5, 1.5, SHAPE[1], dtype=np.float32)
     path = write_gguf(tmp_path / "t.gguf", [FakeTensor("blk.0.attn_q.weight", raw, qtype),
                                             FakeTensor("blk.0.attn_norm.weight", norm, QT.F32)])
     infos = read_header(path).tensors
     loaded: dict[Layout, dict[str, ConvertedTensor]] = {}
-    for layout in ("packed", "dense"):
+    for layout in ("packed", "dense", "native"):
         tensors, _ = load_gguf_tensors(path, infos, layout)
         n = tensors["blk.0.attn_norm.weight"]
         assert n.became == "dense f32" and np.array_equal(np.array(n.arrays["weight"]), norm)
@@ -91,6 +107,7 @@ def test_types_gguf_can_quantize(tmp_path: Path, qtype: QT) -> None:
     loaded = _roundtrip(tmp_path, raw, qtype)
     _check_packed(loaded["packed"]["blk.0.attn_q.weight"], ref, qtype)
     _check_dense(loaded["dense"]["blk.0.attn_q.weight"], ref)
+    _check_native(loaded["native"]["blk.0.attn_q.weight"], raw, ref, qtype)
 
 
 @pytest.mark.parametrize("qtype", list(BITS), ids=lambda q: q.name)
@@ -101,6 +118,7 @@ def test_random_blocks_of_every_type(tmp_path: Path, qtype: QT) -> None:
     loaded = _roundtrip(tmp_path, raw, qtype)
     _check_packed(loaded["packed"]["blk.0.attn_q.weight"], ref, qtype)
     _check_dense(loaded["dense"]["blk.0.attn_q.weight"], ref)
+    _check_native(loaded["native"]["blk.0.attn_q.weight"], raw, ref, qtype)
 
 
 @pytest.mark.parametrize("qtype", [QT.F32, QT.F16, QT.BF16], ids=lambda q: q.name)
