@@ -113,7 +113,7 @@ class Pool {
     if (wake) cv_.notify_all();
     claim(gen_);
     for (int spins = 0; done_.load(std::memory_order_acquire) < tasks; ++spins) {
-      if (spins < 2048) cpu_relax(); else std::this_thread::yield();  // a worker was descheduled mid-task
+      if (spins < 64) cpu_relax(); else std::this_thread::yield();  // a worker was descheduled mid-task
     }
   }
 
@@ -140,7 +140,8 @@ class Pool {
       const auto start = std::chrono::steady_clock::now();
       uint64_t gen;
       for (int spins = 0; (gen = state_.load(std::memory_order_acquire) >> 48) == seen; ++spins) {
-        cpu_relax();
+        // yield now and then: on a core shared with the caller (a busy machine) spinning would starve it
+        if ((spins & 15) == 15) std::this_thread::yield(); else cpu_relax();
         if ((spins & 127) == 127 && std::chrono::steady_clock::now() - start > std::chrono::microseconds(200)) {
           std::unique_lock<std::mutex> lk(mu_);
           ++sleeping_;
