@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 
 from gmlx_plan.cli import add_plan_parser
@@ -39,7 +41,19 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return int(args.func(args))
+    rc = int(args.func(args))
+    if getattr(args, "skip_native_teardown", False):
+        _exit_without_teardown(rc)
+    return rc
+
+
+def _exit_without_teardown(rc: int) -> None:
+    """MLX used off the main thread can abort in C++ static destructors at interpreter exit ("terminate called
+    without an active exception"): once the work is done and every stream flushed, leave without them."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
 
 
 if __name__ == "__main__":

@@ -104,6 +104,7 @@ def run_run(args: argparse.Namespace) -> int:
     from gmlx_server.service.host import ModelHost  # its engine factory imports MLX on the first load
 
     host = ModelHost(_with_weights(cfg, addr.model_id, args.weights))
+    args.skip_native_teardown = True  # MLX will run on an engine thread: see cli._exit_without_teardown
     try:
         try:
             prep = asyncio.run(_prepare(host, inp))
