@@ -18,8 +18,9 @@ JSON (table_to_json): the `capacity` section of GET /v1/metrics and `gmlx plan -
   {"model": str, "architecture": str,
    "layout": "packed" | "dense",           weights layout the model runs in
    "kv_dtype_bytes": 2 | 4,                KV element size (fp16 packed, fp32 dense)
-   "kv_quant": null | {"scheme", "bits", "group_size", "value_bits", "tail_tokens",
-                       "layers_quantized", "layers_fp16", "verdict": "full" | "partial" | "dropped"},
+   "kv_quant": null | {"scheme", "bits", "group_size", ("value_bits", "tail_tokens": kvarn only),
+                       "layers_quantized", "layers_fp16", "verdict": "full" | "partial" | "dropped",
+                       "verdict_batched": the same words for rows decoding in a batch},
    "context_length": int,                  trained window, lowered by max_kv_size
    "decode_batch": int, "prefill_chunk": int,
    "budget_bytes": int, "weights_bytes": int,
@@ -51,10 +52,15 @@ class KVQuantReport:
     tail_tokens: int | None
     layers_quantized: int
     layers_fp16: int
+    batched_fp16: bool = False  # batched rows run unquantized KV (the engine's report; the planner never sets it)
 
     @property
     def verdict(self) -> str:
         return "dropped" if not self.layers_quantized else "partial" if self.layers_fp16 else "full"
+
+    @property
+    def verdict_batched(self) -> str:
+        return "dropped" if self.batched_fp16 else self.verdict
 
 
 @dataclass(frozen=True)
@@ -176,15 +182,22 @@ def largest_width_at(table: CapacityTable, depth: int) -> int:
     return max((w for w, _ in table.max_ctx if plan(table, w, depth).ok), default=0)
 
 
+def kv_quant_json(q: KVQuantReport | None) -> dict[str, Any] | None:
+    """The kv_quant object of the capacity section and of a resident model in /v1/models (value_bits and
+    tail_tokens only under kvarn)."""
+    if q is None:
+        return None
+    out: dict[str, Any] = {"scheme": q.scheme, "bits": q.bits, "group_size": q.group_size}
+    if q.scheme == "kvarn":
+        out |= {"value_bits": q.value_bits, "tail_tokens": q.tail_tokens}
+    return out | {"layers_quantized": q.layers_quantized, "layers_fp16": q.layers_fp16, "verdict": q.verdict,
+                  "verdict_batched": q.verdict_batched}
+
+
 def table_to_json(t: CapacityTable) -> dict[str, Any]:
-    q = t.kv_quant
-    kvq = None if q is None else {
-        "scheme": q.scheme, "bits": q.bits, "group_size": q.group_size, "value_bits": q.value_bits,
-        "tail_tokens": q.tail_tokens, "layers_quantized": q.layers_quantized, "layers_fp16": q.layers_fp16,
-        "verdict": q.verdict}
     return {
         "model": t.model, "architecture": t.architecture, "layout": t.layout, "kv_dtype_bytes": t.kv_dtype_bytes,
-        "kv_quant": kvq, "context_length": t.context_length, "decode_batch": t.decode_batch,
+        "kv_quant": kv_quant_json(t.kv_quant), "context_length": t.context_length, "decode_batch": t.decode_batch,
         "prefill_chunk": t.prefill_chunk, "budget_bytes": t.budget_bytes, "weights_bytes": t.weights_bytes,
         "kv_bytes_per_token": t.kv_bytes_per_token,
         "kv_bytes_per_token_beyond_window": t.kv_bytes_per_token_beyond_window,

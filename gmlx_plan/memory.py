@@ -17,10 +17,12 @@ KV cache for one stream at depth D (mlx-vlm's KVCache / RotatingKVCache / Quanti
                            weights promote the packed layout's fp16 activations to fp32)
   per token, quantized     kv_heads * sum over K and V of dim * bits / 8 + dim / group * 2 * e
                            (mx.quantize keeps scales and biases in the input dtype)
-  kvarn                    keys at `bits`, values at `value_bits`; the newest tail_tokens stay at e bytes
+  kvarn                    keys at `bits`, values at `value_bits`; the newest min(D, tail) tokens stay at
+                           e bytes, and past the tail the quantized store holds C(D) - tail tokens (its
+                           growth keeps the layer's total on the 256-token steps a plain cache takes)
   which layers quantize    full-attention layers whose head dims the group divides; not sliding ones
-                           (RotatingKVCache has no quantized form in mlx-vlm) and, for stacks deeper
-                           than 2 layers, not the last one (mlx-vlm's should_quantize_kv_layer)
+                           (RotatingKVCache has no quantized form in mlx-vlm). The last layer quantizes
+                           too (mlx-vlm's own generate keeps it fp16 on deep stacks; gmlx builds its caches)
 
 Prefill transient for `rows` query rows (a chunk of the prompt, or one decode step of `rows`
 streams) whose last token sits at depth D; one layer's working set is live at a time:
@@ -112,6 +114,14 @@ def weights_bytes(tensors: Iterable[TensorInfo], layout: Layout) -> int:
     return sum(weights_by_type(tensors, layout).values())
 
 
+class KVQuantError(ValueError):
+    """A kv_quant field out of range; `field` names it."""
+
+    def __init__(self, field: str, what: str) -> None:
+        self.field, self.what = field, what
+        super().__init__(f"kv quant {field} {what}")
+
+
 @dataclass(frozen=True)
 class KVQuant:
     """KV cache quantization, as the config's kv_quant block says it."""
@@ -122,18 +132,18 @@ class KVQuant:
     value_bits: int | None = None  # kvarn: value bits (default: bits)
     tail_tokens: int | None = None  # kvarn: the newest tokens kept unquantized
     quantize_sliding: bool = False  # mlx-vlm's RotatingKVCache cannot quantize
-    keep_last_layer: bool = True  # mlx-vlm keeps the last layer unquantized when there are > 2
+    keep_last_layer: bool = False  # mlx-vlm's own policy keeps the last layer of > 2 unquantized; gmlx does not
 
     def __post_init__(self) -> None:
         if self.scheme not in ("uniform", "kvarn"):
-            raise ValueError(f"kv quant scheme must be uniform or kvarn, got {self.scheme!r}")
-        for b in (self.bits, self.value_bits if self.value_bits is not None else self.bits):
-            if b not in (2, 3, 4, 5, 6, 8):
-                raise ValueError(f"kv quant bits must be 2, 3, 4, 5, 6 or 8, got {b}")
+            raise KVQuantError("scheme", f"must be uniform or kvarn, got {self.scheme!r}")
+        for name, b in (("bits", self.bits), ("value_bits", self.value_bits)):
+            if b is not None and b not in (2, 3, 4, 5, 6, 8):  # what mx.quantize takes
+                raise KVQuantError(name, f"must be 2, 3, 4, 5, 6 or 8, got {b}")
         if self.group_size not in (32, 64, 128):
-            raise ValueError(f"kv quant group_size must be 32, 64 or 128, got {self.group_size}")
+            raise KVQuantError("group_size", f"must be 32, 64 or 128, got {self.group_size}")
         if self.tail_tokens is not None and self.tail_tokens < 0:
-            raise ValueError("kv quant tail_tokens must not be negative")
+            raise KVQuantError("tail_tokens", f"must not be negative, got {self.tail_tokens}")
 
     @property
     def key_bits(self) -> int:
@@ -165,15 +175,20 @@ def _quantizable(i: int, layer: LayerKV, n: int, q: KVQuant) -> bool:
     return layer.key_dim % q.group_size == 0 and layer.value_dim % q.group_size == 0
 
 
+def quantized_layers(g: Geometry, q: KVQuant | None) -> tuple[bool, ...]:
+    """Which layers the engine builds quantized caches for (gmlx_server/engine/kv_quant.py reads this)."""
+    return tuple(q is not None and _quantizable(i, layer, g.n_layers, q) for i, layer in enumerate(g.layers))
+
+
 def _quant_bytes(dim: int, bits: int, group: int, e: int) -> int:
     return dim * bits // 8 + (dim // group) * 2 * e
 
 
 def layer_costs(g: Geometry, e: int, q: KVQuant | None) -> tuple[LayerCost, ...]:
     out = []
-    for i, layer in enumerate(g.layers):
+    for layer, quantized in zip(g.layers, quantized_layers(g, q), strict=True):
         plain = layer.kv_elements_per_token * e
-        if q is None or not _quantizable(i, layer, g.n_layers, q):
+        if q is None or not quantized:
             out.append(LayerCost(layer.window, plain, plain, 0, False))
             continue
         per = layer.kv_heads * (_quant_bytes(layer.key_dim, q.key_bits, q.group_size, e)
@@ -189,8 +204,11 @@ def _held(tokens: int, window: int | None, step: int) -> int:
 
 def layer_bytes(c: LayerCost, tokens: int, step: int = KV_STEP) -> int:
     held = _held(tokens, c.window, step)
-    tail = min(held, c.tail) if c.quantized else held
-    return tail * c.plain_per_token + (held - tail) * c.quant_per_token
+    if not (c.quantized and c.tail):
+        return held * c.quant_per_token  # == plain_per_token when not quantized
+    # kvarn: the newest tokens unquantized; the quantized store behind them fills the rest of the held steps
+    fp = min(tokens, c.tail, held)
+    return fp * c.plain_per_token + (max(0, held - c.tail) if tokens > c.tail else 0) * c.quant_per_token
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,8 @@ from gmlx_server.config.settings import (
     BACKENDS,
     BUILTIN_INTENTS,
     ConfigError,
+    KVQuant,
+    KVQuantError,
     ModelEntry,
     Profile,
     ServerConfig,
@@ -33,9 +35,9 @@ _MODEL_KINDS = {
 # Keys the file format reserves for features not built yet: refused by name rather than accepted and ignored.
 _UNBUILT_MODEL_KEYS = {
     "mmproj": "vision (image input through a projector)",
-    "kv_quant": "KV-cache quantization",
     "draft": "speculative decoding with a draft model",
 }
+_KV_QUANT_KINDS = {"scheme": "str", "bits": "int", "group_size": "int", "value_bits": "int", "tail_tokens": "int"}
 _UNBUILT_TOP_KEYS = {"services": "embeddings, rerank, speech-to-text and text-to-speech services"}
 # The engine's SamplingParams fields a profile may set (logit_bias is per request); a test keeps them equal.
 SAMPLING_KINDS = {
@@ -84,9 +86,10 @@ def _cache_bytes(c: Checker, v: Any) -> int:
 
 def _model(c: Checker, mid: str, raw: Any, base: Path) -> ModelEntry:
     key = f"models.{mid}"
-    data = c.section(raw, key, frozenset(_MODEL_KINDS) | frozenset(_UNBUILT_MODEL_KEYS))
+    data = c.section(raw, key, frozenset(_MODEL_KINDS) | frozenset(_UNBUILT_MODEL_KEYS) | {"kv_quant"})
     _refuse_unbuilt(c, data, key, _UNBUILT_MODEL_KEYS)
     kw = {k: c.value(data, key, k, kind) for k, kind in _MODEL_KINDS.items()}
+    kw["kv_quant"] = _kv_quant(c, data.get("kv_quant"), f"{key}.kv_quant")
     if kw["path"] is None:
         raise c.fail(f"{key}.path", "missing (a GGUF file, hf:org/repo/file.gguf or a local MLX dir)")
     kw["path"] = c.path(kw["path"], f"{key}.path", base, repo_ok=True)
@@ -103,6 +106,23 @@ def _model(c: Checker, mid: str, raw: Any, base: Path) -> ModelEntry:
         raise c.fail(f"{key}.backend", f"expected one of {', '.join(BACKENDS)}, got {kw['backend']!r}")
     kw["pinned"] = bool(kw["pinned"])
     return ModelEntry(id=mid, **kw)
+
+
+def _kv_quant(c: Checker, raw: Any, key: str) -> KVQuant | None:
+    """{scheme: uniform, bits, group_size} or {scheme: kvarn, bits, group_size, value_bits, tail_tokens}."""
+    if raw is None:
+        return None
+    data = c.section(raw, key, frozenset(_KV_QUANT_KINDS))
+    kw = {k: c.value(data, key, k, kind) for k, kind in _KV_QUANT_KINDS.items()}
+    if kw["scheme"] not in ("uniform", "kvarn"):
+        raise c.fail(f"{key}.scheme", f"expected uniform or kvarn, got {kw['scheme']!r}")
+    extra = [k for k in ("value_bits", "tail_tokens") if kw[k] is not None]
+    if kw["scheme"] == "uniform" and extra:
+        raise c.fail(f"{key}.{extra[0]}", "only kvarn takes value_bits and tail_tokens (uniform: bits for both)")
+    try:
+        return KVQuant(**{k: v for k, v in kw.items() if v is not None})
+    except KVQuantError as e:  # the planner's own range check, which names the field
+        raise c.fail(f"{key}.{e.field}", e.what) from None
 
 
 def _sampling_value(c: Checker, key: str, name: str, v: Any) -> Any:

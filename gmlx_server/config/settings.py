@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gmlx_plan.memory import KVQuant as KVQuant  # one definition: the planner budgets what the engine would build
+from gmlx_plan.memory import KVQuant as KVQuant  # one definition: the planner budgets what the engine builds
+from gmlx_plan.memory import KVQuantError as KVQuantError
 
 BUILTIN_INTENTS = ("chat", "coding", "creative", "precise")
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024  # room for base64 images in vision messages
@@ -69,7 +70,7 @@ class ModelEntry:
     profile: str | None = None
     max_kv_size: int | None = None
     pinned: bool = False
-    mmproj: str | None = None  # the config refuses mmproj, kv_quant and draft until they are implemented
+    mmproj: str | None = None  # the config refuses mmproj and draft until they are implemented
     kv_quant: KVQuant | None = None
     draft: str | None = None
     chat_template: str | None = None

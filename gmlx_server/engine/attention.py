@@ -4,7 +4,8 @@ On mlx[cpu], mx.fast.scaled_dot_product_attention materializes the scores and sp
 in exp (MLX's CPU exp costs ~28 ns an element, glibc's powf ~9 ns) and in broadcasting K for GQA.
 Here GQA is folded into the matmul rows (each KV head is read once) and the softmax is 2**(s - max)
 on scores already in log2 units, normalized after the PV product. bench/attention.py has the figures.
-Metal keeps mx.fast's fused kernel: the loader installs this only when the default device is the CPU.
+Metal keeps mx.fast's fused kernel: cpu_attention serves only when the default device is the CPU. A kvarn
+KV cache (engine/kv_quant.py) goes to kvarn_attention on any device.
 """
 
 from __future__ import annotations
@@ -15,8 +16,11 @@ from typing import Any
 
 import mlx.core as mx
 
+from gmlx_server.engine.kv_quant import is_kvarn, kvarn_attention
+
 _LOG2E = math.log2(math.e)
 _ORIGINAL = "_gmlx_original_sdpa"  # where the module's own function is kept while ours is installed
+_CPU = "_gmlx_cpu"  # whether the installed function takes plain fp32 attention on the CPU
 
 
 def cpu_attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float, mask: Any) -> mx.array:
@@ -62,25 +66,38 @@ def supported(queries: mx.array, keys: Any, cache: Any, mask: Any, sinks: Any) -
     return mask.ndim <= 2 or (mask.ndim == 4 and mask.shape[1] in (1, queries.shape[1]))
 
 
-def _sdpa(original: Any) -> Any:
+def _sdpa(original: Any, cpu: bool) -> Any:
     def scaled_dot_product_attention(queries: mx.array, keys: Any, values: Any, cache: Any, scale: float,
                                      mask: Any, sinks: Any = None) -> mx.array:
-        if supported(queries, keys, cache, mask, sinks):
+        if is_kvarn(cache) and sinks is None:  # mlx-vlm has no attention over a kvarn cache: ours, on any device
+            return kvarn_attention(queries, keys, values, cache, scale, mask)
+        if cpu and supported(queries, keys, cache, mask, sinks):
             return cpu_attention(queries, keys, values, scale, mask)
         return original(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
 
     setattr(scaled_dot_product_attention, _ORIGINAL, original)
+    setattr(scaled_dot_product_attention, _CPU, cpu)
     return scaled_dot_product_attention
 
 
-def install_cpu_attention(module: str, enabled: bool = True) -> None:
-    """Point mlx_vlm.models.<module>.language's attention at cpu_attention (or back at its own, enabled=False)."""
+def install_attention(module: str, cpu: bool) -> None:
+    """Route mlx_vlm.models.<module>.language's attention through gmlx's: kvarn caches always, and plain
+    fp32 ones to cpu_attention when `cpu` (the model runs on the CPU device)."""
     lang: Any = importlib.import_module(f"mlx_vlm.models.{module}.language")
     current = lang.scaled_dot_product_attention
-    original = getattr(current, _ORIGINAL, current)
-    lang.scaled_dot_product_attention = _sdpa(original) if enabled else original
+    lang.scaled_dot_product_attention = _sdpa(getattr(current, _ORIGINAL, current), cpu)
+
+
+def install_cpu_attention(module: str, enabled: bool = True) -> None:
+    """cpu_attention installed (or the module's own attention back, enabled=False)."""
+    if enabled:
+        install_attention(module, cpu=True)
+        return
+    lang: Any = importlib.import_module(f"mlx_vlm.models.{module}.language")
+    current = lang.scaled_dot_product_attention
+    lang.scaled_dot_product_attention = getattr(current, _ORIGINAL, current)
 
 
 def cpu_attention_installed(module: str) -> bool:
     lang = importlib.import_module(f"mlx_vlm.models.{module}.language")
-    return hasattr(lang.scaled_dot_product_attention, _ORIGINAL)
+    return bool(getattr(lang.scaled_dot_product_attention, _CPU, False))

@@ -16,6 +16,7 @@ import mlx.core as mx
 from mlx_vlm.models.cache import BatchKVCache, BatchRotatingKVCache, KVCache, RotatingKVCache
 
 from gmlx_server.engine.generate import RequestRun
+from gmlx_server.engine.kv_quant import as_batch_quantized
 from gmlx_server.engine.sampling import Draw
 
 log = logging.getLogger("gmlx.engine")
@@ -23,6 +24,9 @@ log = logging.getLogger("gmlx.engine")
 
 def _as_batch(cache: Any) -> Any:
     """A single-row cache from prefill -> the batch cache type that can extend/filter rows."""
+    quantized = as_batch_quantized(cache)
+    if quantized is not None:  # quantized KV stays quantized in the batch
+        return quantized
     if isinstance(cache, RotatingKVCache):
         return BatchRotatingKVCache.merge([cache])
     if isinstance(cache, KVCache):

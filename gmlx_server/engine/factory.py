@@ -26,7 +26,7 @@ def create_mlx_engine(entry: ModelEntry, env: RuntimeEnv) -> MLXEngine:
     def load() -> LoadedModel:
         return load_gguf_model(entry.path, model_id=entry.id, layout=entry.weights,
                                max_kv_size=entry.max_kv_size, chat_template=entry.chat_template,
-                               native_kernels=env.native_kernels)
+                               kv_quant=entry.kv_quant, native_kernels=env.native_kernels)
 
     cache_bytes = env.prompt_cache_bytes if env.prompt_cache_bytes is not None else DEFAULT_PROMPT_CACHE_BYTES
     return MLXEngine(load, decode_batch=env.decode_batch or 1, prompt_cache_bytes=cache_bytes)

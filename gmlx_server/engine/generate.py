@@ -45,8 +45,10 @@ class RequestRun:
 
     def __init__(self, model: Any, tokenizer: Any, req: GenerationRequest, emit: Callable[[TokenEvent], None],
                  cancelled: Callable[[], bool], progress: Progress, chunk: int = PREFILL_CHUNK,
-                 grammar_tokenizer: GrammarTokenizer | None = None, prompt_cache: PromptCache | None = None) -> None:
+                 grammar_tokenizer: GrammarTokenizer | None = None, prompt_cache: PromptCache | None = None,
+                 caches: Callable[[], list[Any]] | None = None) -> None:
         self.model, self.req, self.emit, self.cancelled, self.progress = model, req, emit, cancelled, progress
+        self._caches = caches or (lambda: make_cache(model))  # the loader's: quantized layers where configured
         self._grammar_tokenizer = grammar_tokenizer
         self.constraint: GrammarConstraint | None = None
         self.sampler = RequestSampler(req.sampling, sorted(tokenizer.special_ids))
@@ -101,7 +103,7 @@ class RequestRun:
     def _begin(self) -> list[Any]:
         self.progress.state = "prefill"
         if self.rewinds:
-            return make_cache(self.model)
+            return self._caches()
         self.progress.started = time.perf_counter()
         self._start_grammar()
         return self._warm_start()
@@ -123,12 +125,7 @@ class RequestRun:
 
     def _warm_start(self) -> list[Any]:
         """Fresh caches, or ones restored from the longest cached prefix; plan where to checkpoint."""
-        model = self.model
-        prompt, store = self.req.prompt_tokens, self._store
-
-        def make() -> list[Any]:
-            return make_cache(model)
-
+        prompt, store, make = self.req.prompt_tokens, self._store, self._caches
         if store is None:
             return make()
         hit = store.lookup(prompt)

@@ -10,14 +10,16 @@ from typing import Any
 
 import mlx.core as mx
 
-from gmlx_plan.geometry import DEFAULT_CONTEXT
+from gmlx_plan.geometry import DEFAULT_CONTEXT, geometry_from_header
 from gmlx_plan.gguf_header import GGUFHeader, ggml_type_name, read_header
-from gmlx_server.engine.arch import ArchSpec, arch_spec, vocab_size
-from gmlx_server.engine.attention import install_cpu_attention
+from gmlx_plan.memory import KVQuant, quantized_layers
+from gmlx_server.engine.arch import ArchSpec, arch_spec, make_cache, vocab_size
+from gmlx_server.engine.attention import install_attention
 from gmlx_server.engine.blas import current_blas
 from gmlx_server.engine.chat_template import JinjaChatTemplate
 from gmlx_server.engine.gguf_tensors import LoadReport, load_gguf_tensors
 from gmlx_server.engine.kernels import probe
+from gmlx_server.engine.kv_quant import CacheFactory
 from gmlx_server.engine.layout import LayoutChoice, choose_layout
 from gmlx_server.engine.tokenizer import GGUFTokenizer
 from gmlx_server.engine.types import ModelInfo
@@ -35,12 +37,14 @@ class LoadedModel:
     tokenizer: GGUFTokenizer
     template: JinjaChatTemplate
     report: LoadReport
+    make_cache: CacheFactory  # a request's fresh per-layer caches (quantized where kv_quant says)
 
 
 def load_gguf_model(path: str | Path, model_id: str | None = None, layout: LayoutChoice = "auto",
                     max_kv_size: int | None = None, chat_template: str | None = None,
-                    native_kernels: bool = True) -> LoadedModel:
-    """`native_kernels=False` keeps "auto" off the native layout (the dense/packed paths stay testable)."""
+                    native_kernels: bool = True, kv_quant: KVQuant | None = None) -> LoadedModel:
+    """`native_kernels=False` keeps "auto" off the native layout (the dense/packed paths stay testable);
+    kv_quant: quantized KV caches on the layers gmlx_plan.memory.quantized_layers picks."""
     start = time.perf_counter()
     header = read_header(path)
     spec = arch_spec(header)
@@ -48,8 +52,8 @@ def load_gguf_model(path: str | Path, model_id: str | None = None, layout: Layou
     model = spec.model_class()(spec.make_config(params))
     on_gpu = mx.default_device() == mx.gpu
     chosen, why = _layout(layout, on_gpu, native_kernels)
-    if not on_gpu:  # Metal keeps mx.fast's fused kernel; on the CPU ours is ~1.3-1.7x faster (bench/attention.py)
-        install_cpu_attention(spec.module)
+    # Metal keeps mx.fast's fused kernel; on the CPU ours is ~1.3-1.7x faster (bench/attention.py)
+    install_attention(spec.module, cpu=not on_gpu)
     tensors, report = load_gguf_tensors(path, header.tensors, chosen)  # type: ignore[arg-type]
     install_weights(model, spec, tensors)
     del tensors  # the model holds the arrays now; dropping the dict lets transposed copies replace them
@@ -58,6 +62,8 @@ def load_gguf_model(path: str | Path, model_id: str | None = None, layout: Layou
     tokenizer = GGUFTokenizer.from_metadata(header.metadata)
     template = JinjaChatTemplate.from_metadata(header.metadata, spec.family, chat_template)
     trained = int(header.arch_value("context_length", DEFAULT_CONTEXT))
+    caches = CacheFactory(lambda: make_cache(model), kv_quant,
+                          quantized_layers(geometry_from_header(header), kv_quant))
     info = ModelInfo(
         model_id=model_id or Path(path).stem, path=str(path), architecture=header.architecture,
         family=spec.family, context_length=min(trained, max_kv_size) if max_kv_size else trained,
@@ -66,10 +72,10 @@ def load_gguf_model(path: str | Path, model_id: str | None = None, layout: Layou
         params["hidden_size"] // params["num_attention_heads"],
         sliding_window=params.get("sliding_window"), weights_layout=chosen,
         weights_bytes=report.total_bytes, load_s=time.perf_counter() - start,
-        tensor_types={src: became for (src, became) in report.by_type},
+        tensor_types={src: became for (src, became) in report.by_type}, kv_quant=caches.report(),
     )
     _log_load(info, report, why, template.source, "mx.fast" if on_gpu else "gmlx CPU (folded GQA, exp2 softmax)")
-    return LoadedModel(model, header, spec, info, tokenizer, template, report)
+    return LoadedModel(model, header, spec, info, tokenizer, template, report, caches)
 
 
 def _layout(requested: LayoutChoice, on_gpu: bool, native_kernels: bool) -> tuple[str, str]:
@@ -94,6 +100,10 @@ def _log_load(info: ModelInfo, report: LoadReport, why: str, template_source: st
     for line in report.lines():
         log.info("  tensors: %s", line)
     log.info("  chat template: %s", template_source)
+    q = info.kv_quant
+    if q is not None:
+        log.info("  KV cache: %s %d-bit, group %d: %d layers quantized, %d not (%s)", q.scheme, q.bits, q.group_size,
+                 q.layers_quantized, q.layers_fp16, q.verdict)
 
 
 def describe_types(header: GGUFHeader) -> dict[str, int]:

@@ -70,8 +70,8 @@ class Scheduler:
     def __init__(self, model: Any, tokenizer: Any, width: int, inbox: Inbox,
                  forget: Callable[[Job], None], memory: MemorySnapshot,
                  grammar_tokenizer: GrammarTokenizer | None = None, prompt_cache: PromptCache | None = None,
-                 pace: Pace | None = None) -> None:
-        self.model, self.tokenizer, self.width = model, tokenizer, width
+                 pace: Pace | None = None, caches: Callable[[], list[Any]] | None = None) -> None:
+        self.model, self.tokenizer, self.width, self.caches = model, tokenizer, width, caches
         self.grammar_tokenizer, self.prompt_cache = grammar_tokenizer, prompt_cache
         self.inbox, self.forget, self.memory = inbox, forget, memory
         self.pace = pace if pace is not None else Pace()
@@ -160,7 +160,8 @@ class Scheduler:
             job = self.waiting.popleft()
             try:
                 seq = RequestRun(self.model, self.tokenizer, job.request, job.emit, job.cancelled.is_set,
-                               job.progress, grammar_tokenizer=self.grammar_tokenizer, prompt_cache=self.prompt_cache)
+                               job.progress, grammar_tokenizer=self.grammar_tokenizer, prompt_cache=self.prompt_cache,
+                               caches=self.caches)
             except Exception as e:  # a request the engine cannot even set up ends alone
                 log.exception("request %s could not start", job.request.request_id)
                 self._fail(job, f"{type(e).__name__}: {e}")

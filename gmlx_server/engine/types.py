@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
 
+from gmlx_plan.capacity import KVQuantReport
+
 if TYPE_CHECKING:  # structured.py imports MLX; these types stay pure
     from gmlx_server.engine.structured import CompiledGrammar
 
@@ -272,3 +274,4 @@ class ModelInfo:
     load_s: float
     tensor_types: Mapping[str, str] = field(default_factory=dict)  # GGUF type -> what it became
     drafts: bool = False  # a speculative drafter verifies tokens in bulk: no per-request logits processors
+    kv_quant: KVQuantReport | None = None  # the quantized KV caches really built, per layer (None: not configured)

@@ -7,6 +7,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
+from gmlx_plan.capacity import kv_quant_json
 from gmlx_plan.gguf_header import GGUFFormatError, read_header
 
 if TYPE_CHECKING:
@@ -60,6 +61,9 @@ class ModelList:
 
     def _model_row(self, entry: ModelEntry, default: str | None) -> dict[str, Any]:
         host = self.host
+        engine = host.resident.get(entry.id)
+        # What the engine really built (per layer), so only a resident model with kv_quant configured has it.
+        kv = {"kv_quant": kv_quant_json(engine.info.kv_quant)} if engine and engine.info.kv_quant else {}
         return {
             "id": entry.id, "object": "model", "created": 0, "owned_by": "gmlx",
             "resident": entry.id in host.resident, "pinned": entry.pinned,
@@ -70,7 +74,7 @@ class ModelList:
             "context_length": self._context_length(entry),
             "max_context_at_width_1": host.capacity.max_context_at_width_1(entry.id),
             "load_error": host.files.problem(entry.id),  # why its file cannot load; null when none is known
-        }
+        } | kv
 
     def _alias_row(self, name: str, target: str, default: str | None) -> dict[str, Any]:
         models = self.host.config.models

@@ -99,17 +99,18 @@ def test_uniform_quant_bytes_and_which_layers_quantize() -> None:
     g = _geo((LayerKV(2, 64, 64, None), LayerKV(2, 64, 64, 512), LayerKV(2, 96, 96, None),
               LayerKV(2, 64, 64, None), LayerKV(2, 64, 64, None)))
     costs = layer_costs(g, 2, KVQuant("uniform", 8, 64))
-    # sliding: no quantized RotatingKVCache; 96 % 64 != 0; the last layer stays unquantized (mlx-vlm)
-    assert [c.quantized for c in costs] == [True, False, False, True, False]
+    # sliding: no quantized RotatingKVCache; 96 % 64 != 0; the last layer quantizes too (gmlx's choice)
+    assert [c.quantized for c in costs] == [True, False, False, True, True]
     assert costs[0].quant_per_token == 2 * 2 * (64 * 8 // 8 + 1 * 2 * 2)
-    assert layer_costs(g, 2, KVQuant("uniform", 8, 64, keep_last_layer=False))[4].quantized
+    assert not layer_costs(g, 2, KVQuant("uniform", 8, 64, keep_last_layer=True))[4].quantized  # mlx-vlm's policy
 
 
 def test_kvarn_keeps_the_tail_unquantized() -> None:
     g = _geo((LayerKV(1, 128, 128, None),) * 2)
     m = MemoryModel(g, "packed", 0, KVQuant("kvarn", 4, 64, value_bits=2, tail_tokens=128), act_bytes=2)
     plain, quant = 1 * 256 * 2, (128 * 4 // 8 + 2 * 4) + (128 * 2 // 8 + 2 * 4)
-    assert kv_bytes(m, 100) == 2 * (128 * plain + 128 * quant)  # 256 held: the newest 128 plain
+    assert kv_bytes(m, 100) == 2 * 100 * plain  # within the tail: nothing quantized yet
+    assert kv_bytes(m, 129) == 2 * (128 * plain + 128 * quant)  # 256 held: the newest 128 plain
     assert kv_bytes(m, 1024) == 2 * (128 * plain + (1024 - 128) * quant)
 
 

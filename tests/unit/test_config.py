@@ -14,6 +14,7 @@ from gmlx_server.config import (
     DEFAULT_MAX_BODY_BYTES,
     SAMPLING_KINDS,
     ConfigError,
+    KVQuant,
     RuntimeEnv,
     ServerSettings,
     default_model_path,
@@ -116,8 +117,21 @@ def test_prompt_cache_bound_defaults_parses_and_reaches_engines(tree: Path) -> N
     (('    stop: ["END", "STOP"]', '    stop: [""]'), "profiles.qwen-coder.stop", "list of non-empty"),
     (("  coder: smollm2@qwen-coder", "  coder: ghost"), "aliases.coder", "not a model id"),
     (("  default_model: smollm2", "  default_model: ghost"), "server.default_model", "unknown model"),
-    (("    pinned: true", "    pinned: true\n    kv_quant: {{scheme: kvarn, bits: 4}}"), "models.smollm2.kv_quant",
-     "not implemented yet (KV-cache quantization)"),
+    (("    pinned: true", "    pinned: true\n    kv_quant: {{scheme: fp4}}"), "models.smollm2.kv_quant.scheme",
+     "expected uniform or kvarn"),
+    (("    pinned: true", "    pinned: true\n    kv_quant: {{scheme: uniform, bits: 7}}"),
+     "models.smollm2.kv_quant.bits", "must be 2, 3, 4, 5, 6 or 8, got 7"),
+    (("    pinned: true", "    pinned: true\n    kv_quant: {{scheme: kvarn, value_bits: 1}}"),
+     "models.smollm2.kv_quant.value_bits", "must be 2, 3, 4, 5, 6 or 8, got 1"),
+    (("    pinned: true", "    pinned: true\n    kv_quant: {{scheme: uniform, group_size: 48}}"),
+     "models.smollm2.kv_quant.group_size", "must be 32, 64 or 128"),
+    (("    pinned: true", "    pinned: true\n    kv_quant: {{scheme: uniform, tail_tokens: 64}}"),
+     "models.smollm2.kv_quant.tail_tokens", "only kvarn takes"),
+    (("    pinned: true", "    pinned: true\n    kv_quant: {{scheme: kvarn, tail: 64}}"),
+     "models.smollm2.kv_quant.tail", "unknown key"),
+    (("    pinned: true", "    pinned: true\n    kv_quant: {{scheme: kvarn, bits: four}}"),
+     "models.smollm2.kv_quant.bits", "expected int"),
+    (("    pinned: true", "    pinned: true\n    kv_quant: 8"), "models.smollm2.kv_quant", "expected a mapping"),
     (("    pinned: true", "    pinned: true\n    draft: with@at"), "models.smollm2.draft",
      "not implemented yet (speculative decoding"),
     (("    pinned: true", "    pinned: true\n    mmproj: model.gguf"), "models.smollm2.mmproj",
@@ -134,6 +148,15 @@ def test_bad_values_name_file_and_key(tree: Path, patch: tuple[str, str], key: s
     assert e.value.key == key and what in e.value.what
     assert str(e.value).startswith(f"{tree / 'gmlx.yaml'}: {key}: ")
     assert "\n" not in str(e.value)
+
+
+def test_kv_quant_parses_into_the_planner_dataclass(tree: Path) -> None:
+    text = FULL.replace("    pinned: true", "    pinned: true\n    kv_quant: {{scheme: kvarn, bits: 4, value_bits: 2, "
+                                            "tail_tokens: 128, group_size: 32}}")
+    q = load_config(write(tree, text)).models["smollm2"].kv_quant
+    assert q == KVQuant("kvarn", 4, 32, value_bits=2, tail_tokens=128)
+    uniform = FULL.replace("    pinned: true", "    pinned: true\n    kv_quant: {{scheme: uniform, bits: 8}}")
+    assert load_config(write(tree, uniform)).models["smollm2"].kv_quant == KVQuant("uniform", 8, 64)
 
 
 def test_yaml_syntax_and_shape_errors(tree: Path) -> None:

@@ -27,10 +27,10 @@ def test_restore_equals_the_source_and_survives_later_writes() -> None:
     for a, b in zip(cache, back, strict=True):
         assert mx.array_equal(a.state[0], b.state[0]) and b.offset == 6  # type: ignore[attr-defined]
     _fill(back, 1)  # a one-token step writes in place: it must not touch the snapshot
-    assert entry.layers[0][1].shape[2] == 6 and back[0].offset == 7  # type: ignore[attr-defined]
+    assert entry.layers[0][1][0].shape[2] == 6 and back[0].offset == 7  # type: ignore[attr-defined]
     cut = restore(entry, 3, _make)
     assert [c.offset for c in cut] == [3, 3]  # type: ignore[attr-defined]
-    assert mx.array_equal(cut[1].state[0], entry.layers[1][1][..., :3, :])  # type: ignore[attr-defined]
+    assert mx.array_equal(cut[1].state[0], entry.layers[1][1][0][..., :3, :])  # type: ignore[attr-defined]
 
 
 def test_past_the_window_a_snapshot_is_not_trimmable() -> None:
