@@ -40,6 +40,7 @@ class GenerationParams:
     timings_per_token: bool = False
     grammar: CompiledGrammar | None = None  # structured output, compiled while parsing
     ignored: tuple[str, ...] = ()
+    messages_param: str = "messages"  # what the protocol calls the conversation, for errors (Responses: input)
 
     @property
     def offers_tools(self) -> bool:

@@ -28,6 +28,7 @@ from gmlx_server.neutral import GenerationParams
 from gmlx_server.service.addressing import Settings, merge_sampling, resolve_address, resolve_settings
 from gmlx_server.service.cache_points import request_hints
 from gmlx_server.service.host import ModelHost
+from gmlx_server.service.roles import REPAIRS
 
 log = logging.getLogger("gmlx.generate")
 MAX_MESSAGES = 100_000  # per request: bounds the template's work before it starts
@@ -77,15 +78,30 @@ def template_variables(inp: GenerationParams, settings: Settings, template: Chat
 
 
 def render_chat(inp: GenerationParams, settings: Settings, template: ChatTemplate) -> str:
+    return render_messages(inp, settings, template)[0]
+
+
+def render_messages(inp: GenerationParams, settings: Settings, template: ChatTemplate) -> tuple[str, str | None]:
+    """The rendered prompt, and what was repaired when the template refused the messages as sent."""
     messages = list(inp.messages)
     if settings.system and (not messages or messages[0].get("role") != "system"):
         messages.insert(0, {"role": "system", "content": settings.system})  # a request's own system wins
     tools = None if inp.tool_choice == "none" else inp.tools  # `none` is enforced by stripping the tools
-    try:
-        return template.render(messages, tools=list(tools) if tools else None, add_generation_prompt=True,
+
+    def render(msgs: list[dict[str, Any]]) -> str:
+        return template.render(msgs, tools=list(tools) if tools else None, add_generation_prompt=True,
                                **template_variables(inp, settings, template))
+
+    try:
+        return render(messages), None
     except Exception as exc:  # template raise_exception(...) and jinja errors are about the request
-        raise InvalidRequest(f"the chat template rejected the request: {exc}", param="messages") from exc
+        refused = exc
+    for what, repair in REPAIRS:
+        try:
+            return render(repair(messages)), f"{what}: the template refused them as sent ({refused})"
+        except Exception:
+            continue
+    raise InvalidRequest(f"the chat template rejected the request: {refused}", param=inp.messages_param) from refused
 
 
 @dataclass(frozen=True)
@@ -152,12 +168,14 @@ def tokenize(inp: GenerationParams, settings: Settings, template: ChatTemplate, 
              model: str, budget: int) -> tuple[str, list[int]]:
     """Render (or take the raw prompt), refuse what cannot fit, tokenize. Blocking: run it in a thread."""
     raw = inp.prompt is not None
-    text = inp.prompt if inp.prompt is not None else render_chat(inp, settings, template)
-    check_length(text, tokenizer, model, budget, "prompt" if raw else "messages")
+    text, repaired = (inp.prompt, None) if inp.prompt is not None else render_messages(inp, settings, template)
+    if repaired:
+        log.info("model %s: %s", model, repaired)
+    check_length(text, tokenizer, model, budget, "prompt" if raw else inp.messages_param)
     # A rendered chat template carries its own BOS; a raw completion prompt gets the tokenizer's.
     ids = tokenizer.encode(text, raw)
     if not ids:
-        raise InvalidRequest("the prompt is empty", param="prompt" if raw else "messages")
+        raise InvalidRequest("the prompt is empty", param="prompt" if raw else inp.messages_param)
     return text, ids
 
 

@@ -108,8 +108,8 @@ def test_a_text_longer_than_the_window_allows_is_refused_untokenized(s: Served, 
     assert s.chat().status_code == 200  # loads the engine, tokenizing one short prompt
     tok = _tokenizer(s)
     before = len(tok.threads)
-    err = _too_long(s.client.post(path, json={"model": "m1", **body}), anthropic, "prompt" if "prompt" in body else
-                    "messages")
+    field = next(k for k in ("prompt", "input", "messages") if k in body)  # each protocol's own name
+    err = _too_long(s.client.post(path, json={"model": "m1", **body}), anthropic, field)
     assert len(tok.threads) == before  # refused on its length: never tokenized
     assert f"context window of {CONTEXT} tokens" in err["message"]
     if not anthropic:
