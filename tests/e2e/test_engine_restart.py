@@ -55,6 +55,14 @@ def _stream(server: LiveServer, body: dict[str, object], out: dict[str, list[dic
     out["stream"] = events
 
 
+def _wait_decoding(server: LiveServer) -> None:
+    deadline = time.monotonic() + 60
+    while not any(r.get("state") == "decode" and r.get("generated", 0) > 0 for r in
+                  httpx.get(server.v1 + "/metrics", timeout=5).json()["server"]["requests"]):
+        assert time.monotonic() < deadline, "the stream never started decoding"
+        time.sleep(0.05)
+
+
 def _client(server: LiveServer) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.v1, api_key="none", max_retries=0, timeout=120)
 
@@ -72,9 +80,10 @@ def test_a_killed_engine_fails_its_requests_and_the_host_restarts_it(server: Liv
     client = _client(server)
     before = client.chat.completions.create(**CHAT, max_tokens=6).choices[0].message.content  # type: ignore[call-overload]
     out: dict[str, list[dict[str, object]]] = {}
-    streamer = threading.Thread(target=_stream, args=(server, {**CHAT, "max_tokens": 200}, out))
+    long = {**CHAT, "max_tokens": 2000, "logit_bias": {"2": -100}}  # EOS banned: still decoding when killed
+    streamer = threading.Thread(target=_stream, args=(server, long, out))
     streamer.start()
-    time.sleep(1.0)  # the stream is decoding when the killer arrives
+    _wait_decoding(server)
     with pytest.raises(openai.InternalServerError) as killed:
         client.chat.completions.create(**CHAT, max_tokens=KILL_MARK)
     assert killed.value.status_code == 500 and killed.value.body["type"] == "engine_error"  # type: ignore[index]
