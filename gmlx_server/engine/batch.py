@@ -122,11 +122,6 @@ class BatchDecoder:
         rows, self.rows, self._cache = self.rows, [], []
         return rows
 
-    def fail_all(self, error: str) -> None:
-        for s in self.rows:
-            s.finish("error", error=error)
-        self._drop(list(range(len(self.rows))))
-
     def cancel_requested(self) -> None:
         """Rows whose client went away leave now, not at their next token."""
         gone = [i for i, s in enumerate(self.rows) if s.cancelled()]
