@@ -33,11 +33,22 @@ def split_passthrough(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
+def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """launch hands the client every argument it does not know, in order, then those after --;
+    every other command refuses an unknown argument."""
+    own, passthrough = split_passthrough(argv)
+    if own[:1] != ["launch"]:
+        args = parser.parse_args(own)
+        args.passthrough_args = passthrough
+        return args
+    args, unknown = parser.parse_known_args(own)
+    args.passthrough_args = [*unknown, *passthrough]
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    own, passthrough = split_passthrough(list(sys.argv[1:] if argv is None else argv))
-    args = parser.parse_args(own)
-    args.passthrough_args = passthrough
+    args = parse(parser, list(sys.argv[1:] if argv is None else argv))
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

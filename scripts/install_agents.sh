@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Install the real agent clients (Claude Code, pi) that tests/agents runs against gmlx: the versions
-# pinned in tests/agents/package-lock.json, into tests/agents/node_modules (idempotent, npm registry only).
+# Install the real agent clients (Claude Code, pi, opencode, Codex CLI) that tests/agents runs against
+# gmlx: the versions pinned in tests/agents/package-lock.json, into tests/agents/node_modules
+# (idempotent, npm registry only).
 # Without Node.js and npm it says so and exits 0; the tests then skip, except under CI=true, where they fail.
 set -euo pipefail
 cd "$(dirname "$0")/../tests/agents"
@@ -8,8 +9,10 @@ if ! command -v npm >/dev/null 2>&1; then
   echo "install_agents: npm not found; install Node.js 20+ to run the agent-client tests" >&2
   exit 0
 fi
-if [ -x node_modules/.bin/claude ] && [ -x node_modules/.bin/pi ] && [ node_modules/.package-lock.json -nt package-lock.json ]; then
+if [ -x node_modules/.bin/claude ] && [ -x node_modules/.bin/pi ] && [ -x node_modules/.bin/opencode ] \
+    && [ -x node_modules/.bin/codex ] && [ node_modules/.package-lock.json -nt package-lock.json ]; then
   exit 0
 fi
 npm ci --no-audit --no-fund --loglevel=error
-echo "install_agents: $(node_modules/.bin/claude --version 2>&1), pi $(node_modules/.bin/pi --version 2>&1)"
+echo "install_agents: $(node_modules/.bin/claude --version 2>&1), pi $(node_modules/.bin/pi --version 2>&1)," \
+  "opencode $(node_modules/.bin/opencode --version 2>&1), $(node_modules/.bin/codex --version 2>&1)"

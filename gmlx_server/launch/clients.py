@@ -3,32 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from gmlx_server.launch.codex import codex
+from gmlx_server.launch.invocation import LOCAL_KEY, Client, Invocation, home, write_atomic
+from gmlx_server.launch.opencode import opencode
 from gmlx_server.launch.server import ModelTarget
 
-LOCAL_KEY = "gmlx-local"  # harnesses insist on a key; a keyless server ignores it
+__all__ = ["CLIENTS", "Client", "Invocation"]
 PI_DEFAULT_RESERVE = 16_384  # pi's compaction.reserveTokens default (docs/compaction.md)
-
-
-@dataclass(frozen=True)
-class Invocation:
-    argv: list[str]
-    env: dict[str, str]
-    wrote: list[Path] = field(default_factory=list)  # config files written for the client
-    notes: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class Client:
-    name: str
-    binary: str
-    install: str  # the command that installs it
-    configure: Callable[[str, str | None, ModelTarget, list[str], Mapping[str, str]], Invocation]
 
 
 def claude(url: str, key: str | None, t: ModelTarget, args: list[str], env: Mapping[str, str]) -> Invocation:
@@ -47,8 +32,7 @@ def claude(url: str, key: str | None, t: ModelTarget, args: list[str], env: Mapp
 
 
 def pi_models_file(env: Mapping[str, str]) -> Path:
-    return Path(env.get("PI_CODING_AGENT_DIR") or Path(env.get("HOME", "~")) / ".pi" / "agent").expanduser() \
-        / "models.json"
+    return home(env, "PI_CODING_AGENT_DIR", ".pi", "agent") / "models.json"
 
 
 def pi_provider(url: str, key: str | None, t: ModelTarget, existing: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -67,10 +51,7 @@ def pi(url: str, key: str | None, t: ModelTarget, args: list[str], env: Mapping[
     data: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
     providers = data.setdefault("providers", {})
     providers["gmlx"] = pi_provider(url, key, t, providers.get("gmlx"))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)  # atomic: pi reloads the file while it runs
+    write_atomic(path, json.dumps(data, indent=2) + "\n")  # pi reloads the file while it runs
     notes = [f"context window {t.context_window}, max output {t.max_output} tokens"]
     reserve = pi_compaction_reserve(path.parent / "settings.json")
     if reserve > t.context_window // 2:
@@ -90,6 +71,9 @@ def pi_compaction_reserve(settings: Path) -> int:
 
 
 CLIENTS: dict[str, Client] = {
-    "claude": Client("Claude Code", "claude", "npm install -g @anthropic-ai/claude-code", claude),
-    "pi": Client("pi", "pi", "npm install -g @mariozechner/pi-coding-agent", pi),
+    "claude": Client("Claude Code", "claude", "npm install -g @anthropic-ai/claude-code", claude,
+                     "CLAUDE_CONFIG_DIR"),
+    "codex": Client("Codex CLI", "codex", "npm install -g @openai/codex", codex, "CODEX_HOME"),
+    "opencode": Client("opencode", "opencode", "npm install -g opencode-ai", opencode, "XDG_CONFIG_HOME"),
+    "pi": Client("pi", "pi", "npm install -g @mariozechner/pi-coding-agent", pi, "PI_CODING_AGENT_DIR"),
 }

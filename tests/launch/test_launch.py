@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ def server() -> Iterator[tuple[str, Served]]:
         yield url, s
 
 
-def launch(tmp_path: Path, args: list[str], clients: tuple[str, ...] = ("claude", "pi"),
+def launch(tmp_path: Path, args: list[str], clients: tuple[str, ...] = ("claude", "codex", "opencode", "pi"),
            env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess[str], dict[str, Any] | None]:
     bindir = tmp_path / "bin"
     bindir.mkdir(exist_ok=True)
@@ -98,7 +99,8 @@ def test_claude_gets_environment_for_every_model_tier(tmp_path: Path, server: tu
 
 
 @pytest.mark.parametrize("client, package", [("claude", "@anthropic-ai/claude-code"),
-                                             ("pi", "@mariozechner/pi-coding-agent")])
+                                             ("pi", "@mariozechner/pi-coding-agent"),
+                                             ("codex", "@openai/codex"), ("opencode", "opencode-ai")])
 def test_a_missing_client_is_refused_with_how_to_install_it(tmp_path: Path, client: str, package: str) -> None:
     proc, rec = launch(tmp_path, [client, "--model", "m1", "--url", f"http://127.0.0.1:{free_port()}"],
                        clients=())
@@ -142,3 +144,133 @@ def test_launch_is_listed_in_gmlx_help() -> None:
     out = subprocess.run([sys.executable, "-m", "gmlx_server.cli", "--help"], capture_output=True, text=True,
                          env={**os.environ}, timeout=60).stdout
     assert "launch" in out
+
+
+def test_client_arguments_pass_through_with_or_without_the_separator(tmp_path: Path,
+                                                                    server: tuple[str, Served]) -> None:
+    url, _ = server
+    proc, rec = launch(tmp_path, ["pi", "--model", "m1", "-p", "hi", "--url", url, "--api-key", "sekrit",
+                                  "--thinking", "off", "--", "--model", "not-launch's"])
+    assert proc.returncode == 7, proc.stderr  # was an argparse error before `--` became optional
+    assert rec is not None and rec["argv"][1:] == ["--provider", "gmlx", "--model", "m1", "-p", "hi",
+                                                   "--thinking", "off", "--model", "not-launch's"]
+    proc, rec = launch(tmp_path, ["pi", "--model", "m1", "--url", url, "--api-key", "sekrit", "--max", "3"])
+    assert rec is not None and rec["argv"][-2:] == ["--max", "3"]  # never abbreviated to --max-output
+
+
+def test_help_says_how_to_separate_ambiguous_client_arguments() -> None:
+    out = subprocess.run([sys.executable, "-m", "gmlx_server.cli", "launch", "--help"], capture_output=True,
+                         text=True, timeout=60).stdout
+    assert "after -- goes to the client" in out and "codex" in out and "opencode" in out
+    assert "CODEX_HOME" in out and "XDG_CONFIG_HOME" in out  # where each client's config is written
+
+
+OPENCODE_JSON = {"$schema": "https://opencode.ai/config.json", "model": "anthropic/claude", "theme": "x",
+                 "provider": {"ollama": {"npm": "@ai-sdk/openai-compatible", "models": {"llama": {}}},
+                              "gmlx": {"models": {"other": {"limit": {"context": 1, "output": 1}},
+                                                  "m1": {"limit": {"context": 1, "output": 1}}}}}}
+
+
+def test_opencode_gets_a_provider_with_limits_and_the_model_for_this_run_only(
+        tmp_path: Path, server: tuple[str, Served]) -> None:
+    url, _ = server
+    config = tmp_path / ".config" / "opencode" / "opencode.json"
+    config.parent.mkdir(parents=True)
+    config.write_text(json.dumps(OPENCODE_JSON))
+    proc, rec = launch(tmp_path, ["opencode", "--model", "m1", "--url", url, "--api-key", "sekrit", "run", "hi"],
+                       env={"OPENCODE_CONFIG_CONTENT": '{"share": "disabled", "model": "x/y"}'})
+    assert proc.returncode == 7, proc.stderr
+    assert rec is not None and rec["argv"][1:] == ["run", "hi"]
+    data = json.loads(config.read_text())
+    assert {k: data[k] for k in ("$schema", "model", "theme")} == {k: OPENCODE_JSON[k] for k in
+                                                                    ("$schema", "model", "theme")}
+    assert data["provider"]["ollama"] == OPENCODE_JSON["provider"]["ollama"]  # other providers kept
+    gmlx = data["provider"]["gmlx"]
+    assert gmlx["npm"] == "@ai-sdk/openai-compatible"
+    assert gmlx["options"] == {"baseURL": f"{url}/v1", "apiKey": "sekrit"}
+    assert list(gmlx["models"]) == ["other", "m1"]  # other models kept, the launched one replaced
+    assert gmlx["models"]["m1"]["limit"] == {"context": 4096, "output": 1024}
+    inline = json.loads(rec["env"]["OPENCODE_CONFIG_CONTENT"])  # the user's inline config, the model on top
+    assert inline == {"share": "disabled", "model": "gmlx/m1", "small_model": "gmlx/m1"}
+
+
+def test_opencode_config_with_comments_is_left_alone(tmp_path: Path, server: tuple[str, Served]) -> None:
+    url, _ = server
+    config = tmp_path / "xdg" / "opencode" / "opencode.json"
+    config.parent.mkdir(parents=True)
+    config.write_text('{\n  // mine\n  "theme": "x",\n}\n')
+    proc, rec = launch(tmp_path, ["opencode", "--model", "m1", "--url", url, "--api-key", "sekrit"],
+                       env={"XDG_CONFIG_HOME": str(tmp_path / "xdg")})
+    assert proc.returncode == 1 and rec is None
+    assert "not plain JSON" in proc.stderr and "--config-home" in proc.stderr
+    assert config.read_text() == '{\n  // mine\n  "theme": "x",\n}\n'
+
+
+CODEX_TOML = '''# my settings
+model = "gpt-5"  # the cloud default stays
+approval_policy = "on-request"
+
+[model_providers.gmlx]
+name = "old"
+base_url = "http://old/v1"
+stream_max_retries = 9
+
+[model_providers.gmlx.http_headers]
+X-Old = "1"
+
+[model_providers.ollama]
+name = "Ollama"
+base_url = "http://localhost:11434/v1"
+
+[mcp_servers.docs]
+command = "docs-mcp"
+args = ["--port", "1"]
+'''
+
+
+def test_codex_gets_a_provider_merged_into_config_toml_and_the_model_in_a_profile(
+        tmp_path: Path, server: tuple[str, Served]) -> None:
+    url, _ = server
+    home = tmp_path / "codex-home"
+    home.mkdir()
+    (home / "config.toml").write_text(CODEX_TOML)
+    proc, rec = launch(tmp_path, ["codex", "--model", "m1", "--url", url, "--api-key", "sekrit", "exec",
+                                  "--skip-git-repo-check", "say hi"], env={"CODEX_HOME": str(home)})
+    assert proc.returncode == 7, proc.stderr
+    assert rec is not None and rec["argv"][1:] == ["--profile", "gmlx", "exec", "--skip-git-repo-check", "say hi"]
+    assert rec["env"]["GMLX_API_KEY"] == "sekrit"  # Codex reads the key from the variable env_key names
+    text = (home / "config.toml").read_text()
+    assert "# my settings" in text and "# the cloud default stays" in text and "sekrit" not in text
+    after, before = tomllib.loads(text), tomllib.loads(CODEX_TOML)
+    assert after["model_providers"].pop("gmlx") == {
+        "name": "gmlx", "base_url": f"{url}/v1", "wire_api": "responses", "requires_openai_auth": False,
+        "env_key": "GMLX_API_KEY"}
+    before["model_providers"].pop("gmlx")
+    assert after == before  # every other setting as it was
+    profile = tomllib.loads((home / "gmlx.config.toml").read_text())
+    assert profile == {"model": "m1", "model_provider": "gmlx", "model_context_window": 4096,
+                       "model_auto_compact_token_limit": 3072}
+
+
+def test_codex_inline_provider_is_refused_and_config_home_isolates(tmp_path: Path,
+                                                                   server: tuple[str, Served]) -> None:
+    url, _ = server
+    home = tmp_path / ".codex"
+    home.mkdir()
+    inline = 'model_providers = { gmlx = { name = "mine", base_url = "http://x" } }\n'
+    (home / "config.toml").write_text(inline)
+    proc, rec = launch(tmp_path, ["codex", "--model", "m1", "--url", url, "--api-key", "sekrit"])
+    assert proc.returncode == 1 and rec is None and "cannot replace [model_providers.gmlx]" in proc.stderr
+    assert (home / "config.toml").read_text() == inline
+    proc, rec = launch(tmp_path, ["codex", "--model", "m1", "--url", url, "--config-home", str(tmp_path / "iso"),
+                                  "--api-key", "sekrit"])
+    assert proc.returncode == 7 and rec is not None and rec["env"]["CODEX_HOME"] == str(tmp_path / "iso")
+    assert tomllib.loads((tmp_path / "iso" / "config.toml").read_text())["model_providers"]["gmlx"]["name"] == "gmlx"
+    assert (home / "config.toml").read_text() == inline  # the user's own home untouched
+
+
+def test_codex_without_a_key_names_no_key_variable(tmp_path: Path) -> None:
+    from gmlx_server.launch.codex import merge_provider, provider_table
+    text = merge_provider("", provider_table("http://h:1", None), tmp_path / "config.toml")
+    assert tomllib.loads(text) == {"model_providers": {"gmlx": {
+        "name": "gmlx", "base_url": "http://h:1/v1", "wire_api": "responses", "requires_openai_auth": False}}}
