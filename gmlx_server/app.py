@@ -23,14 +23,17 @@ from gmlx_server.routes.messages import CountTokens, Messages
 from gmlx_server.routes.metrics import Metrics
 from gmlx_server.routes.models import Model, Models
 from gmlx_server.routes.openapi import OpenApi
+from gmlx_server.routes.request_log import RequestLogMiddleware
 from gmlx_server.routes.residency import Keep, Reload, Unload
 from gmlx_server.routes.responses import Responses
+from gmlx_server.routes.services import Embeddings, Rerank, Speech, SystemOne, Transcriptions
 from gmlx_server.service.cache_stats import resident_cache_stats
 from gmlx_server.service.conversations import ResponseStore
 from gmlx_server.service.estimate import Estimator
 from gmlx_server.service.host import EngineFactory, ModelHost
 from gmlx_server.service.prometheus import make_registry
 from gmlx_server.service.snapshot import Snapshotter
+from gmlx_server.services.host import ServiceHost
 from gmlx_server.web_policy import HostPolicy, OriginPolicy
 
 GmlxApp = falcon.asgi.App[GmlxRequest, falcon.asgi.Response]
@@ -45,13 +48,15 @@ SWEEP_PERIOD_S = 1.0  # the idle sweep's tick; a shorter idle_timeout_s ticks at
 class Lifespan:
     """Runs the memory governor and the idle sweep while the app lives; closes every engine at shutdown."""
 
-    def __init__(self, host: ModelHost) -> None:
-        self.host = host
+    def __init__(self, host: ModelHost, services: ServiceHost | None = None) -> None:
+        self.host, self.services = host, services
         self._tasks: list[asyncio.Task[None]] = []
 
     async def process_startup(self, scope: dict[str, Any], event: dict[str, Any]) -> None:
         self._tasks = [asyncio.create_task(self._govern()), asyncio.create_task(self._sweep()),
                        asyncio.create_task(self._supervise())]
+        if self.services is not None:
+            self.services.start()  # hf: service models download in the background; load: start ones load
 
     async def _sweep(self) -> None:
         while True:
@@ -81,19 +86,29 @@ class Lifespan:
     async def process_shutdown(self, scope: dict[str, Any], event: dict[str, Any]) -> None:
         for task in self._tasks:
             task.cancel()
+        if self.services is not None:
+            self.services.close()
         self.host.close()
 
 
-def _metrics(host: ModelHost, config: ServerConfig) -> Metrics:
+def _metrics(host: ModelHost, config: ServerConfig, services: ServiceHost) -> Metrics:
     snaps = Snapshotter(lambda: host.resident, host.telemetry, host.admission, host.governor,
                         config.server.decode_batch, host.capacity_section, lambda m: host.config.models.get(m),
-                        host.marks)
+                        host.marks, extra={"services": services.section})
     return Metrics(snaps, make_registry(snaps.snapshot, host.telemetry, lambda: resident_cache_stats(host.resident)))
 
 
-def _routes(host: ModelHost, config: ServerConfig) -> list[tuple[str, object]]:
-    models = Models(host)
-    metrics = _metrics(host, config)
+def _service_routes(services: ServiceHost) -> list[tuple[str, object]]:
+    rerank, systemone = Rerank(services), SystemOne()
+    return [("/v1/embeddings", Embeddings(services)), ("/v1/rerank", rerank), ("/rerank", rerank),
+            ("/v1/audio/transcriptions", Transcriptions(services, "transcribe")),
+            ("/v1/audio/translations", Transcriptions(services, "translate")),
+            ("/v1/audio/speech", Speech(services)), ("/v1/systemone", systemone), ("/systemone", systemone)]
+
+
+def _routes(host: ModelHost, config: ServerConfig, services: ServiceHost) -> list[tuple[str, object]]:
+    models = Models(host, services.rows)
+    metrics = _metrics(host, config, services)
     estimator = Estimator(host)
     return [
         ("/v1/chat/completions", ChatCompletions(host, estimator)),
@@ -103,7 +118,7 @@ def _routes(host: ModelHost, config: ServerConfig) -> list[tuple[str, object]]:
         ("/v1/responses", Responses(host, ResponseStore())),  # previous_response_id lives per app
         ("/v1/models", models),
         ("/models", models),
-        ("/v1/models/{model_id:path}", Model(host)),
+        ("/v1/models/{model_id:path}", Model(host, services.rows)),
         ("/health", Health(host, key_required=bool(config.server.api_key))),
         ("/v1/estimate", Estimate(estimator)),
         ("/v1/capacity/plan", CapacityPlan(estimator)),
@@ -111,10 +126,11 @@ def _routes(host: ModelHost, config: ServerConfig) -> list[tuple[str, object]]:
         ("/metrics", metrics),
         ("/unload", Unload(host)),
         ("/v1/keep", Keep(host)),
-        ("/v1/reload", Reload(host)),
+        ("/v1/reload", Reload(host, services.reconfigure)),
         ("/v1/cache/stats", CacheStats(host)),
         ("/v1/cache/reset", CacheReset(host)),
         ("/openapi.json", OpenApi()),
+        *_service_routes(services),
     ]
 
 
@@ -123,17 +139,21 @@ def create_app(
     engine_factory: EngineFactory | None = None,
     *,
     host: ModelHost | None = None,
+    services: ServiceHost | None = None,
 ) -> GmlxApp:
     """The ASGI app. Engines are created lazily, on a model's first request, by `engine_factory`
-    (default: gmlx_server.engine.factory.create_engine). Pass `host` to share or inspect it."""
+    (default: gmlx_server.engine.factory.create_engine). Pass `host` (or `services`) to share or inspect it."""
     host = host if host is not None else ModelHost(config, engine_factory)
-    middleware: list[Any] = [Lifespan(host), JsonBodyMiddleware(config.env.max_body_bytes, config.env.body_timeout_s)]
+    services = services if services is not None else ServiceHost(config, host)
+    body = JsonBodyMiddleware(config.env.max_body_bytes, config.env.body_timeout_s)
+    middleware: list[Any] = [Lifespan(host, services), body]
     if config.server.api_key:
         middleware.insert(0, ApiKeyMiddleware(config.server.api_key))
     guard = RequestGuard(OriginPolicy(config.server.allowed_origins), HostPolicy(config.server.allowed_hosts))
     middleware.insert(0, guard)  # first: a preflight carries no key, a refused page gets no further
+    middleware.insert(0, RequestLogMiddleware())  # before it: a refused generation request is logged too
     app = falcon.asgi.App(middleware=middleware, request_type=GmlxRequest)
-    for path, resource in _routes(host, config):
+    for path, resource in _routes(host, config, services):
         app.add_route(path, resource)
     for exc in (Exception, falcon.HTTPError, GmlxError):
         app.add_error_handler(exc, handle_error)

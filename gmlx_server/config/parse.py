@@ -10,9 +10,11 @@ from typing import Any
 import yaml
 
 from gmlx_server.config.checker import KINDS, Checker
+from gmlx_server.config.services import check_service_refs, parse_services
 from gmlx_server.config.settings import (
     BACKENDS,
     BUILTIN_INTENTS,
+    TOOL_FORMATS,
     ConfigError,
     KVQuant,
     KVQuantError,
@@ -30,7 +32,7 @@ _SERVER_KINDS = {
 }
 _MODEL_KINDS = {
     "path": "str", "profile": "str", "max_kv_size": "int", "pinned": "bool", "chat_template": "str",
-    "weights": "str", "clamp_max_tokens": "bool", "backend": "str",
+    "weights": "str", "clamp_max_tokens": "bool", "backend": "str", "tool_format": "str",
 }
 # Keys the file format reserves for features not built yet: refused by name rather than accepted and ignored.
 _UNBUILT_MODEL_KEYS = {
@@ -38,7 +40,6 @@ _UNBUILT_MODEL_KEYS = {
     "draft": "speculative decoding with a draft model",
 }
 _KV_QUANT_KINDS = {"scheme": "str", "bits": "int", "group_size": "int", "value_bits": "int", "tail_tokens": "int"}
-_UNBUILT_TOP_KEYS = {"services": "embeddings, rerank, speech-to-text and text-to-speech services"}
 # The engine's SamplingParams fields a profile may set (logit_bias is per request); a test keeps them equal.
 SAMPLING_KINDS = {
     "temperature": "number", "top_p": "number", "top_k": "int", "min_p": "number", "top_n_sigma": "number",
@@ -101,6 +102,9 @@ def _model(c: Checker, mid: str, raw: Any, base: Path) -> ModelEntry:
     kw["weights"] = kw["weights"] or "auto"
     if kw["weights"] not in ("auto", "native", "packed", "dense"):
         raise c.fail(f"{key}.weights", f"expected auto, native, packed or dense, got {kw['weights']!r}")
+    kw["tool_format"] = kw["tool_format"] or "auto"
+    if kw["tool_format"] not in TOOL_FORMATS:
+        raise c.fail(f"{key}.tool_format", f"expected {', '.join(TOOL_FORMATS)}, got {kw['tool_format']!r}")
     kw["backend"] = kw["backend"] or BACKENDS[0]
     if kw["backend"] not in BACKENDS:
         raise c.fail(f"{key}.backend", f"expected one of {', '.join(BACKENDS)}, got {kw['backend']!r}")
@@ -191,7 +195,6 @@ def parse(source: str, text: str, hf_cache: Path | None = None) -> ServerConfig:
     """The file's text -> a ServerConfig with no environment or command-line overrides applied yet."""
     c = Checker(source, hf_cache)
     top = c.section(_yaml(source, text), "", _TOP_KEYS)
-    _refuse_unbuilt(c, top, "", _UNBUILT_TOP_KEYS)
     base = Path(source).parent
     server = _server(c, top.get("server"))
     models = {str(k): _model(c, str(k), v, base) for k, v in c.section(top.get("models"), "models").items()}
@@ -204,7 +207,9 @@ def parse(source: str, text: str, hf_cache: Path | None = None) -> ServerConfig:
         models.update(discover_models(server.models_dir, set(models) | set(aliases)))
     if not models:
         raise c.fail("models", "no models configured (list some under models: or set server.models_dir)")
+    services = MappingProxyType(parse_services(c, top.get("services"), base))
     cfg = ServerConfig(server, MappingProxyType(models), MappingProxyType(profiles),
-                       MappingProxyType(dict(aliases)), source=source)
+                       MappingProxyType(dict(aliases)), services, source=source)
     _check_refs(c, cfg)
+    check_service_refs(c, cfg)
     return cfg

@@ -21,6 +21,11 @@ DEFAULT_MODEL_ID = "smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BLAS_OFF = frozenset({"off", "0", "none"})  # GMLX_BLAS values that keep the mlx-cpu wheel's reference BLAS
 WeightsLayout = Literal["auto", "native", "packed", "dense"]
+# A model's tool-call syntax: its template's where it has one, else gmlx's JSON (auto); only the template's
+# (template); gmlx's JSON convention always (json). README's "Tool calling on any model" says more.
+ToolFormatSetting = Literal["auto", "template", "json"]
+TOOL_FORMATS: tuple[ToolFormatSetting, ...] = ("auto", "template", "json")
+LogFormat = Literal["text", "json"]
 DEFAULT_PROMPT_CACHE_BYTES = 512 << 20
 BACKENDS = ("mlx",)  # engine backends a model entry may name (engine/factory.py has one builder per name)
 
@@ -60,6 +65,7 @@ class RuntimeEnv:
     hf_hub_cache: str | None = None  # HF_HUB_CACHE, else HF_HOME/hub; None = the default under ~/.cache
     blas: str | None = None  # GMLX_BLAS: "off" keeps the reference BLAS, a path loads that library
     native_kernels: bool = True  # GMLX_NATIVE_KERNELS=0: "auto" weights skip the CPU kernels' native layout
+    log_format: LogFormat = "text"  # GMLX_LOG_FORMAT=json: one JSON object per log line (gmlx serve)
 
 
 
@@ -77,6 +83,7 @@ class ModelEntry:
     weights: WeightsLayout = "auto"
     backend: str = "mlx"
     clamp_max_tokens: bool | None = None  # None: the server's setting
+    tool_format: ToolFormatSetting = "auto"  # read per request: a reload changes it without a new load
     discovered: bool = False  # found under server.models_dir rather than listed in models:
 
     @property
@@ -115,10 +122,24 @@ class ServerSettings:
 
 
 @dataclass(frozen=True)
+class ServiceEntry:
+    """One entry under services: (embeddings, rerank, stt or tts); README's Services section says what each key does."""
+
+    kind: str  # the key under services:
+    id: str  # what a request's `model` names (default: the kind)
+    model: str | None  # a local path, pkg:<package>/<path>, hf:org/repo[/path], or (rerank llm) a chat model id
+    aliases: tuple[str, ...] = ()  # more names a request may use (whisper-1, tts-1, ...)
+    load: str = "first_use"  # or "start": load in the background when the server starts
+    max_concurrent: int = 4  # requests admitted at once (one runs on the worker, the rest wait); more get 503
+    options: Mapping[str, Any] = field(default_factory=dict)  # the kind's own keys, checked by name
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     server: ServerSettings = field(default_factory=ServerSettings)
     models: Mapping[str, ModelEntry] = field(default_factory=dict)
     profiles: Mapping[str, Profile] = field(default_factory=dict)
     aliases: Mapping[str, str] = field(default_factory=dict)
+    services: Mapping[str, ServiceEntry] = field(default_factory=dict)  # by kind
     env: RuntimeEnv = field(default_factory=RuntimeEnv)
     source: str | None = None  # the YAML file; None in single-model mode

@@ -64,6 +64,10 @@ class JsonBodyMiddleware:
         if resource is None or req.method not in ("POST", "PUT", "PATCH"):
             return
         raw = await self._read(req)
+        req.context.body_bytes = len(raw)
+        if getattr(resource, "raw_body", False):  # a multipart upload: the resource parses the bytes itself
+            req.context.raw_body = raw
+            return
         # A large body's checks (numpy passes, which release the GIL) run in a thread; json.loads holds it anyway.
         req.context.body = parse_json(raw) if len(raw) <= _OFF_LOOP_JSON_BYTES else await asyncio.to_thread(
             parse_json, raw)

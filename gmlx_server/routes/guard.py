@@ -93,6 +93,8 @@ class RequestGuard:
         kind, browser = media_type(req.content_type), req.get_header("Origin") is not None
         if is_json(kind) or (not browser and kind in (None, "application/x-www-form-urlencoded")):
             return
+        if kind == "multipart/form-data" and getattr(resource, "raw_body", False):
+            return  # an upload route (audio files); an Origin, if any, has passed the allowlist already
         raise UnsupportedMediaType(kind or "(none)", browser)
 
     async def process_response(self, req: falcon.asgi.Request, resp: falcon.asgi.Response,

@@ -2,27 +2,32 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import falcon.asgi
 
 from gmlx_server.errors import ModelNotFound
 from gmlx_server.service.host import ModelHost
 
+ServiceRows = Callable[[], list[dict[str, Any]]]  # the configured services' rows (embeddings, stt, ...)
+
 
 class Models:
-    def __init__(self, host: ModelHost) -> None:
-        self.host = host
+    def __init__(self, host: ModelHost, services: ServiceRows = list) -> None:
+        self.host, self.services = host, services
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        resp.media = {"object": "list", "data": await self.host.list_models()}
+        resp.media = {"object": "list", "data": await self.host.list_models() + self.services()}
 
 
 class Model:
-    def __init__(self, host: ModelHost) -> None:
-        self.host = host
+    def __init__(self, host: ModelHost, services: ServiceRows = list) -> None:
+        self.host, self.services = host, services
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, model_id: str) -> None:
-        rows = await self.host.list_models()
+        rows = await self.host.list_models() + self.services()
         row = next((r for r in rows if r["id"] == model_id), None)
         if row is None:
-            raise ModelNotFound(model_id, self.host.catalog.model_ids)
+            raise ModelNotFound(model_id, [r["id"] for r in rows])
         resp.media = row

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import falcon.asgi
 
+from gmlx_server.config import ServerConfig
 from gmlx_server.errors import InvalidRequest
 from gmlx_server.routes.common import GmlxRequest, body_of
 from gmlx_server.service.addressing import resolve_address
@@ -67,8 +69,11 @@ class Keep:
 
 
 class Reload:
-    def __init__(self, host: ModelHost) -> None:
-        self.host = host
+    def __init__(self, host: ModelHost, then: Callable[[ServerConfig], None] | None = None) -> None:
+        self.host, self.then = host, then  # `then` gets the new config (the services follow it)
 
     async def on_post(self, req: GmlxRequest, resp: falcon.asgi.Response) -> None:
-        resp.media = await reload(self.host)
+        result = await reload(self.host)
+        if result.get("status") == "reloaded" and self.then is not None:
+            self.then(self.host.config)
+        resp.media = result

@@ -65,7 +65,7 @@ class ModelList:
         # What the engine really built (per layer), so only a resident model with kv_quant configured has it.
         kv = {"kv_quant": kv_quant_json(engine.info.kv_quant)} if engine and engine.info.kv_quant else {}
         return {
-            "id": entry.id, "object": "model", "created": 0, "owned_by": "gmlx",
+            "id": entry.id, "object": "model", "created": 0, "owned_by": "gmlx", "kind": "chat",
             "resident": entry.id in host.resident, "pinned": entry.pinned,
             # Speculative decoding and vision are not built yet: false until they are.
             "speculative": False, "vlm": False,

@@ -114,6 +114,13 @@ def _telemetry(t: Telemetry) -> Iterator[Metric]:
         for reason, n in r.finished.items():
             done.add_metric([m, reason], float(n))
     yield from (prompt, gen, done)
+    tools = CounterMetricFamily("gmlx_tool_calls", "tool calls by outcome: parsed, constrained (parsed from "
+                                "grammar-constrained output), failed (opened but did not parse)",
+                                labels=["model", "outcome"])
+    for m, r in t.models.items():
+        for outcome, n in r.tool_calls.items():
+            tools.add_metric([m, outcome], float(n))
+    yield tools
     rej = CounterMetricFamily("gmlx_admission_rejections", "requests refused by admission", labels=["reason"])
     for reason, n in t.rejections.items():
         rej.add_metric([reason], float(n))
@@ -135,6 +142,33 @@ def _prompt_cache(caches: Mapping[str, Mapping[str, Any]]) -> Iterator[Metric]:
     yield from (hits, *families.values())
 
 
+_SERVICE_COUNTERS = {"requests": "service requests admitted or refused", "errors": "service requests that failed",
+                     "rejections": "service requests refused at the concurrency cap",
+                     "bytes_in": "request bytes received by a service", "bytes_out": "response bytes a service sent"}
+
+
+def _services(server: Mapping[str, Any]) -> Iterator[Metric]:
+    """Per service (embeddings, rerank, stt, tts): counters, in-flight, state and the latency histogram."""
+    rows = server.get("services")
+    if not isinstance(rows, Mapping):
+        return
+    labels = ["service", "model"]
+    counters = {k: CounterMetricFamily(f"gmlx_service_{k}", doc, labels=labels) for k, doc in _SERVICE_COUNTERS.items()}
+    in_flight = GaugeMetricFamily("gmlx_service_in_flight", "service requests in flight", labels=labels)
+    ready = GaugeMetricFamily("gmlx_service_ready", "1 when the service's model is loaded", labels=[*labels, "state"])
+    latency = HistogramMetricFamily("gmlx_service_latency_seconds", "service request latency", labels=labels)
+    for kind, row in rows.items():
+        names = [str(kind), str(row.get("id", kind))]
+        for k, family in counters.items():
+            family.add_metric(names, float(row.get(k) or 0))
+        in_flight.add_metric(names, float(row.get("in_flight") or 0))
+        ready.add_metric([*names, str(row.get("state"))], 1.0 if row.get("state") == "ready" else 0.0)
+        buckets = [(str(b) if b == "+Inf" else repr(float(b)), float(n)) for b, n in row.get("latency_buckets") or []]
+        if buckets:
+            latency.add_metric(names, buckets, float(row.get("latency_s_sum") or 0.0))
+    yield from (*counters.values(), in_flight, ready, latency)
+
+
 class SnapshotCollector(Collector):
     def __init__(self, snapshot: Callable[[], Mapping[str, Any]], telemetry: Telemetry,
                  caches: CacheStats | None = None) -> None:
@@ -142,7 +176,7 @@ class SnapshotCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         server = self._snapshot().get("server", {})
-        for part in (_flat_sections, _governor, _requests, _resident, _capacity):
+        for part in (_flat_sections, _governor, _requests, _resident, _capacity, _services):
             yield from part(server)
         yield from _telemetry(self._telemetry)
         yield from _prompt_cache(self._caches() if self._caches is not None else {})

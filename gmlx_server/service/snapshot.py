@@ -28,6 +28,7 @@ SECTION_KEYS: dict[str, tuple[str, ...]] = {
                "arena_bytes", "arena_capacity_bytes", "arena_hit_rate"),
     "rates": ("decode_tok_s", "decode_streams", "prefill_tok_s_recent", "decode_tok_s_recent",
               "decode_tok_s_lifetime"),
+    "tool_calls": ("parsed", "constrained", "failed", "by_model"),
 }
 
 
@@ -50,11 +51,13 @@ class StatsCache:
 class Snapshotter:
     def __init__(self, engines: Callable[[], Mapping[str, Engine]], telemetry: Telemetry, admission: Admission,
                  governor: Governor, decode_batch: int, capacity: Callable[[], dict[str, Any] | None],
-                 entries: Callable[[str], Any], marks: Callable[[str], Mapping[str, object]] | None = None) -> None:
+                 entries: Callable[[str], Any], marks: Callable[[str], Mapping[str, object]] | None = None,
+                 extra: Mapping[str, Callable[[], Any]] | None = None) -> None:
         self._engines, self.telemetry, self.admission, self.governor = engines, telemetry, admission, governor
         self.decode_batch, self._capacity, self._entry = decode_batch, capacity, entries
         self._marks = marks  # pinned, kept and load count per resident model (the host's residency)
         self.stats = StatsCache()
+        self._extra = dict(extra or {})  # more sections, each probed like the rest (the services)
 
     def snapshot(self) -> dict[str, Any]:
         engines = dict(self._engines())
@@ -68,6 +71,8 @@ class Snapshotter:
             "memory": self._memory,
             "capacity": self._capacity,
             "rates": lambda: self._rates(stats),
+            "tool_calls": self._tool_calls,
+            **self._extra,
         }
         return {"server": {name: self._probe(name, fn) for name, fn in builders.items()}}
 
@@ -131,6 +136,13 @@ class Snapshotter:
                 "prefill_tok_s_recent": mean([m.prefill_tok_s_recent for m in models]),
                 "decode_tok_s_recent": mean([m.decode_tok_s_recent for m in models]),
                 "decode_tok_s_lifetime": mean([m.decode_tok_s_lifetime for m in models])}
+
+
+    def _tool_calls(self) -> dict[str, Any]:
+        """Calls parsed from replies, those of them decoded under a call grammar, and opened calls that failed."""
+        by_model = {m: dict(r.tool_calls) for m, r in self.telemetry.models.items() if r.tool_calls}
+        totals = {k: sum(c.get(k, 0) for c in by_model.values()) for k in ("parsed", "constrained", "failed")}
+        return {**totals, "by_model": by_model}
 
 
 def _requests(stats: Mapping[str, EngineStats]) -> list[dict[str, Any]]:

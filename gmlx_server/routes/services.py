@@ -1,0 +1,132 @@
+"""The service routes: embeddings, rerank, speech-to-text, text-to-speech, and systemone (never configured)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import falcon
+import falcon.asgi
+
+from gmlx_server.routes.common import GmlxRequest, body_of
+from gmlx_server.services.audio_out import CONTENT_TYPES
+from gmlx_server.services.audio_wire import parse_form, parse_speech, parse_transcription
+from gmlx_server.services.embeddings_wire import parse_embeddings
+from gmlx_server.services.errors import ServiceNotConfigured
+from gmlx_server.services.host import ServiceHost, uses_chat_model
+from gmlx_server.services.jobs import embed_job, rerank_cosine_job, speech_job, transcribe_job
+from gmlx_server.services.llm_rerank import llm_scores
+from gmlx_server.services.rerank import parse_rerank, rerank_response
+from gmlx_server.services.worker import Lease
+
+ROUTES = {"embeddings": "POST /v1/embeddings", "rerank": "POST /v1/rerank", "stt": "POST /v1/audio/transcriptions",
+          "tts": "POST /v1/audio/speech"}
+
+
+def body_bytes(req: GmlxRequest) -> int:
+    return int(getattr(req.context, "body_bytes", 0) or req.content_length or 0)
+
+
+def send_json(resp: falcon.asgi.Response, lease: Lease, payload: dict[str, Any]) -> None:
+    data = json.dumps(payload, ensure_ascii=False).encode()
+    resp.content_type = falcon.MEDIA_JSON
+    resp.data = data
+    lease.finish(True, len(data))
+
+
+class Embeddings:
+    """POST /v1/embeddings (OpenAI)."""
+
+    def __init__(self, services: ServiceHost) -> None:
+        self.services = services
+
+    async def on_post(self, req: GmlxRequest, resp: falcon.asgi.Response) -> None:
+        svc = self.services.service("embeddings", ROUTES["embeddings"])
+        parsed = parse_embeddings(body_of(req), int(svc.entry.options["max_inputs"]))
+        self.services.service("embeddings", ROUTES["embeddings"], parsed.model)
+        async with svc.admitted(body_bytes(req)) as lease:
+            payload = await svc.call(lambda embedder: embed_job(parsed, embedder, svc.entry))
+            send_json(resp, lease, payload)
+
+
+class Rerank:
+    """POST /v1/rerank and /rerank (Cohere/Jina): cosine on an embeddings model, or a chat model's yes/no."""
+
+    def __init__(self, services: ServiceHost) -> None:
+        self.services = services
+
+    async def on_post(self, req: GmlxRequest, resp: falcon.asgi.Response) -> None:
+        svc = self.services.service("rerank", ROUTES["rerank"])
+        parsed = parse_rerank(body_of(req), int(svc.entry.options["max_documents"]))
+        self.services.service("rerank", ROUTES["rerank"], parsed.model)
+        async with svc.admitted(body_bytes(req)) as lease:
+            if uses_chat_model(svc.entry) and self.services.chat is not None and svc.entry.model is not None:
+                scores, tokens = await llm_scores(self.services.chat, svc.entry.model, parsed)
+                payload = rerank_response(parsed, scores, svc.entry.id, tokens)
+            else:
+                worker = self.services.embedder_service(svc)
+                payload = await worker.call(rerank_cosine_job(parsed, svc.entry.id))
+            send_json(resp, lease, payload)
+
+
+class Transcriptions:
+    """POST /v1/audio/transcriptions and /v1/audio/translations: OpenAI's multipart form."""
+
+    raw_body = True  # the body middleware hands over the bytes instead of parsing JSON
+
+    def __init__(self, services: ServiceHost, task: str) -> None:
+        self.services, self.task = services, task
+
+    async def on_post(self, req: GmlxRequest, resp: falcon.asgi.Response) -> None:
+        route = f"POST {req.path}"
+        svc = self.services.service("stt", route)
+        form = parse_form(req.content_type, getattr(req.context, "raw_body", b""))
+        parsed = parse_transcription(form, int(svc.entry.options["max_file_bytes"]))
+        self.services.service("stt", route, parsed.model)
+        async with svc.admitted(body_bytes(req)) as lease:
+            job = transcribe_job(parsed, form.file or b"", self.task, float(svc.entry.options["max_audio_s"]))
+            content_type, data = await svc.call(job)
+            resp.content_type, resp.data = content_type, data
+            lease.finish(True, len(data))
+
+
+class Speech:
+    """POST /v1/audio/speech: streamed as the voice speaks each sentence."""
+
+    def __init__(self, services: ServiceHost) -> None:
+        self.services = services
+
+    async def on_post(self, req: GmlxRequest, resp: falcon.asgi.Response) -> None:
+        svc = self.services.service("tts", ROUTES["tts"])
+        parsed = parse_speech(body_of(req), int(svc.entry.options["max_input_chars"]))
+        self.services.service("tts", ROUTES["tts"], parsed.model)
+        lease = svc.admit(body_bytes(req))
+        chunks = svc.stream(speech_job(parsed))
+        try:
+            first = await anext(chunks, b"")  # a failure before any audio is still a typed error response
+        except BaseException:
+            lease.finish(False)
+            raise
+        resp.content_type = CONTENT_TYPES[parsed.response_format]
+        resp.stream = _relay(first, chunks, lease)
+
+
+async def _relay(first: bytes, chunks: AsyncIterator[bytes], lease: Lease) -> AsyncIterator[bytes]:
+    sent, ok = len(first), False
+    try:
+        yield first
+        async for chunk in chunks:
+            sent += len(chunk)
+            yield chunk
+        ok = True
+    finally:
+        await chunks.aclose()  # type: ignore[attr-defined]
+        lease.finish(ok, sent)
+
+
+class SystemOne:
+    """POST /v1/systemone: structured decisions from a DiffusionGemma model, which this build cannot serve."""
+
+    async def on_post(self, req: GmlxRequest, resp: falcon.asgi.Response) -> None:
+        raise ServiceNotConfigured(f"POST {req.path}", "systemone", buildable=False)
