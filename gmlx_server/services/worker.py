@@ -168,8 +168,9 @@ class Service:
         try:
             self.backend = self.loader(self.entry, path)
         except ImportError as exc:
-            self.load_error = f"{exc.name or exc} is not installed"
-            raise ServiceExtraMissing(self.kind, exc.name or str(exc)) from None
+            module = (exc.name or str(exc)).split(".")[0]  # the package to install, not its submodule
+            self.load_error = f"{module} is not installed"
+            raise ServiceExtraMissing(self.kind, module) from None
         except GmlxError as exc:
             self.load_error = exc.message
             raise
