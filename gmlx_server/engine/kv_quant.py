@@ -76,14 +76,39 @@ def _append(old: mx.array | None, new: mx.array) -> mx.array:
     return new if old is None else mx.concatenate([old, new], axis=2)
 
 
+class KVarnView(tuple[Any, Any]):
+    """What a kvarn cache's update returns for keys or values: (quantized parts or None, unquantized tail or
+    None). mlx-vlm's attention measures the keys by .shape[-2] (only the token count is meant) before
+    slicing an array mask (Gemma 3)."""
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        q, f = self
+        ref = q[0] if q is not None else f
+        n = (q[0].shape[2] if q is not None else 0) + (f.shape[2] if f is not None else 0)
+        return (ref.shape[0], ref.shape[1], n, ref.shape[3])
+
+
+@dataclass
+class _LastWrite:
+    """A kvarn cache's latest update: how many tokens it wrote and the unquantized tokens it moved into the
+    quantized store (views of the tail buffer, which is alive anyway)."""
+
+    tokens: int
+    moved: tuple[mx.array, mx.array] | None = None
+
+
 class _KVarnBase:
     """Keys at `bits`, values at `value_bits`; the newest `tail` tokens stay unquantized in fk/fv."""
+
+    offset: Any  # tokens seen: an int (one stream) or an array of per-row counts (the batch form)
 
     def __init__(self, bits: int, value_bits: int, group_size: int, tail: int) -> None:
         self.group_size, self.tail = group_size, tail
         self.ks, self.vs = QStore(bits, group_size, tail), QStore(value_bits, group_size, tail)
         self.fk: mx.array | None = None
         self.fv: mx.array | None = None
+        self._last: _LastWrite | None = None  # what the latest update wrote, so trim can take it back
 
     @property
     def bits(self) -> int:
@@ -102,14 +127,45 @@ class _KVarnBase:
         return self.ks.used + self.flen
 
     def _update(self, keys: mx.array, values: mx.array) -> tuple[Any, Any]:
-        fk, fv = _append(self.fk, keys), _append(self.fv, values)
+        self._last = _LastWrite(keys.shape[2])
+        self._settle(_append(self.fk, keys), _append(self.fv, values))
+        return KVarnView((self.ks.view(), self.fk)), KVarnView((self.vs.view(), self.fv))
+
+    def _settle(self, fk: mx.array, fv: mx.array) -> None:
+        """fk/fv: the newest tokens unquantized; all but the last `tail` join the quantized store."""
         move = fk.shape[2] - self.tail
-        if move > 0:  # the oldest unquantized tokens join the quantized store
+        if move > 0:
             self.ks.append(fk[..., :move, :])
             self.vs.append(fv[..., :move, :])
+            if self._last is not None:  # views of fk's buffer, which the tail keeps alive anyway
+                self._last.moved = (fk[..., :move, :], fv[..., :move, :])
             fk, fv = fk[..., move:, :], fv[..., move:, :]
         self.fk, self.fv = (fk, fv) if fk.shape[2] else (None, None)
-        return (self.ks.view(), self.fk), (self.vs.view(), self.fv)
+
+    def can_trim(self, n: int) -> bool:
+        """Only the latest update's tokens can be taken back exactly: the quantized store lost the exact
+        values of anything older."""
+        return n == 0 or (self._last is not None and n <= self._last.tokens)
+
+    def trim(self, n: int) -> None:
+        """Drop the newest n tokens (can_trim(n) must hold): the tokens the latest update moved into the
+        quantized store come back unquantized, then the split is redone, so the cache is bit for bit one
+        that never saw them (quantization is per token)."""
+        last, self._last = self._last, None
+        if not n:
+            return
+        assert last is not None and n <= last.tokens, "kvarn trims only the latest update's tokens"
+        back = last.moved[0].shape[2] if last.moved is not None else 0
+        for store in (self.ks, self.vs):
+            store.used -= back
+        held = [last.moved] if last.moved is not None else []
+        if self.fk is not None and self.fv is not None:
+            held.append((self.fk, self.fv))
+        fk = mx.concatenate([k for k, _ in held], axis=2)
+        fv = mx.concatenate([v for _, v in held], axis=2)
+        keep = fk.shape[2] - n
+        self._settle(fk[..., :keep, :], fv[..., :keep, :])
+        self.offset = self.offset - n  # an int for one stream, per-row counts in the batch form
 
     def empty(self) -> bool:
         return self.ks.parts is None and self.fk is None
@@ -173,6 +229,7 @@ class BatchKVarnCache(_KVarnBase):
         return create_causal_mask(N, offset=self.size_held, left_padding=self.left_padding, window_size=window_size)
 
     def filter(self, batch_indices: mx.array) -> None:
+        self._last = None  # the columns move: a later trim would not find the latest write where it was
         for store in (self.ks, self.vs):
             if store.parts is not None:
                 store.parts = tuple(p[batch_indices] for p in store.parts)
@@ -197,6 +254,7 @@ class BatchKVarnCache(_KVarnBase):
 
     def extend(self, other: BatchKVarnCache) -> None:
         """Append other's rows: each part right-justified to the wider of the two, padding on the left."""
+        self._last = None
         q, f = max(self.ks.used, other.ks.used), max(self.flen, other.flen)
         self.left_padding = mx.concatenate([c.left_padding + (q - c.ks.used) + (f - c.flen) for c in (self, other)])
         rows, other_rows = _rows(self), _rows(other)
