@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import threading
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
@@ -61,8 +62,8 @@ def test_without_the_extra_the_route_says_what_to_install(monkeypatch: pytest.Mo
 
 def test_a_request_over_the_cap_gets_503_with_retry_after_and_is_counted() -> None:
     backend = ScriptedEmbedder()
-    backend.gate = __import__("threading").Event()
-    client, services = app_with({"embeddings": entry("embeddings", max_concurrent=1)}, backend)
+    backend.gate = threading.Event()
+    client, _ = app_with({"embeddings": entry("embeddings", max_concurrent=1)}, backend)
 
     async def burst() -> tuple[Any, Any]:
         first = asyncio.create_task(client.client.post("/v1/embeddings", json={"input": "held on the worker"}))
