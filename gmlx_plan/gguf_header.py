@@ -214,3 +214,18 @@ def _parse(cur: _Cursor, path: str, size: int) -> GGUFHeader:
             raise GGUFFormatError(path, f"truncated: tensor {name} ends at byte {start + nbytes}, file has {size}")
         tensors.append(TensorInfo(name, shape, ggml_type, start, nbytes))
     return GGUFHeader(path, version, meta, tuple(tensors), data_offset, size)
+
+
+def token_list_difference(a: GGUFHeader, b: GGUFHeader) -> str | None:
+    """None when both files carry the same token list (what a drafter must share with its target); else
+    where they first differ, naming both files. Needs headers read with their strings."""
+    ta, tb = a.metadata.get("tokenizer.ggml.tokens"), b.metadata.get("tokenizer.ggml.tokens")
+    if not isinstance(ta, list) or not isinstance(tb, list):
+        missing = a.path if not isinstance(ta, list) else b.path
+        return f"{missing} carries no token list (tokenizer.ggml.tokens)"
+    if ta == tb:
+        return None
+    if len(ta) != len(tb):
+        return f"{a.path} has {len(ta)} tokens, {b.path} has {len(tb)}"
+    i = next(i for i, (x, y) in enumerate(zip(ta, tb, strict=True)) if x != y)
+    return f"token {i} is {ta[i]!r} in {a.path} but {tb[i]!r} in {b.path}"

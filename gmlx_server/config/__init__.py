@@ -23,6 +23,7 @@ from gmlx_server.config.settings import (
     DEFAULT_MODEL_ID,
     SECRET_KEYS,
     ConfigError,
+    Draft,
     KVQuant,
     ModelEntry,
     Profile,
@@ -37,7 +38,7 @@ SAMPLING_KEYS = frozenset(SAMPLING_KINDS)
 
 __all__ = [
     "BLAS_OFF", "BUILTIN_INTENTS", "DEFAULT_MAX_BODY_BYTES", "DEFAULT_MODEL_FILE", "DEFAULT_MODEL_ID",
-    "SAMPLING_KEYS", "SAMPLING_KINDS", "SECRET_KEYS", "ConfigError", "KVQuant", "ModelEntry", "Profile",
+    "SAMPLING_KEYS", "SAMPLING_KINDS", "SECRET_KEYS", "ConfigError", "Draft", "KVQuant", "ModelEntry", "Profile",
     "RuntimeEnv", "ServerConfig", "ServerSettings", "ServiceEntry", "WeightsLayout", "default_model_path",
     "discover_models",
     "hf_hub_cache_dir", "load_config", "load_config_from_env", "merge_overrides", "read_env", "reload_config",

@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 
 from gmlx_server.config.checker import KINDS, Checker
+from gmlx_server.config.draft import DRAFT_KEYS, RawDrafts, raw_draft, resolve_drafts
 from gmlx_server.config.services import check_service_refs, parse_services
 from gmlx_server.config.settings import (
     BACKENDS,
@@ -35,10 +36,7 @@ _MODEL_KINDS = {
     "weights": "str", "clamp_max_tokens": "bool", "backend": "str", "tool_format": "str",
 }
 # Keys the file format reserves for features not built yet: refused by name rather than accepted and ignored.
-_UNBUILT_MODEL_KEYS = {
-    "mmproj": "vision (image input through a projector)",
-    "draft": "speculative decoding with a draft model",
-}
+_UNBUILT_MODEL_KEYS = {"mmproj": "vision (image input through a projector)"}
 _KV_QUANT_KINDS = {"scheme": "str", "bits": "int", "group_size": "int", "value_bits": "int", "tail_tokens": "int"}
 # The engine's SamplingParams fields a profile may set (logit_bias is per request); a test keeps them equal.
 SAMPLING_KINDS = {
@@ -85,10 +83,14 @@ def _cache_bytes(c: Checker, v: Any) -> int:
     return size
 
 
-def _model(c: Checker, mid: str, raw: Any, base: Path) -> ModelEntry:
+def _model(c: Checker, mid: str, raw: Any, base: Path, drafts: RawDrafts) -> ModelEntry:
+    """The entry without its Draft: `drafts` collects the draft keys, resolved once every id is known."""
     key = f"models.{mid}"
-    data = c.section(raw, key, frozenset(_MODEL_KINDS) | frozenset(_UNBUILT_MODEL_KEYS) | {"kv_quant"})
+    data = c.section(raw, key, frozenset(_MODEL_KINDS) | frozenset(_UNBUILT_MODEL_KEYS) | {"kv_quant"} | DRAFT_KEYS)
     _refuse_unbuilt(c, data, key, _UNBUILT_MODEL_KEYS)
+    draft = raw_draft(c, data, key)
+    if draft is not None:
+        drafts[mid] = draft
     kw = {k: c.value(data, key, k, kind) for k, kind in _MODEL_KINDS.items()}
     kw["kv_quant"] = _kv_quant(c, data.get("kv_quant"), f"{key}.kv_quant")
     if kw["path"] is None:
@@ -197,7 +199,8 @@ def parse(source: str, text: str, hf_cache: Path | None = None) -> ServerConfig:
     top = c.section(_yaml(source, text), "", _TOP_KEYS)
     base = Path(source).parent
     server = _server(c, top.get("server"))
-    models = {str(k): _model(c, str(k), v, base) for k, v in c.section(top.get("models"), "models").items()}
+    drafts: RawDrafts = {}
+    models = {str(k): _model(c, str(k), v, base, drafts) for k, v in c.section(top.get("models"), "models").items()}
     profiles = {k: _profile(c, k, v) for k, v in c.section(top.get("profiles"), "profiles").items()}
     aliases = c.section(top.get("aliases"), "aliases")
     for k, v in aliases.items():
@@ -207,6 +210,7 @@ def parse(source: str, text: str, hf_cache: Path | None = None) -> ServerConfig:
         models.update(discover_models(server.models_dir, set(models) | set(aliases)))
     if not models:
         raise c.fail("models", "no models configured (list some under models: or set server.models_dir)")
+    models = resolve_drafts(c, models, drafts, base)
     services = MappingProxyType(parse_services(c, top.get("services"), base))
     cfg = ServerConfig(server, MappingProxyType(models), MappingProxyType(profiles),
                        MappingProxyType(dict(aliases)), services, source=source)

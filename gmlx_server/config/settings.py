@@ -28,6 +28,8 @@ TOOL_FORMATS: tuple[ToolFormatSetting, ...] = ("auto", "template", "json")
 LogFormat = Literal["text", "json"]
 DEFAULT_PROMPT_CACHE_BYTES = 512 << 20
 BACKENDS = ("mlx",)  # engine backends a model entry may name (engine/factory.py has one builder per name)
+DEFAULT_DRAFT_TOKENS = 4  # tokens a drafter proposes per speculative round (models.<id>.draft_tokens)
+MAX_DRAFT_TOKENS = 16
 
 
 class ConfigError(Exception):
@@ -70,15 +72,25 @@ class RuntimeEnv:
 
 
 @dataclass(frozen=True)
+class Draft:
+    """models.<id>.draft: the drafter of a speculative model, which shares the target's token list."""
+
+    path: str  # its local GGUF file
+    model_id: str  # the configured id `draft:` names, else the file's stem
+    tokens: int = DEFAULT_DRAFT_TOKENS  # models.<id>.draft_tokens: k, proposed per round
+    weights: WeightsLayout = "auto"  # the named entry's layout; auto for a file
+
+
+@dataclass(frozen=True)
 class ModelEntry:
     id: str
     path: str
     profile: str | None = None
     max_kv_size: int | None = None
     pinned: bool = False
-    mmproj: str | None = None  # the config refuses mmproj and draft until they are implemented
+    mmproj: str | None = None  # the config refuses mmproj until it is implemented
     kv_quant: KVQuant | None = None
-    draft: str | None = None
+    draft: Draft | None = None
     chat_template: str | None = None
     weights: WeightsLayout = "auto"
     backend: str = "mlx"
