@@ -1,0 +1,51 @@
+"""Loading a drafter beside its target: SmolLM2 drafts for itself in another layout, with unquantized KV
+whatever the target's kv_quant; a drafter with another token list is refused before any weights load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+from mlx_vlm.models.cache import KVCache, QuantizedKVCache
+
+from gmlx_plan.memory import KVQuant
+from gmlx_server.config import Draft
+from gmlx_server.engine.drafter import Drafter, DrafterMismatch, load_drafter, with_drafter
+from gmlx_server.engine.loader import LoadedModel, load_gguf_model
+from tests.conftest import smollm2_path
+from tests.gguf_factory import FakeTensor, write_gguf
+
+
+@pytest.fixture(scope="module")
+def target() -> LoadedModel:
+    return load_gguf_model(smollm2_path(), model_id="smollm2", layout="dense", kv_quant=KVQuant("uniform", 8, 64))
+
+
+@pytest.fixture(scope="module")
+def drafter(target: LoadedModel) -> Drafter:
+    return load_drafter(target, Draft(smollm2_path(), "smol-packed", 3, "packed"))
+
+
+def test_a_model_drafts_for_itself_in_another_layout(target: LoadedModel, drafter: Drafter) -> None:
+    assert (drafter.model_id, drafter.tokens, drafter.loaded.info.weights_layout) == ("smol-packed", 3, "packed")
+    assert target.info.weights_layout == "dense" and drafter.context_length == target.info.context_length
+    assert drafter.vocab == 49152 and drafter.weights_bytes < target.info.weights_bytes
+    assert all(type(c) is KVCache for c in drafter.make_cache())  # the target's uniform KV is its own
+    assert all(type(c) is QuantizedKVCache for c in target.make_cache())
+
+
+def test_a_speculative_model_reports_both_weights(target: LoadedModel, drafter: Drafter) -> None:
+    info = with_drafter(target.info, drafter)
+    assert info.drafts and not target.info.drafts
+    assert info.weights_bytes == target.info.weights_bytes + drafter.weights_bytes
+
+
+def test_another_token_list_is_refused_naming_both_files(target: LoadedModel, tmp_path: Path) -> None:
+    meta = {f"llama.{k}": v for k, v in {"block_count": 1, "embedding_length": 64, "attention.head_count": 4}.items()}
+    path = write_gguf(tmp_path / "other.gguf", [FakeTensor("token_embd.weight", np.zeros((3, 64), np.float32), QT.F32)],
+                      metadata=meta | {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", "b", "c"]})
+    with pytest.raises(DrafterMismatch) as e:
+        load_drafter(target, Draft(str(path), "other"))
+    assert str(path) in str(e.value) and smollm2_path() in str(e.value) and "has 3 tokens" in str(e.value)
