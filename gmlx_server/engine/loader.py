@@ -18,7 +18,7 @@ from gmlx_server.engine.attention import install_attention
 from gmlx_server.engine.blas import current_blas
 from gmlx_server.engine.chat_template import JinjaChatTemplate
 from gmlx_server.engine.gguf_tensors import LoadReport, load_gguf_tensors
-from gmlx_server.engine.kernels import probe
+from gmlx_server.engine.kernels import fast_ops, probe
 from gmlx_server.engine.kv_quant import CacheFactory
 from gmlx_server.engine.layout import LayoutChoice, choose_layout
 from gmlx_server.engine.tokenizer import GGUFTokenizer
@@ -54,6 +54,7 @@ def load_gguf_model(path: str | Path, model_id: str | None = None, layout: Layou
     chosen, why = _layout(layout, on_gpu, native_kernels)
     # Metal keeps mx.fast's fused kernel; on the CPU ours is ~1.3-1.7x faster (bench/attention.py)
     install_attention(spec.module, cpu=not on_gpu)
+    _fast_ops(not on_gpu and native_kernels)
     tensors, report = load_gguf_tensors(path, header.tensors, chosen)  # type: ignore[arg-type]
     install_weights(model, spec, tensors)
     del tensors  # the model holds the arrays now; dropping the dict lets transposed copies replace them
@@ -91,6 +92,16 @@ def _layout(requested: LayoutChoice, on_gpu: bool, native_kernels: bool) -> tupl
         raise RuntimeError(f"weights: native needs gmlx's CPU kernels: {status.reason}")
     log.warning("gmlx CPU kernels unavailable, falling back: %s", status.reason)
     return choose_layout(requested, on_gpu=on_gpu, native=False)
+
+
+def _fast_ops(wanted: bool) -> None:
+    """mx.fast's norm and RoPE as one op each on the CPU; process-wide, so the latest load decides (the
+    GMLX_NATIVE_KERNELS=0 runs keep MLX's own)."""
+    ext = probe().ext if wanted else None
+    if ext is not None:
+        fast_ops.install(ext)
+    else:
+        fast_ops.uninstall()
 
 
 def _log_load(info: ModelInfo, report: LoadReport, why: str, template_source: str, attention: str) -> None:

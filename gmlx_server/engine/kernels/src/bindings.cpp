@@ -1,9 +1,11 @@
 // Python bindings (nanobind, in MLX's binding domain so mx.array converts both ways).
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/variant.h>
 #include <nanobind/stl/vector.h>
 
+#include "fast_ops.h"
 #include "kernels.h"
 #include "primitive.h"
 
@@ -21,6 +23,10 @@ NB_MODULE(_gguf_kernels, m) {
         "x (..., k) @ W^T for W (n, row_bytes) uint8 GGUF blocks of ggml `type`");
   m.def("dequantize", &gk::gguf_dequantize, "w"_a, "type"_a, "k"_a, nb::kw_only(), "stream"_a = nb::none(),
         "uint8 GGUF block rows (..., row_bytes) -> (..., k) float32");
+  m.def("rms_norm", &gk::rms_norm, "x"_a, "weight"_a.none(), "eps"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "mx.fast.rms_norm as one CPU primitive (float32)");
+  m.def("rope", &gk::rope, "a"_a, "dims"_a, nb::kw_only(), "traditional"_a, "base"_a.none(), "scale"_a, "offset"_a,
+        "freqs"_a = nb::none(), "stream"_a = nb::none(), "mx.fast.rope as one CPU primitive (float32)");
   m.def("row_bytes", &gk::row_bytes, "type"_a, "k"_a, "bytes of one row, or -1 when no kernel reads `type`");
   m.def("isa", &gk::isa_name);
   m.def("isas", &gk::isa_names);

@@ -1,0 +1,177 @@
+#include "fast_ops.h"
+
+#include <cmath>
+#include <stdexcept>
+#include <vector>
+
+#include "mlx/allocator.h"
+#include "mlx/backend/cpu/encoder.h"
+
+namespace gk {
+
+namespace {
+
+// A's elements in row-major order: its own buffer when contiguous, else gathered into `scratch`.
+template <typename T>
+const T* row_major(const mx::array& a, std::vector<T>& scratch) {
+  if (a.flags().row_contiguous) return a.data<T>();
+  scratch.resize(a.size());
+  const T* src = a.data<T>();
+  const int nd = a.ndim();
+  std::vector<int64_t> idx(nd, 0);
+  for (size_t i = 0; i < a.size(); ++i) {
+    int64_t at = 0;
+    for (int d = 0; d < nd; ++d) at += idx[d] * a.strides()[d];
+    scratch[i] = src[at];
+    for (int d = nd - 1; d >= 0 && ++idx[d] == a.shape(d); --d) idx[d] = 0;
+  }
+  return scratch.data();
+}
+
+void require_f32(const mx::array& x, const char* op) {
+  if (x.dtype() != mx::float32) throw std::invalid_argument(std::string(op) + ": float32 input only");
+}
+
+}  // namespace
+
+mx::array rms_norm(const mx::array& x, const std::optional<mx::array>& w, float eps, mx::StreamOrDevice s) {
+  require_f32(x, "rms_norm");
+  if (x.ndim() < 1) throw std::invalid_argument("rms_norm: x must have at least one dimension");
+  const auto stream = mx::to_stream(s);
+  std::vector<mx::array> inputs = {x};
+  if (w) {
+    if (w->ndim() != 1 || w->shape(0) != x.shape(-1))
+      throw std::invalid_argument("rms_norm: weight must be 1-D with x's last dimension");
+    inputs.push_back(w->dtype() == mx::float32 ? *w : mx::astype(*w, mx::float32, stream));
+  }
+  return mx::array(x.shape(), mx::float32, std::make_shared<RMSNorm>(stream, eps, w.has_value()), inputs);
+}
+
+void RMSNorm::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  const mx::array& x = inputs[0];
+  const mx::array& w = weighted_ ? inputs[1] : x;
+  mx::array& out = outputs[0];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  enc.set_input_array(x);
+  if (weighted_) enc.set_input_array(w);
+  enc.set_output_array(out);
+  enc.dispatch([x, w, out, eps = eps_, weighted = weighted_]() mutable {
+    const int64_t d = x.shape(-1);
+    const int64_t rows = d ? static_cast<int64_t>(x.size()) / d : 0;
+    std::vector<float> xbuf, wbuf;
+    const float* xs = row_major(x, xbuf);
+    const float* ws = weighted ? row_major(w, wbuf) : nullptr;
+    float* ys = out.data<float>();
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = xs + r * d;
+      float* yr = ys + r * d;
+      double ss = 0.0;
+      for (int64_t i = 0; i < d; ++i) ss += static_cast<double>(xr[i]) * xr[i];
+      const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(d) + eps));
+      if (weighted) {
+        for (int64_t i = 0; i < d; ++i) yr[i] = xr[i] * inv * ws[i];
+      } else {
+        for (int64_t i = 0; i < d; ++i) yr[i] = xr[i] * inv;
+      }
+    }
+  });
+}
+
+mx::array rope(const mx::array& x, int dims, bool traditional, std::optional<float> base, float scale,
+               const std::variant<int, mx::array>& offset, const std::optional<mx::array>& freqs,
+               mx::StreamOrDevice s) {
+  require_f32(x, "rope");
+  if (x.ndim() < 3) throw std::invalid_argument("rope: x must be (B, *, T, D)");
+  if (dims <= 0 || dims % 2 || dims > x.shape(-1)) throw std::invalid_argument("rope: dims must be even, <= D");
+  if (base.has_value() == freqs.has_value()) throw std::invalid_argument("rope: give exactly one of base, freqs");
+  const auto stream = mx::to_stream(s);
+  mx::array off = std::holds_alternative<int>(offset) ? mx::array(std::get<int>(offset), mx::int32)
+                                                      : std::get<mx::array>(offset);
+  if (off.size() != 1 && !(off.ndim() == 1 && off.shape(0) == x.shape(0)))
+    throw std::invalid_argument("rope: offset must be a scalar or one per batch row");
+  if (off.dtype() != mx::int32) off = mx::astype(off, mx::int32, stream);
+  mx::array periods = mx::array(0.0f);
+  if (freqs) {
+    if (freqs->ndim() != 1 || freqs->shape(0) != dims / 2) throw std::invalid_argument("rope: freqs must be (dims/2,)");
+    periods = freqs->dtype() == mx::float32 ? *freqs : mx::astype(*freqs, mx::float32, stream);
+  } else {
+    std::vector<float> p(dims / 2);
+    for (int i = 0; i < dims / 2; ++i) p[i] = static_cast<float>(std::pow(double(*base), 2.0 * i / dims));
+    periods = mx::array(p.begin(), {dims / 2}, mx::float32);
+  }
+  return mx::array(x.shape(), mx::float32, std::make_shared<RoPE>(stream, dims, traditional, scale),
+                   {x, off, periods});
+}
+
+void RoPE::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  // (B, N, T, D) strides taken as they are when x is 3-D or 4-D with unit feature stride; else a copy
+  const mx::array& x = inputs[0];
+  const mx::array& off = inputs[1];
+  const mx::array& periods = inputs[2];
+  mx::array& out = outputs[0];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  enc.set_input_array(x);
+  enc.set_input_array(off);
+  enc.set_input_array(periods);
+  enc.set_output_array(out);
+  enc.dispatch([x, off, periods, out, dims = dims_, trad = traditional_, scale = scale_]() mutable {
+    const int nd = x.ndim();
+    const bool direct = nd <= 4 && x.strides().back() == 1;
+    std::vector<float> xbuf, pbuf;
+    std::vector<int32_t> obuf;
+    const float* xs = direct ? x.data<float>() : row_major(x, xbuf);
+    const int64_t B = x.shape(0), T = x.shape(-2), D = x.shape(-1);
+    const int64_t N = static_cast<int64_t>(x.size()) / (B * T * D);
+    const int64_t sb = direct ? x.strides()[0] : N * T * D, st = direct ? x.strides()[nd - 2] : D;
+    const int64_t sn = nd == 3 ? 0 : (direct ? x.strides()[1] : T * D);
+    const int32_t* offs = row_major(off, obuf);
+    const float* per = row_major(periods, pbuf);
+    float* ys = out.data<float>();
+    const int half = dims / 2;
+    std::vector<float> c(half), sn_(half);
+    for (int64_t b = 0; b < B; ++b) {
+      const int32_t o = offs[off.size() == 1 ? 0 : b];
+      for (int64_t t = 0; t < T; ++t) {
+        const float pos = static_cast<float>(o + t) * scale;
+        for (int i = 0; i < half; ++i) {
+          const float theta = pos / per[i];
+          c[i] = std::cos(theta);
+          sn_[i] = std::sin(theta);
+        }
+        for (int64_t n = 0; n < N; ++n) {
+          const float* in = xs + b * sb + n * sn + t * st;
+          float* y = ys + ((b * N + n) * T + t) * D;
+          for (int i = 0; i < half; ++i) {
+            const int64_t i1 = trad ? 2 * i : i, i2 = trad ? 2 * i + 1 : i + half;
+            const float x1 = in[i1], x2 = in[i2];
+            y[i1] = x1 * c[i] - x2 * sn_[i];
+            y[i2] = x1 * sn_[i] + x2 * c[i];
+          }
+          for (int64_t d = dims; d < D; ++d) y[d] = in[d];
+        }
+      }
+    }
+  });
+}
+
+void RMSNorm::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error("GKRMSNorm runs on the CPU device only");
+}
+
+void RoPE::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error("GKRoPE runs on the CPU device only");
+}
+
+bool RMSNorm::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const RMSNorm&>(other);
+  return eps_ == o.eps_ && weighted_ == o.weighted_;
+}
+
+bool RoPE::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const RoPE&>(other);
+  return dims_ == o.dims_ && traditional_ == o.traditional_ && scale_ == o.scale_;
+}
+
+}  // namespace gk

@@ -1,0 +1,55 @@
+// RMSNorm and RoPE as single CPU primitives. On MLX's CPU backend mx.fast.rms_norm and mx.fast.rope expand
+// into 10-20 graph ops each, and a decode step pays ~20 us of dispatch per op: these replace them there.
+#pragma once
+
+#include <optional>
+#include <variant>
+
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+
+namespace gk {
+
+namespace mx = mlx::core;
+
+// x * rsqrt(mean(x^2, -1) + eps) * w, for float32 x (..., d) and w (d,) or none.
+mx::array rms_norm(const mx::array& x, const std::optional<mx::array>& w, float eps, mx::StreamOrDevice s = {});
+
+// mx.fast.rope's contract for float32 x (B, *, T, D): offset an int or an int32 array of () or (B,);
+// inverse frequencies base^(-2i/dims), or 1/freqs when freqs is given.
+mx::array rope(const mx::array& x, int dims, bool traditional, std::optional<float> base, float scale,
+               const std::variant<int, mx::array>& offset, const std::optional<mx::array>& freqs,
+               mx::StreamOrDevice s = {});
+
+class RMSNorm : public mx::Primitive {
+ public:
+  RMSNorm(mx::Stream stream, float eps, bool weighted) : mx::Primitive(stream), eps_(eps), weighted_(weighted) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "GKRMSNorm"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override { return {inputs[0].shape()}; }
+
+ private:
+  float eps_;
+  bool weighted_;
+};
+
+class RoPE : public mx::Primitive {
+ public:
+  RoPE(mx::Stream stream, int dims, bool traditional, float scale)
+      : mx::Primitive(stream), dims_(dims), traditional_(traditional), scale_(scale) {}
+  // inputs: x, offsets (int32, () or (B,)), inverse frequencies (float32, dims / 2)
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "GKRoPE"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override { return {inputs[0].shape()}; }
+
+ private:
+  int dims_;
+  bool traditional_;
+  float scale_;
+};
+
+}  // namespace gk

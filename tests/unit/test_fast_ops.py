@@ -1,0 +1,132 @@
+"""RMSNorm and RoPE as single CPU primitives (engine/kernels/fast_ops.py) against float64 references.
+
+Installed, they replace mx.fast.rms_norm/rope for float32 on the CPU; anything else (other dtypes, shapes
+they do not cover) must still reach MLX's own function.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from types import ModuleType
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gmlx_server.engine.kernels import fast_ops, probe
+
+F64 = np.ndarray
+
+
+@pytest.fixture(scope="module")
+def ext() -> ModuleType:
+    status = probe()
+    if status.ext is None:
+        if shutil.which("c++") is None or shutil.which("cmake") is None:
+            pytest.skip(f"no compiler to build the kernels: {status.reason}")
+        pytest.fail(f"the kernels should be built here: {status.reason}")
+    return status.ext
+
+
+@pytest.fixture
+def installed(ext: ModuleType) -> Iterator[None]:
+    was = fast_ops.installed()
+    fast_ops.install(ext)
+    yield
+    if not was:
+        fast_ops.uninstall()
+
+
+def rms_ref(x: F64, w: F64 | None, eps: float) -> F64:
+    y = x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)
+    return y * w if w is not None else y
+
+
+def rope_ref(x: F64, dims: int, traditional: bool, base: float | None, scale: float, offsets: F64,
+             freqs: F64 | None) -> F64:
+    """x (B, N, T, D); offsets (B,)."""
+    half = dims // 2
+    periods = freqs if freqs is not None else base ** (np.arange(half) * 2.0 / dims)  # type: ignore[operator]
+    pos = (offsets[:, None] + np.arange(x.shape[2])[None]) * scale  # (B, T)
+    theta = pos[:, None, :, None] / periods  # (B, 1, T, half)
+    c, s = np.cos(theta), np.sin(theta)
+    out = x.copy()
+    i1 = np.arange(half) * 2 if traditional else np.arange(half)
+    i2 = i1 + 1 if traditional else i1 + half
+    x1, x2 = x[..., i1], x[..., i2]
+    out[..., i1], out[..., i2] = x1 * c - x2 * s, x1 * s + x2 * c
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 9), d=st.sampled_from([1, 7, 64, 576, 640]), weighted=st.booleans(),
+       transposed=st.booleans(), seed=st.integers(0, 2**16))
+def test_rms_norm_matches_float64(ext: ModuleType, rows: int, d: int, weighted: bool, transposed: bool,
+                                  seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(d, rows) if transposed else (rows, d)).astype(np.float32) * 3
+    w = rng.normal(size=d).astype(np.float32) if weighted else None
+    xa = mx.array(x).T if transposed else mx.array(x)  # a strided view: read through its strides
+    got = np.array(ext.rms_norm(xa, mx.array(w) if w is not None else None, 1e-5))
+    want = rms_ref((x.T if transposed else x).astype(np.float64), w, 1e-5)
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(b=st.integers(1, 3), n=st.integers(1, 4), t=st.integers(1, 6), d=st.sampled_from([8, 32, 64, 80]),
+       part=st.booleans(), traditional=st.booleans(), per_row=st.booleans(), use_freqs=st.booleans(),
+       scale=st.sampled_from([1.0, 0.25]), layout=st.sampled_from(["bntd", "btnd", "btd", "5d"]),
+       seed=st.integers(0, 2**16))
+def test_rope_matches_float64(ext: ModuleType, b: int, n: int, t: int, d: int, part: bool, traditional: bool,
+                              per_row: bool, use_freqs: bool, scale: float, layout: str, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    dims = d // 2 if part else d
+    offsets = rng.integers(0, 3000, size=b) if per_row else np.full(b, rng.integers(0, 3000))
+    freqs = rng.uniform(1.0, 500.0, size=dims // 2).astype(np.float32) if use_freqs else None
+    x = rng.normal(size=(b, t, n, d)).astype(np.float32)
+    xa = mx.array(x).transpose(0, 2, 1, 3)  # how attention hands queries over: a strided view
+    ref_in = x.transpose(0, 2, 1, 3)
+    if layout == "btnd":
+        xa, ref_in = mx.array(np.ascontiguousarray(ref_in)), ref_in
+    elif layout == "btd":
+        xa, ref_in = xa[:, 0], ref_in[:, :1]
+    elif layout == "5d":
+        xa, ref_in = mx.expand_dims(xa, 1), ref_in
+    off: int | mx.array = mx.array(offsets.astype(np.int32)) if per_row else int(offsets[0])
+    got = np.array(ext.rope(xa, dims, traditional=traditional, base=None if use_freqs else 10000.0, scale=scale,
+                            offset=off, freqs=mx.array(freqs) if freqs is not None else None))
+    want = rope_ref(ref_in.astype(np.float64), dims, traditional, 10000.0, scale, offsets.astype(np.float64),
+                    freqs.astype(np.float64) if freqs is not None else None)
+    # float32 angles at positions up to ~3000 radians carry ~1e-4 absolute error (MLX's own rope: ~2x that)
+    np.testing.assert_allclose(got.reshape(want.shape), want, atol=1e-3, rtol=0)
+
+
+def test_installed_functions_route_float32_to_the_primitives(installed: None, ext: ModuleType) -> None:
+    x = mx.random.normal((1, 4, 3, 64))
+    w = mx.random.normal((64,))
+    assert mx.array_equal(mx.fast.rms_norm(x, w, 1e-6), ext.rms_norm(x, w, 1e-6))
+    ours = ext.rope(x, 64, traditional=False, base=1e4, scale=1.0, offset=5)
+    assert mx.array_equal(mx.fast.rope(x, 64, traditional=False, base=1e4, scale=1.0, offset=5), ours)
+
+
+def test_what_the_primitives_do_not_cover_reaches_mlx(installed: None) -> None:
+    x16 = mx.random.normal((1, 2, 3, 32)).astype(mx.bfloat16)
+    y = mx.fast.rope(x16, 32, traditional=False, base=1e4, scale=1.0, offset=0)
+    assert y.dtype == mx.bfloat16
+    w2 = mx.ones((2, 32))  # a weight that is not 1-D
+    with pytest.raises(ValueError):
+        mx.fast.rms_norm(mx.ones((2, 32)), w2, 1e-6)  # MLX's own error, not a crash in the extension
+
+
+def test_uninstall_restores_mlx(ext: ModuleType) -> None:
+    original = mx.fast.rope
+    fast_ops.install(ext)
+    fast_ops.install(ext)  # idempotent: one wrapper, not two
+    assert mx.fast.rope._gmlx_original is getattr(original, "_gmlx_original", original)
+    fast_ops.uninstall()
+    assert not fast_ops.installed()
+    if getattr(original, "_gmlx_original", None) is not None:
+        fast_ops.install(ext)
