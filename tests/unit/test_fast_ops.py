@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator
 from types import ModuleType
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -42,7 +43,8 @@ def installed(ext: ModuleType) -> Iterator[None]:
 
 def rms_ref(x: F64, w: F64 | None, eps: float) -> F64:
     y = x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)
-    return y * w if w is not None else y
+    out: F64 = y * w if w is not None else y
+    return out
 
 
 def rope_ref(x: F64, dims: int, traditional: bool, base: float | None, scale: float, offsets: F64,
@@ -125,7 +127,8 @@ def test_uninstall_restores_mlx(ext: ModuleType) -> None:
     original = mx.fast.rope
     fast_ops.install(ext)
     fast_ops.install(ext)  # idempotent: one wrapper, not two
-    assert mx.fast.rope._gmlx_original is getattr(original, "_gmlx_original", original)
+    wrapper: Any = mx.fast.rope
+    assert wrapper._gmlx_original is getattr(original, "_gmlx_original", original)
     fast_ops.uninstall()
     assert not fast_ops.installed()
     if getattr(original, "_gmlx_original", None) is not None:

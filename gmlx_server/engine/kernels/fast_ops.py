@@ -23,8 +23,8 @@ def _on_cpu(x: mx.array, stream: Any) -> bool:
 def _rms_norm(ext: ModuleType, original: Any) -> Any:
     def rms_norm(x: mx.array, weight: mx.array | None, eps: float, *, stream: Any = None) -> mx.array:
         if _on_cpu(x, stream) and x.ndim >= 1 and (weight is None or weight.shape == (x.shape[-1],)):
-            return ext.rms_norm(x, weight, eps)  # type: ignore[no-any-return]
-        return original(x, weight, eps, stream=stream)  # type: ignore[no-any-return]
+            return ext.rms_norm(x, weight, eps)
+        return original(x, weight, eps, stream=stream)
 
     setattr(rms_norm, _ORIGINAL, original)
     return rms_norm
@@ -45,9 +45,9 @@ def _rope(ext: ModuleType, original: Any) -> Any:
         if _on_cpu(a, stream) and _rope_covered(a, dims, base, offset, freqs):
             if isinstance(offset, mx.array) and offset.ndim > 1:
                 offset = offset.reshape(-1)
-            return ext.rope(a, dims, traditional=traditional, base=base,  # type: ignore[no-any-return]
+            return ext.rope(a, dims, traditional=traditional, base=base,
                             scale=scale, offset=offset, freqs=freqs)
-        return original(a, dims, traditional=traditional, base=base, scale=scale,  # type: ignore[no-any-return]
+        return original(a, dims, traditional=traditional, base=base, scale=scale,
                         offset=offset, freqs=freqs, stream=stream)
 
     setattr(rope, _ORIGINAL, original)
