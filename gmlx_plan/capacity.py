@@ -21,6 +21,9 @@ JSON (table_to_json): the `capacity` section of GET /v1/metrics and `gmlx plan -
    "kv_quant": null | {"scheme", "bits", "group_size", ("value_bits", "tail_tokens": kvarn only),
                        "layers_quantized", "layers_fp16", "verdict": "full" | "partial" | "dropped",
                        "verdict_batched": the same words for rows decoding in a batch},
+   "draft": null | {"model", "draft_tokens",   a speculative model's drafter and the k it drafts per round;
+                    "weights_bytes",           its weights (weights_bytes below counts both models)
+                    "kv_bytes_per_token"},     its KV (kv_bytes_per_token below counts both models)
    "context_length": int,                  trained window, lowered by max_kv_size
    "decode_batch": int, "prefill_chunk": int,
    "budget_bytes": int, "weights_bytes": int,
@@ -34,7 +37,7 @@ JSON (table_to_json): the `capacity` section of GET /v1/metrics and `gmlx plan -
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from gmlx_plan.memory import MemoryModel, footprint, kv_bytes_per_token, transient_bytes
@@ -64,6 +67,14 @@ class KVQuantReport:
 
 
 @dataclass(frozen=True)
+class DraftReport:
+    model: str
+    draft_tokens: int
+    weights_bytes: int
+    kv_bytes_per_token: int
+
+
+@dataclass(frozen=True)
 class CapacityTable:
     model: str
     architecture: str
@@ -80,6 +91,7 @@ class CapacityTable:
     prefill_transient_bytes: int
     max_ctx: tuple[tuple[int, int], ...]  # (width, tokens), widths ascending
     max_width_at_depth: tuple[tuple[int, int], ...]  # (depth, width), depths ascending
+    draft: DraftReport | None = None
 
     def max_ctx_at(self, width: int) -> int | None:
         return dict(self.max_ctx).get(width)
@@ -157,7 +169,13 @@ def build_table(m: MemoryModel, budget: int, *, model: str, decode_batch: int,
         kv_bytes_per_token_beyond_window=kv_bytes_per_token(m, beyond_window=True),
         prefill_transient_bytes=transient_bytes(m, min(m.prefill_chunk, max(deepest, 1)), max(deepest, 1)),
         max_ctx=max_ctx, max_width_at_depth=tuple((d, max_width_at(m, budget, d)) for d in table_depths(limit)),
+        draft=_draft_report(m),
     )
+
+
+def _draft_report(m: MemoryModel) -> DraftReport | None:
+    d = m.draft
+    return None if d is None else DraftReport(d.name, d.tokens, d.model.weights_bytes, kv_bytes_per_token(d.model))
 
 
 def plan(table: CapacityTable, width: int, depth: int) -> PlanVerdict:
@@ -197,7 +215,8 @@ def kv_quant_json(q: KVQuantReport | None) -> dict[str, Any] | None:
 def table_to_json(t: CapacityTable) -> dict[str, Any]:
     return {
         "model": t.model, "architecture": t.architecture, "layout": t.layout, "kv_dtype_bytes": t.kv_dtype_bytes,
-        "kv_quant": kv_quant_json(t.kv_quant), "context_length": t.context_length, "decode_batch": t.decode_batch,
+        "kv_quant": kv_quant_json(t.kv_quant), "draft": asdict(t.draft) if t.draft is not None else None,
+        "context_length": t.context_length, "decode_batch": t.decode_batch,
         "prefill_chunk": t.prefill_chunk, "budget_bytes": t.budget_bytes, "weights_bytes": t.weights_bytes,
         "kv_bytes_per_token": t.kv_bytes_per_token,
         "kv_bytes_per_token_beyond_window": t.kv_bytes_per_token_beyond_window,

@@ -4,6 +4,7 @@ gmlx_server/cli.py calls add_plan_parser(sub); args.func is run_plan.
 
   gmlx plan --model PATH|ID [--config FILE] --width W --depth D [--memory 64GiB]
             [--kv-quant uniform:8 | kvarn:4:8:128] [--layout auto|packed|dense|native] [--decode-batch N]
+            [--draft PATH|ID|none] [--draft-tokens K]
             [--device auto|metal|cpu] [--kv-dtype auto|f16|f32] [--max-kv-size N] [--json]
   gmlx plan simulate --model ... --width W --depth D --waves K --output-tokens N --think-s T --spread-s S
             [--decode-tok-s R --prefill-tok-s P | --server URL [--api-key KEY]] [--queue-cap C] [--png FILE]
@@ -12,7 +13,8 @@ Exit status: 0 the plan fits, 1 it does not (the reason is printed), 2 an input 
 --json prints {"plan": {...}, "capacity": <the /v1/metrics capacity section>, "weights_by_type": {...}}
 (simulate: {"capacity", "simulation", "png"}).
 Flags win over the config; the config (server.decode_batch, server.memory_budget and the model's
-max_kv_size, kv_quant, weights) wins over the defaults, so the plan matches the server's boot table.
+max_kv_size, kv_quant, weights, draft, draft_tokens) wins over the defaults, so the plan matches the server's
+boot table. A drafter adds its weights and (unquantized) KV as the server budgets them.
 --layout auto means packed on macOS; elsewhere native when gmlx's CPU kernels are built beside the server
 (as its auto layout then is), else dense (the CPU server runs dense whenever OpenBLAS loads, and dense is
 the larger of dense and packed, so the plan stays on the safe side).
@@ -27,6 +29,7 @@ import json
 import os
 import platform
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +37,30 @@ from gmlx_plan.budget import default_budget, parse_memory
 from gmlx_plan.capacity import CapacityTable, build_table, largest_width_at, max_width_at, plan, table_to_json
 from gmlx_plan.geometry import GeometryError
 from gmlx_plan.gguf_header import GGUFFormatError, read_header
-from gmlx_plan.memory import PREFILL_CHUNK, Layout, MemoryModel, UnsupportedType, model_from_header, weights_by_type
+from gmlx_plan.memory import (
+    DEFAULT_DRAFT_TOKENS,
+    PREFILL_CHUNK,
+    Layout,
+    MemoryModel,
+    UnsupportedType,
+    model_from_header,
+    model_with_draft,
+    weights_by_type,
+)
 from gmlx_plan.queueing import Rates, default_queue_cap
 from gmlx_plan.report import sim_ascii, sim_png, sim_summary, sim_text, table_text
 from gmlx_plan.simulate import ServerSide, Workload, simulate
-from gmlx_plan.source import PlanInputError, fetch_metrics, parse_kv_quant, resolve_model, server_rates
+from gmlx_plan.source import (
+    DraftSource,
+    ModelSource,
+    PlanInputError,
+    fetch_metrics,
+    load_yaml,
+    parse_kv_quant,
+    resolve_draft,
+    resolve_model,
+    server_rates,
+)
 
 DEFAULT_DECODE_BATCH = 4  # the server's default (server.decode_batch)
 
@@ -59,6 +81,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-dtype", choices=("auto", "f16", "f32"), default="auto",
                    help="activation/KV dtype (auto: f32, what the engine runs in both layouts today)")
     p.add_argument("--decode-batch", type=int, help=f"decode width (default {DEFAULT_DECODE_BATCH})")
+    p.add_argument("--draft", help="a speculative drafter: a GGUF path, a configured id with --config, or none")
+    p.add_argument("--draft-tokens", type=int, help=f"tokens drafted per round (default {DEFAULT_DRAFT_TOKENS})")
     p.add_argument("--max-kv-size", type=int, help="lower the context window")
     p.add_argument("--prefill-chunk", type=int, default=PREFILL_CHUNK, help="prefill chunk tokens")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
@@ -120,11 +144,25 @@ def _build(args: argparse.Namespace) -> tuple[MemoryModel, CapacityTable, dict[s
     metal = args.device == "metal" or (args.device == "auto" and platform.system() == "Darwin")
     act = {"f16": 2, "f32": 4}.get(args.kv_dtype)
     m = model_from_header(header, layout, kvq, args.prefill_chunk, metal=metal, act_bytes=act)
+    draft = _draft(args, src)
+    if draft is not None:
+        m = model_with_draft(m, read_header(draft.path, strings=False), _layout(None, draft.layout), draft.name,
+                             draft.tokens, metal)
     budget = parse_memory(args.memory) if args.memory else src.memory_budget or default_budget()
     decode_batch = args.decode_batch or src.decode_batch or DEFAULT_DECODE_BATCH
     table = build_table(m, budget, model=src.model_id, decode_batch=decode_batch,
                         max_kv_size=args.max_kv_size or src.max_kv_size)
     return m, table, weights_by_type(header.tensors, layout)
+
+
+def _draft(args: argparse.Namespace, src: ModelSource) -> DraftSource | None:
+    """--draft and --draft-tokens over the config's draft: and draft_tokens."""
+    if args.draft is None:
+        if src.draft is None or args.draft_tokens is None:
+            return src.draft
+        return replace(src.draft, tokens=args.draft_tokens)
+    tokens = args.draft_tokens if args.draft_tokens is not None else src.draft.tokens if src.draft else None
+    return resolve_draft(args.draft, tokens, args.config, load_yaml(args.config) if args.config else None)
 
 
 def _check(args: argparse.Namespace, m: MemoryModel, table: CapacityTable, by_type: dict[str, int]) -> int:

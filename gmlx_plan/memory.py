@@ -39,6 +39,11 @@ streams) whose last token sits at depth D; one layer's working set is live at a 
   overshoot    sliding layers hold window + rows - 1 tokens during a chunk, not window
   transient = activations + scores + logits + overshoot
 
+A speculative model (with_draft) adds its drafter: the drafter's weights to weights_bytes, its KV (always
+unquantized) to every stream's, and both caches reach k positions past a stream's depth, since a round
+writes its drafts before trimming the rejected ones (caches do not shrink). A drafter prefills apart from its
+target, so the transient is the larger of the two models'.
+
 Measured on Linux CPU, dense layout, 512-token chunks, peak over the cache's own growth: SmolLM2
 mid-prompt chunk at depth 1024 took 42 MB (formula without logits 61 MB), its last chunk at 1536
 took 149 MB (formula 182 MB); Gemma 3 270M's last chunk at 2048 took 563 MB (formula 614 MB).
@@ -49,7 +54,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Literal
 
@@ -60,6 +65,8 @@ Layout = Literal["packed", "dense", "native"]
 AFFINE_GROUP = 32  # MLX affine group size of every packed weight
 KV_STEP = 256  # mlx-vlm's KV caches grow in steps of this many tokens
 PREFILL_CHUNK = 512  # gmlx_server/engine/generate.py
+DEFAULT_DRAFT_TOKENS = 4  # tokens a drafter proposes per speculative round (the config's draft_tokens)
+MAX_DRAFT_TOKENS = 16
 FLOAT_TYPES = frozenset({"F32", "F16", "BF16", "F64"})
 # ggml type -> bits of its MLX affine form in the packed layout (exact repack or requantized).
 PACKED_BITS: dict[str, int] = {
@@ -223,6 +230,7 @@ class MemoryModel:
     kv_step: int = KV_STEP
     fused_attention: bool = False  # True on Metal when fused_prefill_supported(geometry)
     act_bytes: int | None = None  # activation/KV element bytes; None = ACTIVATION_BYTES[layout]
+    draft: DraftCost | None = None  # a speculative model's drafter (weights_bytes then counts both models)
 
     @property
     def element_bytes(self) -> int:
@@ -231,6 +239,23 @@ class MemoryModel:
     @cached_property
     def costs(self) -> tuple[LayerCost, ...]:
         return layer_costs(self.geometry, self.element_bytes, self.kv_quant)
+
+
+@dataclass(frozen=True)
+class DraftCost:
+    """A speculative model's drafter: its own memory model (unquantized KV), its name, and the k tokens a round
+    drafts (how far past a stream's depth both models' caches reach)."""
+
+    model: MemoryModel
+    name: str
+    tokens: int
+
+
+def with_draft(m: MemoryModel, draft: MemoryModel, name: str, tokens: int) -> MemoryModel:
+    """`m` with a drafter beside it: what the server's capacity table and `gmlx plan` budget for a `draft:`."""
+    if draft.kv_quant is not None or draft.draft is not None:
+        raise ValueError("a drafter's KV is unquantized and it drafts for nobody")
+    return replace(m, weights_bytes=m.weights_bytes + draft.weights_bytes, draft=DraftCost(draft, name, tokens))
 
 
 def fused_prefill_supported(g: Geometry) -> bool:
@@ -256,14 +281,25 @@ def model_from_header(h: GGUFHeader, layout: Layout, kv_quant: KVQuant | None = 
                         act_bytes)
 
 
+def model_with_draft(m: MemoryModel, header: GGUFHeader, layout: Layout, name: str, tokens: int,
+                     metal: bool = False) -> MemoryModel:
+    """`m` with the drafter whose GGUF header is given, in the same activation dtype and prefill chunk."""
+    draft = model_from_header(header, layout, None, m.prefill_chunk, metal=metal, act_bytes=m.act_bytes)
+    return with_draft(m, draft, name, tokens)
+
+
 def kv_bytes(m: MemoryModel, tokens: int) -> int:
-    """One stream's KV cache at `tokens` tokens, every layer."""
-    return sum(layer_bytes(c, tokens, m.kv_step) for c in m.costs)
+    """One stream's KV cache at `tokens` tokens, every layer (and its drafter's, k tokens further)."""
+    if m.draft is None or tokens <= 0:
+        return sum(layer_bytes(c, tokens, m.kv_step) for c in m.costs)
+    reach = tokens + m.draft.tokens
+    return sum(layer_bytes(c, reach, m.kv_step) for c in m.costs) + kv_bytes(m.draft.model, reach)
 
 
 def kv_bytes_per_token(m: MemoryModel, beyond_window: bool = False) -> int:
     """A long context's bytes per token (quantized rate past the kvarn tail); beyond_window: full layers only."""
-    return sum(c.quant_per_token for c in m.costs if not (beyond_window and c.window is not None))
+    own = sum(c.quant_per_token for c in m.costs if not (beyond_window and c.window is not None))
+    return own + (kv_bytes_per_token(m.draft.model, beyond_window) if m.draft is not None else 0)
 
 
 def transient_bytes(m: MemoryModel, rows: int, depth: int) -> int:
@@ -271,6 +307,8 @@ def transient_bytes(m: MemoryModel, rows: int, depth: int) -> int:
     g, e = m.geometry, m.element_bytes
     if rows <= 0 or depth <= 0:
         return 0
+    if m.draft is not None:  # the drafter's passes run apart from the target's
+        return max(transient_bytes(replace(m, draft=None), rows, depth), transient_bytes(m.draft.model, rows, depth))
     act = rows * e * (4 * g.hidden + 2 * g.q_dim + 2 * g.kv_dim + 3 * g.ffn)
     keys = max(depth if c.window is None else min(depth, c.window + rows - 1) for c in m.costs)
     scores = 0 if m.fused_attention else rows * g.n_heads * keys * (2 * e + 1)

@@ -42,12 +42,21 @@ def table_text(t: CapacityTable, verdict: PlanVerdict, width: int, depth: int, w
         f"KV {t.kv_bytes_per_token} B/token ({t.kv_bytes_per_token_beyond_window} beyond sliding windows), "
         f"prefill transient {format_bytes(t.prefill_transient_bytes)} (chunk {t.prefill_chunk})",
         f"context window {t.context_length}, decode width {t.decode_batch}",
+        *_draft_line(t),
         "",
         f"{'width':>6}  {'max_ctx':>9}",
     ]
     lines += [f"{w:>6}  {c:>9}" + ("  <- decode width" if w == t.decode_batch else "") for w, c in t.max_ctx]
     lines += ["", f"{'depth':>9}  {'max width':>9}"] + [f"{d:>9}  {w:>9}" for d, w in t.max_width_at_depth]
     return "\n".join(lines)
+
+
+def _draft_line(t: CapacityTable) -> list[str]:
+    d = t.draft
+    if d is None:
+        return []
+    return [f"drafter {d.model}: {d.draft_tokens} tokens a round, weights {format_bytes(d.weights_bytes)}, "
+            f"KV {d.kv_bytes_per_token} B/token (both counted above)"]
 
 
 def sim_summary(r: SimResult) -> dict[str, Any]:

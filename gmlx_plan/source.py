@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from gmlx_plan.budget import parse_memory
-from gmlx_plan.memory import KVQuant
+from gmlx_plan.memory import DEFAULT_DRAFT_TOKENS, KVQuant
 
 
 class PlanInputError(ValueError):
@@ -29,6 +29,17 @@ class ModelSource:
     max_kv_size: int | None = None
     kv_quant: KVQuant | None = None
     layout: str | None = None  # models.<id>.weights: auto, packed or dense
+    draft: DraftSource | None = None  # models.<id>.draft
+
+
+@dataclass(frozen=True)
+class DraftSource:
+    """A speculative model's drafter, as the server resolves `draft:` (hf: refs aside: the planner reads files)."""
+
+    name: str
+    path: str
+    tokens: int = DEFAULT_DRAFT_TOKENS
+    layout: str | None = None  # the named entry's weights; auto for a file
 
 
 def parse_kv_quant(spec: str | None) -> KVQuant | None:
@@ -59,7 +70,7 @@ def _kv_from_config(raw: Any) -> KVQuant | None:
         raise PlanInputError(f"kv_quant in the config: {e}") from e
 
 
-def _load_yaml(config: str) -> dict[str, Any]:
+def load_yaml(config: str) -> dict[str, Any]:
     try:
         data = yaml.safe_load(Path(config).read_text())
     except (OSError, yaml.YAMLError) as e:
@@ -78,6 +89,31 @@ def _model_id(data: dict[str, Any], name: str | None) -> str:
     return base
 
 
+def _local(raw: str, config: str, what: str) -> str:
+    if not raw or raw.startswith("hf:"):
+        raise PlanInputError(f"{what} {raw!r}: the planner needs a local GGUF file")
+    p = Path(raw).expanduser()
+    return str(p if p.is_absolute() else Path(config).parent / p)
+
+
+def resolve_draft(name: str | None, tokens: int | None, config: str | None,
+                  data: dict[str, Any] | None = None) -> DraftSource | None:
+    """`draft:` (or --draft): a configured id's path and layout, else a GGUF path; None when `name` is None."""
+    if name is None or name.lower() == "none":
+        return None
+    models = (data or {}).get("models") or {}
+    k = DEFAULT_DRAFT_TOKENS if tokens is None else tokens
+    if name in models and config:
+        entry = models[name] or {}
+        return DraftSource(name, _local(str(entry.get("path", "")), config, f"models.{name}.path"), k,
+                           entry.get("weights"))
+    if Path(name).expanduser().is_file():
+        return DraftSource(Path(name).stem, str(Path(name).expanduser()), k)
+    if config and not name.startswith("hf:"):
+        return DraftSource(Path(name).stem, _local(name, config, "draft"), k)
+    raise PlanInputError(f"draft {name!r} is neither a GGUF file nor a configured id (pass --config)")
+
+
 def resolve_model(model: str | None, config: str | None) -> ModelSource:
     """A GGUF path as is; a configured id through the config's models.<id>.path (relative to the file)."""
     if model and Path(model).expanduser().is_file():
@@ -85,20 +121,16 @@ def resolve_model(model: str | None, config: str | None) -> ModelSource:
         return ModelSource(p.stem, str(p))
     if not config:
         raise PlanInputError(f"{model!r} is not a file; pass --config to look it up as a configured id")
-    data = _load_yaml(config)
+    data = load_yaml(config)
     mid = _model_id(data, model)
     entry, server = data["models"][mid] or {}, data.get("server") or {}
-    raw = str(entry.get("path", ""))
-    if not raw or raw.startswith("hf:"):
-        raise PlanInputError(f"models.{mid}.path {raw!r}: the planner needs a local GGUF file")
-    p = Path(raw).expanduser()
-    p = p if p.is_absolute() else Path(config).parent / p
+    path = _local(str(entry.get("path", "")), config, f"models.{mid}.path")
     budget = server.get("memory_budget")
     return ModelSource(
-        mid, str(p), decode_batch=server.get("decode_batch"),
+        mid, path, decode_batch=server.get("decode_batch"),
         memory_budget=None if budget in (None, "auto") else parse_memory(budget),
         max_kv_size=entry.get("max_kv_size"), kv_quant=_kv_from_config(entry.get("kv_quant")),
-        layout=entry.get("weights"),
+        layout=entry.get("weights"), draft=resolve_draft(entry.get("draft"), entry.get("draft_tokens"), config, data),
     )
 
 

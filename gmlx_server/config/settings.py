@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from gmlx_plan.memory import DEFAULT_DRAFT_TOKENS as DEFAULT_DRAFT_TOKENS  # models.<id>.draft_tokens
+from gmlx_plan.memory import MAX_DRAFT_TOKENS as MAX_DRAFT_TOKENS
 from gmlx_plan.memory import KVQuant as KVQuant  # one definition: the planner budgets what the engine builds
 from gmlx_plan.memory import KVQuantError as KVQuantError
 
@@ -28,8 +30,6 @@ TOOL_FORMATS: tuple[ToolFormatSetting, ...] = ("auto", "template", "json")
 LogFormat = Literal["text", "json"]
 DEFAULT_PROMPT_CACHE_BYTES = 512 << 20
 BACKENDS = ("mlx",)  # engine backends a model entry may name (engine/factory.py has one builder per name)
-DEFAULT_DRAFT_TOKENS = 4  # tokens a drafter proposes per speculative round (models.<id>.draft_tokens)
-MAX_DRAFT_TOKENS = 16
 
 
 class ConfigError(Exception):

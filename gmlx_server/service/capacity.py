@@ -13,7 +13,7 @@ from typing import Any
 from gmlx_plan.budget import default_budget
 from gmlx_plan.capacity import CapacityTable, build_table, plan, table_to_json
 from gmlx_plan.gguf_header import GGUFFormatError, read_header
-from gmlx_plan.memory import KVQuant, MemoryModel, model_from_header, need_bytes
+from gmlx_plan.memory import KVQuant, MemoryModel, model_from_header, model_with_draft, need_bytes
 from gmlx_server.config import ModelEntry, ServerConfig
 from gmlx_server.engine.layout import choose_layout
 from gmlx_server.errors import GmlxError
@@ -47,9 +47,16 @@ def _kv_quant(entry: ModelEntry) -> KVQuant | None:
 
 
 def memory_model(entry: ModelEntry) -> MemoryModel:
-    """The planner's model of one GGUF entry, from its header; the layout the engine will choose."""
+    """The planner's model of one GGUF entry, from its header; the layout the engine will choose. A speculative
+    model's drafter (its weights, its unquantized KV) is part of it."""
     layout, _ = choose_layout(entry.weights)
-    return model_from_header(read_header(entry.path, strings=False), layout, _kv_quant(entry))  # type: ignore[arg-type]
+    m = model_from_header(read_header(entry.path, strings=False), layout, _kv_quant(entry))  # type: ignore[arg-type]
+    d = entry.draft
+    if d is None:
+        return m
+    draft_layout, _ = choose_layout(d.weights)
+    return model_with_draft(m, read_header(d.path, strings=False), draft_layout, d.model_id,  # type: ignore[arg-type]
+                            d.tokens)
 
 
 class CapacityService:

@@ -30,7 +30,7 @@ def test_plan_json_has_the_capacity_section(capsys: pytest.CaptureFixture[str]) 
     data = json.loads(out)
     assert rc == 0 and data["plan"]["ok"] is True and data["plan"]["width_read"] == 4
     cap = data["capacity"]
-    assert set(cap) == {"model", "architecture", "layout", "kv_dtype_bytes", "kv_quant", "context_length",
+    assert set(cap) == {"model", "architecture", "layout", "kv_dtype_bytes", "kv_quant", "draft", "context_length",
                         "decode_batch", "prefill_chunk", "budget_bytes", "weights_bytes", "kv_bytes_per_token",
                         "kv_bytes_per_token_beyond_window", "prefill_transient_bytes", "max_ctx",
                         "max_width_at_depth"}

@@ -1,21 +1,25 @@
 """Loading a drafter beside its target: SmolLM2 drafts for itself in another layout, with unquantized KV
-whatever the target's kv_quant; a drafter with another token list is refused before any weights load."""
+whatever the target's kv_quant; a drafter with another token list is refused before any weights load; MLX
+allocates what the planner budgets for the pair (weights, and both models' KV k tokens past the depth)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import mlx.core as mx
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
 from mlx_vlm.models.cache import KVCache, QuantizedKVCache
 
-from gmlx_plan.memory import KVQuant
+from gmlx_plan.memory import KVQuant, kv_bytes, model_from_header, model_with_draft
 from gmlx_server.config import Draft
 from gmlx_server.engine.drafter import Drafter, DrafterMismatch, load_drafter, with_drafter
 from gmlx_server.engine.loader import LoadedModel, load_gguf_model
 from tests.conftest import smollm2_path
 from tests.gguf_factory import FakeTensor, write_gguf
+
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -49,3 +53,27 @@ def test_another_token_list_is_refused_naming_both_files(target: LoadedModel, tm
     with pytest.raises(DrafterMismatch) as e:
         load_drafter(target, Draft(str(path), "other"))
     assert str(path) in str(e.value) and smollm2_path() in str(e.value) and "has 3 tokens" in str(e.value)
+
+
+def test_mlx_allocates_what_the_planner_budgets_for_the_pair(target: LoadedModel) -> None:
+    """The drafter's weights as loaded, and after a round at depth 600 (k = 3 written past it, then trimmed)
+    both models' caches, against gmlx_plan's figures for the pair: within 5%."""
+    from gmlx_server.engine.cache_trim import trim
+
+    mx.clear_cache()
+    base = mx.get_active_memory()
+    drafter = load_drafter(target, Draft(smollm2_path(), "smol-packed", 3, "packed"))
+    loaded_bytes = mx.get_active_memory() - base
+    planned = model_with_draft(model_from_header(target.header, "dense", KVQuant("uniform", 8, 64)),
+                               drafter.loaded.header, "packed", "smol-packed", 3)
+    assert planned.draft is not None and 0.95 <= loaded_bytes / planned.draft.model.weights_bytes <= 1.05
+    ids = mx.array([list(range(100, 700))])
+    base = mx.get_active_memory()
+    caches = (target.make_cache(), drafter.make_cache())
+    for model, cache, extra in ((target.model, caches[0], 4), (drafter.model, caches[1], 3)):
+        model(ids, cache=cache)
+        model(mx.array([[5] * extra]), cache=cache)  # the round's writes past depth 600
+        mx.eval([c.state for c in cache])
+        assert trim(cache, extra - 1)
+    measured = mx.get_active_memory() - base
+    assert 0.95 <= measured / kv_bytes(planned, 600) <= 1.05, (measured, kv_bytes(planned, 600))
