@@ -135,10 +135,9 @@ def _with_weights(cfg: ServerConfig, model_id: str, weights: WeightsLayout | Non
 
 async def _prepare(host: ModelHost, inp: GenerationParams) -> Prepared:
     """The server's path up to submit (prompt, context fit, request), in one event loop for the CLI."""
-    from gmlx_server.protocol.tool_calls import tool_stops
     from gmlx_server.service.generate import prepare_request
 
-    return await prepare_request(host, inp, f"run-{uuid.uuid4().hex[:8]}", tool_stops=tool_stops)
+    return await prepare_request(host, inp, f"run-{uuid.uuid4().hex[:8]}")
 
 
 def _generate(engine: Engine, request: GenerationRequest) -> int:

@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from gmlx_server.config import ConfigError, ServerConfig, load_config, read_env
+from gmlx_server.log_format import LOG_FORMATS, configure_logging
 from gmlx_server.startup import prepare_process
 
 log = logging.getLogger("gmlx.serve")
@@ -29,7 +30,10 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--clamp-max-tokens", action="store_true", default=None,
                    help="lower an oversized max_tokens to what the context window leaves, instead of a 400 "
                         "(or GMLX_CLAMP_MAX_TOKENS=1; per model: clamp_max_tokens in the config)")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="debug adds each request's prompt text to its request line")
+    p.add_argument("--log-format", choices=LOG_FORMATS,
+                   help="text (default) or json: one JSON object per line (or GMLX_LOG_FORMAT)")
     p.set_defaults(func=run_serve)
     return p
 
@@ -55,12 +59,13 @@ def _describe(config: ServerConfig, model_arg: str | None) -> None:
 
 def run_serve(args: argparse.Namespace) -> int:
     level = getattr(logging, str(args.log_level).upper(), logging.INFO)
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = _config(args)
     except ConfigError as e:
         print(f"gmlx serve: {e}", file=sys.stderr)
         return 2
+    log_format = args.log_format or config.env.log_format
+    configure_logging(level, log_format)
     _describe(config, args.model)
     prepare_process(config)  # OpenBLAS before mlx loads
     try:
@@ -77,6 +82,8 @@ def run_serve(args: argparse.Namespace) -> int:
     app = create_app(config)  # with the default factory, which also checks each model's GGUF header
     s = config.server
     log.info("listening on http://%s:%d%s", s.host, s.port, " (API key required)" if s.api_key else "")
+    # JSON: uvicorn's own lines go through the root handler too, as JSON (its default config would add text handlers).
+    logs: dict[str, Any] = {"log_config": None} if log_format == "json" else {}
     uvicorn.run(app, host=s.host, port=s.port, workers=1, lifespan="on", log_level=args.log_level,
-                timeout_graceful_shutdown=5, **uvicorn_limits(config.env.header_timeout_s))
+                timeout_graceful_shutdown=5, **logs, **uvicorn_limits(config.env.header_timeout_s))
     return 0

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from gmlx_server.config.settings import BLAS_OFF, ConfigError, RuntimeEnv
+from gmlx_server.config.settings import BLAS_OFF, ConfigError, LogFormat, RuntimeEnv
 from gmlx_server.web_policy import host_list, origin_list, split_list
 
 _ListCheck = Callable[[list[str]], tuple[str, ...]]  # normalizes a list or raises ValueError
@@ -65,7 +65,15 @@ def read_env(environ: Mapping[str, str] | None = None) -> RuntimeEnv:
         hf_hub_cache=_hf_hub_cache(e),
         blas=_blas(e),
         native_kernels=pick(_env_value(e, "GMLX_NATIVE_KERNELS", bool), d.native_kernels),
+        log_format=_log_format(e),
     )
+
+
+def _log_format(e: Mapping[str, str]) -> LogFormat:
+    raw = (e.get("GMLX_LOG_FORMAT") or "text").strip().lower()
+    if raw not in ("text", "json"):
+        raise ConfigError("environment", "GMLX_LOG_FORMAT", f"expected text or json, got {raw!r}")
+    return "json" if raw == "json" else "text"
 
 
 def _env_list(e: Mapping[str, str], name: str, check: _ListCheck) -> tuple[str, ...] | None:

@@ -1,4 +1,5 @@
-"""Grammar-constrained decoding with llguidance: `response_format` json_schema / json_object.
+"""Grammar-constrained decoding with llguidance: `response_format` json_schema / json_object (and tool calls,
+whose grammars engine/tool_grammar.py builds).
 
 Three pieces, each owned by its caller:
 - `compile_response_format` checks a request's format before generation (typed 400 on failure);
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("gmlx.engine")
 
 # One-line JSON with readable separators (as mlx-vlm does): no whitespace runs for a small model to loop in.
-_JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
 
 
@@ -62,9 +63,9 @@ class ByteVocab(Protocol):
 
 @dataclass(frozen=True)
 class CompiledGrammar:
-    """A checked llguidance grammar; build one `GrammarConstraint` from it per request."""
+    """A checked llguidance grammar (an output format, or tool calls); one `GrammarConstraint` per request."""
 
-    kind: Literal["json_schema", "json_object"]
+    kind: Literal["json_schema", "json_object", "tool_call"]
     schema: Mapping[str, Any]
     grammar: str  # llguidance's grammar text
 
@@ -116,12 +117,12 @@ def _check_draft(schema: dict[str, Any]) -> None:
 
 def _grammar(schema: Mapping[str, Any]) -> str:
     try:
-        grammar = llg.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=_JSON_OPTIONS)
+        grammar = llg.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=JSON_OPTIONS)
     except ValueError as e:
         raise StructuredOutputError(f"malformed JSON schema: {e}") from e
     failed, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar)
     if failed:
-        raise StructuredOutputError(f"JSON schema cannot be enforced: {_first_line(messages[0])}",
+        raise StructuredOutputError(f"JSON schema cannot be enforced: {first_line(messages[0])}",
                                     param="response_format.json_schema.schema")
     return grammar
 
@@ -238,7 +239,7 @@ class GrammarConstraint:
     @property
     def error(self) -> str | None:
         message = self._matcher.get_error()
-        return _first_line(message) if message else None
+        return first_line(message) if message else None
 
     def consume(self, token_id: int) -> None:
         """Advance with a sampled token (the engine may call this right after sampling, to test is_finished)."""
@@ -271,5 +272,5 @@ def _last_token(history: mx.array) -> int:
     return last
 
 
-def _first_line(message: str) -> str:
+def first_line(message: str) -> str:
     return message.strip().splitlines()[0] if message.strip() else message

@@ -1,6 +1,6 @@
-"""Tool calls in a reply: the model's text runs through its template's tool-call parser, and the
-parser's events drive any protocol's EventEncoder (OpenAI tool_calls, Anthropic tool_use blocks,
-Responses function_call items), streamed or not.
+"""Tool calls in a reply: the model's text runs through the parser of the request's tool-call syntax (the
+template's own, or gmlx's JSON convention), and the parser's events drive any protocol's EventEncoder
+(OpenAI tool_calls, Anthropic tool_use blocks, Responses function_call items), streamed or not.
 """
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import logging
 from dataclasses import replace
 from typing import Any
 
-from gmlx_server.engine.types import ChatTemplate, TokenEvent
+from gmlx_server.engine.tool_syntax import ToolUse
+from gmlx_server.engine.types import TokenEvent
 from gmlx_server.errors import GmlxError
 from gmlx_server.neutral import GenerationParams
 from gmlx_server.protocol.neutral import Event, EventEncoder, Tally
@@ -19,7 +20,7 @@ from gmlx_server.protocol.tools import (
     ToolCallStart,
     ToolEvent,
     ToolStreamParser,
-    tool_format_for,
+    format_of,
 )
 
 log = logging.getLogger("gmlx.tools")
@@ -29,10 +30,10 @@ class ToolCallEncoder:
     """An EventEncoder that parses tool calls out of the text before `inner` sees it."""
 
     def __init__(self, inner: EventEncoder, parser: ToolStreamParser, params: GenerationParams,
-                 format_stops: tuple[str, ...]) -> None:
-        self.inner, self.parser = inner, parser
+                 use: ToolUse) -> None:
+        self.inner, self.parser, self.use = inner, parser, use
         self._choice = params.tool_choice
-        self._format_stops = tuple(s for s in format_stops if s not in params.stop)
+        self._format_stops = tuple(s for s in use.syntax.stop if s not in params.stop)
 
     def start(self) -> list[Event]:
         return self.inner.start()
@@ -42,6 +43,8 @@ class ToolCallEncoder:
         if ev.finish_reason is not None:
             events += self._render(self.parser.finish())
             self._check_forced(ev)
+            if self.use.report is not None:
+                self.use.report(self.parser.calls, self.parser.failed)
             if ev.stop_string in self._format_stops:  # our stop, not the client's: no stop_sequence
                 ev = replace(ev, stop_string=None)
         return events + self.inner.feed(replace(ev, text=""))
@@ -62,8 +65,8 @@ class ToolCallEncoder:
     def _check_forced(self, ev: TokenEvent) -> None:
         forced = self._choice == "required" or isinstance(self._choice, dict)
         if forced and self.parser.calls == 0 and Tally.ends_well(ev):
-            log.warning("tool_choice %s asked for a call, but the model produced none (the template "
-                        "decides whether it can force one)", self._choice)
+            log.warning("tool_choice %s asked for a call, but the model produced none%s", self._choice,
+                        " (cut by max_tokens)" if self.use.constrained else " (the choice was not enforced)")
 
     def text(self, text: str) -> list[Event]:
         return self.inner.text(text)
@@ -84,15 +87,8 @@ class ToolCallEncoder:
         return self.inner.body()
 
 
-def with_tool_calls(encoder: EventEncoder, params: GenerationParams, template: ChatTemplate) -> EventEncoder:
-    """`encoder` as is, unless the request offers tools and the template defines a call syntax."""
-    fmt = tool_format_for(template) if params.offers_tools else None
-    if fmt is None:
+def with_tool_calls(encoder: EventEncoder, params: GenerationParams, tools: ToolUse | None) -> EventEncoder:
+    """`encoder` as is, unless the reply is read for tool calls (the service's ToolUse says in which syntax)."""
+    if tools is None:
         return encoder
-    return ToolCallEncoder(encoder, fmt.streaming(params.tools), params, fmt.stop)
-
-
-def tool_stops(params: GenerationParams, template: ChatTemplate) -> tuple[str, ...]:
-    """The stop strings the template's tool-call syntax needs while the request offers tools."""
-    fmt = tool_format_for(template) if params.offers_tools else None
-    return tuple(fmt.stop) if fmt is not None else ()
+    return ToolCallEncoder(encoder, format_of(tools.syntax).streaming(params.tools), params, tools)

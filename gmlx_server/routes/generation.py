@@ -10,10 +10,11 @@ import falcon.asgi
 from gmlx_server.neutral import GenerationParams
 from gmlx_server.protocol.openai import parse_chat, parse_completion
 from gmlx_server.protocol.openai_out import OpenAIEncoder, ResponseMeta
-from gmlx_server.protocol.tool_calls import tool_stops, with_tool_calls
+from gmlx_server.protocol.tool_calls import with_tool_calls
 from gmlx_server.routes.common import GmlxRequest, body_of, report_clamp
 from gmlx_server.routes.events import send
 from gmlx_server.routes.parsing import parse_body
+from gmlx_server.routes.request_log import request_record
 from gmlx_server.service.estimate import Estimator
 from gmlx_server.service.generate import start_generation
 from gmlx_server.service.host import ModelHost
@@ -23,11 +24,11 @@ async def respond(req: GmlxRequest, resp: falcon.asgi.Response, host: ModelHost,
                   kind: str) -> None:
     chat = kind == "chat"
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-    started = await start_generation(host, params, rid, tool_stops=tool_stops)
+    started = await start_generation(host, params, rid, request_record(req))
     meta = ResponseMeta(rid, started.model_id, int(time.time()), started.prompt_tokens,
                         "chat" if chat else "completion", params.include_usage, params.timings_per_token,
                         params.logprobs)
-    encoder = with_tool_calls(OpenAIEncoder(meta, started.tokenizer), params, started.template)
+    encoder = with_tool_calls(OpenAIEncoder(meta, started.tokenizer), params, started.tools)
     report_clamp(resp, started.requested_max_tokens, started.max_tokens)
     await send(req, resp, started.handle, encoder, params.stream, host.env.sse_keepalive_s)
 

@@ -9,10 +9,11 @@ import falcon.asgi
 from gmlx_server.protocol.neutral import new_id
 from gmlx_server.protocol.responses import parse_responses
 from gmlx_server.protocol.responses_out import ResponsesEncoder, ResponsesMeta
-from gmlx_server.protocol.tool_calls import tool_stops, with_tool_calls
+from gmlx_server.protocol.tool_calls import with_tool_calls
 from gmlx_server.routes.common import GmlxRequest, report_clamp
 from gmlx_server.routes.events import send
 from gmlx_server.routes.parsing import parse_body
+from gmlx_server.routes.request_log import request_record
 from gmlx_server.service.conversations import ResponseStore
 from gmlx_server.service.generate import start_generation
 from gmlx_server.service.host import ModelHost
@@ -28,7 +29,7 @@ class Responses:
         history = self.store.get(prev) if prev is not None else ()
         params = request.with_history(history)
         response_id = new_id("resp_")
-        started = await start_generation(self.host, params, response_id, tool_stops=tool_stops)
+        started = await start_generation(self.host, params, response_id, request_record(req))
         meta = ResponsesMeta(response_id, started.model_id, int(time.time()), started.prompt_tokens, request.echo)
         encoder = ResponsesEncoder(meta)
         report_clamp(resp, started.requested_max_tokens, started.max_tokens)
@@ -37,5 +38,5 @@ class Responses:
             if request.store:
                 self.store.put(response_id, [*history, *request.input_messages, *encoder.output_messages()])
 
-        await send(req, resp, started.handle, with_tool_calls(encoder, params, started.template), params.stream,
+        await send(req, resp, started.handle, with_tool_calls(encoder, params, started.tools), params.stream,
                    self.host.env.sse_keepalive_s, remember)

@@ -19,7 +19,7 @@ from gmlx_server.engine.tokenizer import GGUFTokenizer
 from gmlx_server.engine.types import ChatTemplate, Engine, Tokenizer
 from gmlx_server.neutral import GenerationParams
 from gmlx_server.service.addressing import resolve_address, resolve_settings
-from gmlx_server.service.generate import check_message_count, tokenize
+from gmlx_server.service.generate import check_message_count, tokenize, tool_plan
 from gmlx_server.service.hf_policy import local_entry
 from gmlx_server.service.host import ModelHost
 
@@ -74,8 +74,9 @@ class Estimator:
         tools, engine = await self.tools(addr.model_id)
         settings = resolve_settings(addr, tools.family, host.catalog)
         # The same render, length guard and tokenization as a generation, off the loop.
+        plan = tool_plan(host, addr.model_id, inp, tools.template)  # the tools' prompt, as a generation has it
         _, ids = await asyncio.to_thread(tokenize, inp, settings, tools.template, tools.tokenizer, addr.model_id,
-                                         tools.context_length)
+                                         tools.context_length, plan)
         prompt, cap = len(ids), inp.max_tokens
         tier, warm = _warm(engine, ids)
         need = host.capacity.need(addr.model_id, prompt, cap)

@@ -9,10 +9,10 @@ whichever protocol parser or `gmlx run` built it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gmlx_server.engine.types import (
     ChatTemplate,
@@ -29,14 +29,16 @@ from gmlx_server.service.addressing import Settings, merge_sampling, resolve_add
 from gmlx_server.service.cache_points import request_hints
 from gmlx_server.service.host import ModelHost
 from gmlx_server.service.roles import REPAIRS
+from gmlx_server.service.tool_choice import constrain_tools, tool_use
+from gmlx_server.service.tool_prompt import ToolPlan, plan_tools, prompted_messages
+
+if TYPE_CHECKING:
+    from gmlx_server.engine.structured import CompiledGrammar
+    from gmlx_server.engine.tool_syntax import ToolUse
+    from gmlx_server.service.request_log import RequestRecord
 
 log = logging.getLogger("gmlx.generate")
 MAX_MESSAGES = 100_000  # per request: bounds the template's work before it starts
-
-
-# What the template's tool-call syntax adds to the stop strings: the protocol layer's tool_stops, passed in
-# by the route (protocol and service never import each other).
-ToolStops = Callable[[GenerationParams, ChatTemplate], tuple[str, ...]]
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ class Started:
     prompt_tokens: int
     max_tokens: int
     tokenizer: Tokenizer
-    template: ChatTemplate  # the model's: its tool-call syntax decides how the reply is parsed
+    tools: ToolUse | None  # how the reply's tool calls are parsed (None: the reply is text)
     requested_max_tokens: int | None = None  # set when the clamp lowered the client's max_tokens
 
 
@@ -77,16 +79,20 @@ def template_variables(inp: GenerationParams, settings: Settings, template: Chat
     return values
 
 
-def render_chat(inp: GenerationParams, settings: Settings, template: ChatTemplate) -> str:
-    return render_messages(inp, settings, template)[0]
+def render_chat(inp: GenerationParams, settings: Settings, template: ChatTemplate,
+                tools: ToolPlan | None = None) -> str:
+    return render_messages(inp, settings, template, tools)[0]
 
 
-def render_messages(inp: GenerationParams, settings: Settings, template: ChatTemplate) -> tuple[str, str | None]:
+def render_messages(inp: GenerationParams, settings: Settings, template: ChatTemplate,
+                    plan: ToolPlan | None = None) -> tuple[str, str | None]:
     """The rendered prompt, and what was repaired when the template refused the messages as sent."""
     messages = list(inp.messages)
     if settings.system and (not messages or messages[0].get("role") != "system"):
         messages.insert(0, {"role": "system", "content": settings.system})  # a request's own system wins
     tools = None if inp.tool_choice == "none" else inp.tools  # `none` is enforced by stripping the tools
+    if plan is not None and plan.prompted:  # gmlx's own tool prompt: the template sees plain turns
+        messages, tools = prompted_messages(messages, inp.tools or (), inp.tool_choice), None
 
     def render(msgs: list[dict[str, Any]]) -> str:
         return template.render(msgs, tools=list(tools) if tools else None, add_generation_prompt=True,
@@ -165,10 +171,11 @@ def check_length(text: str, tokenizer: Tokenizer, model: str, budget: int, param
 
 
 def tokenize(inp: GenerationParams, settings: Settings, template: ChatTemplate, tokenizer: Tokenizer,
-             model: str, budget: int) -> tuple[str, list[int]]:
+             model: str, budget: int, tools: ToolPlan | None = None) -> tuple[str, list[int]]:
     """Render (or take the raw prompt), refuse what cannot fit, tokenize. Blocking: run it in a thread."""
     raw = inp.prompt is not None
-    text, repaired = (inp.prompt, None) if inp.prompt is not None else render_messages(inp, settings, template)
+    text, repaired = (inp.prompt, None) if inp.prompt is not None else render_messages(inp, settings, template,
+                                                                                       tools)
     if repaired:
         log.info("model %s: %s", model, repaired)
     check_length(text, tokenizer, model, budget, "prompt" if raw else inp.messages_param)
@@ -188,6 +195,12 @@ class Prompt:
     settings: Settings
     text: str
     ids: list[int]
+    tools: ToolPlan | None = None  # the syntax the reply's tool calls are read in
+
+
+def tool_plan(host: ModelHost, model_id: str, inp: GenerationParams, template: ChatTemplate) -> ToolPlan | None:
+    """The request's tool syntax under its model's `tool_format`."""
+    return plan_tools(inp, template, host.entry(model_id).tool_format)
 
 
 async def prepare_prompt(host: ModelHost, inp: GenerationParams) -> Prompt:
@@ -196,9 +209,10 @@ async def prepare_prompt(host: ModelHost, inp: GenerationParams) -> Prompt:
     addr = resolve_address(inp.model, inp.profile, host.catalog)
     engine: Engine = await host.engine(addr.model_id)
     settings = resolve_settings(addr, engine.info.family, host.catalog)
+    plan = tool_plan(host, addr.model_id, inp, engine.template)
     text, ids = await asyncio.to_thread(tokenize, inp, settings, engine.template, engine.tokenizer, addr.model_id,
-                                        engine.info.context_length)
-    return Prompt(engine, addr.model_id, settings, text, ids)
+                                        engine.info.context_length, plan)
+    return Prompt(engine, addr.model_id, settings, text, ids, plan)
 
 
 async def count_prompt_tokens(host: ModelHost, inp: GenerationParams) -> tuple[str, int]:
@@ -219,19 +233,20 @@ def output_cap(host: ModelHost, prompt: Prompt, explicit: int | None, request_id
 
 
 def build_request(prompt: Prompt, inp: GenerationParams, request_id: str, cap: OutputCap, *,
-                  tool_stops: ToolStops, top_logprobs_k: int) -> GenerationRequest:
+                  top_logprobs_k: int, tool_grammar: CompiledGrammar | None = None) -> GenerationRequest:
     """The engine's request for a tokenized prompt, without prompt-cache points: no I/O, no await."""
     engine, settings, text = prompt.engine, prompt.settings, prompt.text
     thinking = thinking_control(inp, text)
     opened = thinking is not None and text.rstrip().endswith(thinking.open_tag)
     if inp.grammar is not None:
         check_constrainable(engine)
+    tool_stops = prompt.tools.syntax.stop if prompt.tools is not None else ()
     return GenerationRequest(
         request_id=request_id, prompt_tokens=prompt.ids, max_tokens=cap.max_tokens,
         sampling=build_sampling(settings, inp, engine.tokenizer.vocab_size),
-        stop=add_stops(add_stops(inp.stop, tool_stops(inp, engine.template)), settings.stop),
+        stop=add_stops(add_stops(inp.stop, tool_stops), settings.stop),
         logprobs=inp.logprobs, top_logprobs=min(inp.top_logprobs, top_logprobs_k),
-        thinking=thinking, starts_in_thinking=opened, grammar=inp.grammar,
+        thinking=thinking, starts_in_thinking=opened, grammar=inp.grammar or tool_grammar,
     )
 
 
@@ -244,28 +259,36 @@ class Prepared:
     request: GenerationRequest
 
 
-async def prepare_request(host: ModelHost, inp: GenerationParams, request_id: str, *,
-                          tool_stops: ToolStops) -> Prepared:
+async def prepare_request(host: ModelHost, inp: GenerationParams, request_id: str) -> Prepared:
     """Every refusal but admission's: the server submits the result, `gmlx run` generates it in the terminal."""
     prompt = await prepare_prompt(host, inp)
     cap = output_cap(host, prompt, inp.max_tokens, request_id)
-    request = build_request(prompt, inp, request_id, cap, tool_stops=tool_stops,
-                            top_logprobs_k=host.env.top_logprobs_k)
-    hints = await request_hints(inp, prompt.settings, prompt.engine, prompt.ids, render_chat, host.token_memo)
+    grammar = await constrain_tools(prompt.tools, inp, prompt.engine, thinking_control(inp, prompt.text))
+    request = build_request(prompt, inp, request_id, cap, top_logprobs_k=host.env.top_logprobs_k,
+                            tool_grammar=grammar)
+    render = functools.partial(render_chat, tools=prompt.tools)  # the cache's probes render as the prompt did
+    hints = await request_hints(inp, prompt.settings, prompt.engine, prompt.ids, render, host.token_memo)
     pinned = inp.max_tokens if cap.requested is None else cap.max_tokens
     host.capacity.preflight(prompt.model_id, len(prompt.ids), pinned)  # memory 400 before any prefill
     return Prepared(prompt, cap, replace(request, **hints))
 
 
-async def start_generation(host: ModelHost, inp: GenerationParams, request_id: str, *,
-                           tool_stops: ToolStops) -> Started:
-    """Everything that can refuse the request happens here, before a byte of response is sent."""
-    prep = await prepare_request(host, inp, request_id, tool_stops=tool_stops)
+async def start_generation(host: ModelHost, inp: GenerationParams, request_id: str,
+                           record: RequestRecord | None = None) -> Started:
+    """Everything that can refuse the request happens here, before a byte of response is sent; `record`
+    (the request log's line) learns what the request became."""
+    if record is not None:  # what the client asked for, until the model is resolved
+        record.request_id, record.model = request_id, inp.model or None
+    prep = await prepare_request(host, inp, request_id)
     prompt, engine = prep.prompt, prep.prompt.engine
+    if record is not None:
+        record.started(prompt.model_id, prompt.settings.profile, len(prompt.ids), prep.cap, prompt.text)
     host.admission.admit(prompt.model_id, engine.stats())  # no await between this and submit: no race
-    handle = host.telemetry.track(prompt.model_id, host.submit(prompt.model_id, engine, prep.request))
+    tools = tool_use(host.telemetry, prompt.model_id, prompt.tools, prep.request.grammar, record)
+    handle = host.telemetry.track(prompt.model_id, host.submit(prompt.model_id, engine, prep.request),
+                                  record.finished if record is not None else None)
     return Started(handle, prompt.model_id, prompt.settings.profile, len(prompt.ids), prep.cap.max_tokens,
-                   engine.tokenizer, engine.template, prep.cap.requested)
+                   engine.tokenizer, tools, prep.cap.requested)
 
 
 def check_constrainable(engine: Engine) -> None:

@@ -20,7 +20,7 @@ def _parts(content: Any) -> list[Any]:
     return list(content) if isinstance(content, list) else [{"type": "text", "text": str(content)}]
 
 
-def _join(a: Any, b: Any) -> Any:
+def join_contents(a: Any, b: Any) -> Any:
     """Two contents as one, a blank line between (strings stay strings; parts lists are concatenated)."""
     if isinstance(a, str | None) and isinstance(b, str | None):
         return "\n\n".join(x for x in (a, b) if x)
@@ -37,7 +37,7 @@ def merge_roles(messages: Sequence[Message]) -> list[Message]:
     for raw in messages:
         m = {**raw, "role": "system"} if raw.get("role") == "developer" else dict(raw)
         if out and _mergeable(m) and _mergeable(out[-1]) and out[-1]["role"] == m["role"]:
-            out[-1] = {**out[-1], "content": _join(out[-1].get("content"), m.get("content"))}
+            out[-1] = {**out[-1], "content": join_contents(out[-1].get("content"), m.get("content"))}
         else:
             out.append(m)
     return out
@@ -50,9 +50,9 @@ def fold_system(messages: Sequence[Message]) -> list[Message]:
     pending: Any = None
     for m in merge_roles(messages):
         if m["role"] == "system":
-            pending = _join(pending, m.get("content"))
+            pending = join_contents(pending, m.get("content"))
         elif m["role"] == "user" and pending is not None:
-            out.append({**m, "content": _join(pending, m.get("content"))})
+            out.append({**m, "content": join_contents(pending, m.get("content"))})
             pending = None
         else:
             out.append(m)

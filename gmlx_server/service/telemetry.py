@@ -49,6 +49,7 @@ class ModelRates:
     prompt_tokens: int = 0
     generated_tokens: int = 0
     finished: Counter[str] = field(default_factory=Counter)
+    tool_calls: Counter[str] = field(default_factory=Counter)  # parsed, constrained (of those), failed
 
     @staticmethod
     def _mean(values: deque[float] | deque[int]) -> float | None:
@@ -88,6 +89,11 @@ class Telemetry:
         self.rejections[reason] += 1
         self.last_reject_reason = reason
 
+    def record_tools(self, model_id: str, parsed: int, failed: int, constrained: bool) -> None:
+        """One reply's tool calls: parsed, parsed from constrained output, and opened calls that did not parse."""
+        calls = self.model(model_id).tool_calls
+        calls.update({"parsed": parsed, "constrained": parsed if constrained else 0, "failed": failed})
+
     def record_final(self, model_id: str, event: TokenEvent, started: float) -> None:
         m = self.model(model_id)
         m.finished[event.finish_reason or "unknown"] += 1
@@ -109,9 +115,15 @@ class Telemetry:
             m.decode_seconds += t.decode_s
         m.recent_generated.append(t.generated)
 
-    def track(self, model_id: str, handle: RequestHandle) -> RequestHandle:
-        """Wrap a handle so its final event is recorded, whoever iterates it."""
-        return _Tracked(handle, lambda ev, t0: self.record_final(model_id, ev, t0), self.clock())
+    def track(self, model_id: str, handle: RequestHandle,
+              also: Callable[[TokenEvent], None] | None = None) -> RequestHandle:
+        """Wrap a handle so its final event is recorded (and handed to `also`), whoever iterates it."""
+        def on_final(ev: TokenEvent, t0: float) -> None:
+            self.record_final(model_id, ev, t0)
+            if also is not None:
+                also(ev)
+
+        return _Tracked(handle, on_final, self.clock())
 
 
 class _Tracked:

@@ -88,6 +88,15 @@ def served() -> Iterator[Served]:
     s.client.close()
 
 
+@pytest.fixture
+def template_tools() -> Iterator[Served]:
+    """A model with `tool_format: template`: a request's tools reach its template as sent (what the
+    protocol converters hand templates), even though the fake template defines no call syntax."""
+    s = serve(make_config(tool_format="template"))
+    yield s
+    s.client.close()
+
+
 def sse_events(text: str) -> list[Any]:
     """data: payloads of an SSE body ('[DONE]' kept as a string), comments dropped."""
     out: list[Any] = []

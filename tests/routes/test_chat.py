@@ -134,7 +134,8 @@ def test_thinking_controls_map_to_template_variables(served: Served) -> None:
     assert tpl.calls[-1]["variables"] == {}  # the template reads neither: nothing is passed
 
 
-def test_tool_choice_none_strips_tools(served: Served) -> None:
+def test_tool_choice_none_strips_tools(template_tools: Served) -> None:
+    served = template_tools
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     served.chat({"tools": tools})
     assert served.engine().template.calls[-1]["tools"] == tools

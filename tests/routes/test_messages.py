@@ -220,7 +220,8 @@ def test_output_config_effort_is_the_reasoning_effort(served: Served, config: di
     assert template_call(served)["variables"].get("reasoning_effort") == effort
 
 
-def test_tool_use_and_tool_result_render_as_transformers_expects(served: Served) -> None:
+def test_tool_use_and_tool_result_render_as_transformers_expects(template_tools: Served) -> None:
+    served = template_tools
     msgs = [{"role": "user", "content": "Weather in Paris and Rome?"},
             {"role": "assistant", "content": [
                 {"type": "thinking", "thinking": "two calls", "signature": "x"},
@@ -253,8 +254,9 @@ def test_tool_use_and_tool_result_render_as_transformers_expects(served: Served)
     ({"type": "any"}, True, "required"),
     ({"type": "tool", "name": "f"}, True, {"type": "function", "function": {"name": "f"}}),
 ])
-def test_tool_choice_maps_onto_the_neutral_values(served: Served, choice: dict[str, Any], tools_kept: bool,
+def test_tool_choice_maps_onto_the_neutral_values(template_tools: Served, choice: dict[str, Any], tools_kept: bool,
                                                   variable: Any) -> None:
+    served = template_tools
     post(served)
     served.engine().template.variables = frozenset({"tool_choice"})
     tools = [{"name": "f", "input_schema": {"type": "object", "properties": {}}}]
@@ -381,8 +383,10 @@ valid_bodies = st.fixed_dictionaries({"messages": valid_messages}, optional={
     "system": text | st.lists(text_block, max_size=2),
     "stop_sequences": st.lists(text, max_size=64),
     "max_tokens": st.integers(1, 8),
+    # A named tool_choice must name an offered tool (a 400 otherwise): "f" is always offered.
     "tools": st.lists(st.fixed_dictionaries({"name": text}, optional={"input_schema": st.just({}),
-                                                                      "description": text}), max_size=2),
+                                                                      "description": text}), max_size=2).map(
+        lambda tools: [{"name": "f", "input_schema": {}}, *tools]),
     "tool_choice": st.sampled_from([{"type": "auto"}, {"type": "any"}, {"type": "none"},
                                     {"type": "tool", "name": "f"}]),
     "temperature": st.floats(0, 1),

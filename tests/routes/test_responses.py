@@ -147,7 +147,8 @@ def test_keepalive_comments_while_silent() -> None:
 
 # --- input -> template messages -------------------------------------------------------------------
 
-def test_items_render_as_transformers_expects(served: Served) -> None:
+def test_items_render_as_transformers_expects(template_tools: Served) -> None:
+    served = template_tools
     items = [{"role": "developer", "content": "dev"},
              {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a"},
                                                              {"type": "input_text", "text": "b"}]},

@@ -115,11 +115,79 @@ def test_without_tools_or_with_tool_choice_none_nothing_is_parsed(hermes: Hermes
     assert s.engine().template.calls[-1]["tools"] is None
 
 
-def test_a_template_without_call_syntax_answers_tools_in_text(served: Served) -> None:
+def test_a_template_without_call_syntax_gets_gmlx_tool_prompt_and_its_calls(served: Served) -> None:
     served.factory.behavior.pieces = CALL
     choice = served.chat({"tools": TOOLS}).json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == "Let me check."
+    assert json.loads(choice["message"]["tool_calls"][0]["function"]["arguments"]) == {"city": "Paris"}
+    sent = served.engine().template.calls[-1]
+    assert sent["tools"] is None  # gmlx wrote them into the system prompt instead
+    system = sent["messages"][0]
+    assert system["role"] == "system" and '"name": "get_weather"' in system["content"]
+    assert "<tool_call>" in system["content"] and "plain text" in system["content"]  # auto may answer in text
+
+
+def test_tool_format_template_leaves_tools_to_a_template_without_syntax(template_tools: Served) -> None:
+    template_tools.factory.behavior.pieces = CALL
+    choice = template_tools.chat({"tools": TOOLS}).json()["choices"][0]
     assert choice["finish_reason"] == "stop" and choice["message"]["content"] == "".join(CALL)
-    assert served.engine().template.calls[-1]["tools"] == TOOLS  # still offered to the template
+    assert template_tools.engine().template.calls[-1]["tools"] == TOOLS  # offered to the template, as sent
+    assert template_tools.engine().submitted[-1].grammar is None
+
+
+def test_gmlx_tool_prompt_turns_history_calls_and_results_into_text(served: Served) -> None:
+    msgs = [{"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}},
+                {"id": "2", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]},
+            {"role": "tool", "tool_call_id": "1", "content": "cold"},
+            {"role": "tool", "tool_call_id": "2", "content": "warm"}]
+    assert served.chat({"messages": msgs, "tools": TOOLS}).status_code == 200
+    sent = served.engine().template.calls[-1]["messages"]
+    assert [m["role"] for m in sent] == ["system", "user", "assistant", "user"]
+    assert sent[2] == {"role": "assistant", "content": (
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>')}
+    assert sent[3]["content"] == "<tool_response>\ncold\n</tool_response>\n<tool_response>\nwarm\n</tool_response>"
+
+
+@pytest.mark.parametrize(("choice", "forced"), [
+    ("auto", False), ("required", True), ({"type": "function", "function": {"name": "get_weather"}}, True)])
+def test_every_choice_is_constrained_with_gmlx_json(served: Served, choice: Any, forced: bool) -> None:
+    served.chat({"tools": TOOLS, "tool_choice": choice})
+    grammar = served.engine().submitted[-1].grammar
+    assert grammar is not None and grammar.kind == "tool_call"
+    assert grammar.schema["anyOf"][0]["properties"]["name"] == {"const": "get_weather"}
+    assert ("opened[lazy]" in grammar.grammar) != forced  # auto: text, or text that opens a call
+
+
+def test_a_named_function_that_is_not_offered_is_a_400(served: Served, hermes: Hermes) -> None:
+    named = {"type": "function", "function": {"name": "nope"}}
+    for s in (served, hermes(CALL)):
+        r = s.chat({"tools": TOOLS, "tool_choice": named})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
+        assert "nope" in r.json()["error"]["message"]
+    r = anthropic_route.post(served, {"tools": ANTHROPIC_TOOLS, "tool_choice": {"type": "tool", "name": "nope"}})
+    assert r.status_code == 400 and r.json()["type"] == "error"
+
+
+def test_response_format_wins_over_the_call_grammar(served: Served) -> None:
+    served.chat({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}})
+    grammar = served.engine().submitted[-1].grammar
+    assert grammar is not None and grammar.kind == "json_object"
+
+
+def test_tool_calls_are_counted_in_metrics(served: Served) -> None:
+    served.factory.behavior.pieces = CALL
+    served.chat({"tools": TOOLS, "tool_choice": "required"})
+    served.factory.behavior.pieces = ['<tool_call>{"name": "get_weather", "arguments": {"city": }}</tool_call>']
+    served.chat({"tools": TOOLS})
+    section = served.client.get("/v1/metrics").json()["server"]["tool_calls"]
+    assert (section["parsed"], section["constrained"], section["failed"]) == (1, 1, 1)
+    assert section["by_model"] == {"m1": {"parsed": 1, "constrained": 1, "failed": 1}}
+    prom = served.client.get("/v1/metrics?format=prometheus").text
+    assert 'gmlx_tool_calls_total{model="m1",outcome="failed"} 1.0' in prom
+    assert 'gmlx_tool_calls_total{model="m1",outcome="constrained"} 1.0' in prom
 
 
 def test_format_stop_strings_join_the_request_only_with_tools(make: Make) -> None:

@@ -1,7 +1,7 @@
 """Tool-call parsing: infer the syntax from a chat template, then parse a response as it streams.
 
     fmt = infer_tool_format(template_text)       # None: the template defines no tool calls
-    fmt = tool_format_for(engine.template)       # the same, once per loaded template
+    fmt = format_of(syntax)                      # the parser of a syntax (engine/tool_syntax.py)
     parser = fmt.streaming(tools)                # one per response
     events = parser.feed(delta) ... parser.finish()
 """
@@ -14,8 +14,7 @@ from gmlx_server.protocol.tools.events import (
     ToolCallStart,
     ToolEvent,
 )
-from gmlx_server.protocol.tools.formats import FORMATS, infer_tool_format
-from gmlx_server.protocol.tools.inference import tool_format_for
+from gmlx_server.protocol.tools.formats import FORMATS, format_of, infer_tool_format
 from gmlx_server.protocol.tools.stream import ToolFormat, ToolStreamParser
 
 __all__ = [
@@ -28,6 +27,6 @@ __all__ = [
     "ToolEvent",
     "ToolFormat",
     "ToolStreamParser",
+    "format_of",
     "infer_tool_format",
-    "tool_format_for",
 ]

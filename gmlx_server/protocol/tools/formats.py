@@ -1,11 +1,13 @@
-"""The tool-call syntaxes we parse, and which one a chat template teaches its model.
+"""How each tool-call syntax's body becomes calls (the syntaxes themselves, and which template teaches which,
+are the engine's table: gmlx_server/engine/tool_syntax.py).
 
 Body parsing reuses mlx-vlm's parsers (json_tools, qwen3_coder, mistral, gemma4, pythonic) where
 they fit. What is ours: the streaming (mlx-vlm's ToolCallDeltaState streams argument fragments
 before a call is known to be valid, and covers only some formats), the end of calls that have no
 closing marker (mlx-vlm ends them at a newline, which breaks pretty-printed JSON), Llama 3's bare
 JSON calls and FunctionGemma (no mlx-vlm parser), and the template inference (mlx-vlm's registry
-knows neither Llama 3 nor FunctionGemma, and needs `tool_call.name` in a Hermes template).
+knows neither Llama 3 nor FunctionGemma, and needs `tool_call.name` in a Hermes template), and gmlx's own
+JSON convention for templates that teach none.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from gmlx_server.engine.tool_syntax import SYNTAXES, ToolSyntax, infer_tool_syntax
 from gmlx_server.protocol.tools.events import ParsedCall
 from gmlx_server.protocol.tools.mlx_vlm_parsers import mlx_vlm_parser
-from gmlx_server.protocol.tools.stream import BodyParser, ToolFormat, Tools
+from gmlx_server.protocol.tools.stream import BodyEnd, BodyParser, ToolFormat, Tools
 
 _DECODER = json.JSONDecoder()
 _GEMMA4_QUOTE = '<|"|>'  # Gemma 4's string delimiter token; FunctionGemma spells it <escape>
@@ -136,32 +139,34 @@ def _tool_code(body: str, tools: Tools) -> list[ParsedCall]:
     return _calls(mlx_vlm_parser("pythonic").parse_tool_call(listed, tools))
 
 
-HERMES = ToolFormat("hermes", ("<tool_call>",), "</tool_call>", _strict(_hermes))
-QWEN3_CODER = ToolFormat("qwen3_coder", ("<tool_call>",), "</tool_call>", _strict(_qwen3_coder))
-LLAMA3_JSON = ToolFormat("llama3_json", ("<|python_tag|>",), None, _strict(_llama3), _json_end, leading_json=True)
-MISTRAL = ToolFormat("mistral", ("[TOOL_CALLS]",), None, _strict(_mistral), _mistral_end)
-# FunctionGemma goes on to imagine the tool's response; its model card makes that marker a stop sequence.
-FUNCTIONGEMMA = ToolFormat("functiongemma", ("<start_function_call>",), "<end_function_call>",
-                           _strict(_gemma("<escape>")), stop=("<start_function_response>",))
-GEMMA4 = ToolFormat("gemma4", ("<|tool_call>",), "<tool_call|>", _strict(_gemma(_GEMMA4_QUOTE)))
-GEMMA_TOOL_CODE = ToolFormat("gemma_tool_code", ("```tool_code",), "```", _strict(_tool_code))
+# gmlx's JSON convention (the server taught it): one object, or a list of them, and nothing else.
+def _json(body: str, tools: Tools) -> list[ParsedCall]:
+    calls = _calls(json.loads(body))
+    if not calls:
+        raise ValueError("an empty list of calls")
+    return calls
 
-# First match wins; each entry is an OR of AND-groups of template substrings.
-_RULES: tuple[tuple[ToolFormat, tuple[tuple[str, ...], ...]], ...] = (
-    (GEMMA4, (("<|tool_call>",),)),
-    (FUNCTIONGEMMA, (("<start_function_call>",),)),
-    (QWEN3_CODER, (("<tool_call>", "<function="),)),
-    (HERMES, (("<tool_call>",),)),
-    (MISTRAL, (("[TOOL_CALLS]",),)),
-    (LLAMA3_JSON, (("<|python_tag|>",), ("<|start_header_id|>", '"parameters"'))),
-    (GEMMA_TOOL_CODE, (("tool_code",),)),
-)
-FORMATS: dict[str, ToolFormat] = {fmt.name: fmt for fmt, _ in _RULES}
+
+_PARSERS: dict[str, tuple[BodyParser, BodyEnd | None]] = {
+    "hermes": (_hermes, None),
+    "qwen3_coder": (_qwen3_coder, None),
+    "llama3_json": (_llama3, _json_end),
+    "mistral": (_mistral, _mistral_end),
+    "functiongemma": (_gemma("<escape>"), None),
+    "gemma4": (_gemma(_GEMMA4_QUOTE), None),
+    "gemma_tool_code": (_tool_code, None),
+    "json": (_json, None),
+}
+FORMATS: dict[str, ToolFormat] = {
+    name: ToolFormat(SYNTAXES[name], _strict(parse), end) for name, (parse, end) in _PARSERS.items()}
+
+
+def format_of(syntax: ToolSyntax) -> ToolFormat:
+    """The parser for a syntax of the engine's table."""
+    return FORMATS[syntax.name]
 
 
 def infer_tool_format(template_source: str) -> ToolFormat | None:
-    """The call syntax a chat template teaches, or None: the template defines no tool calls."""
-    for fmt, groups in _RULES:
-        if any(all(marker in template_source for marker in group) for group in groups):
-            return fmt
-    return None
+    """The call syntax a chat template teaches, with its parser; None: the template defines no tool calls."""
+    syntax = infer_tool_syntax(template_source)
+    return format_of(syntax) if syntax is not None else None

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gmlx_server.engine.tool_syntax import ToolSyntax
 from gmlx_server.protocol.tools.events import (
     ParsedCall,
     TextDelta,
@@ -35,15 +36,31 @@ _BETWEEN_CALLS = re.compile(r"[\s;]*")  # Llama 3 separates parallel JSON calls 
 
 @dataclass(frozen=True)
 class ToolFormat:
-    """One tool-call syntax: how a call opens, where it ends, and how its body becomes calls."""
+    """One tool-call syntax (its markers, from the engine's table) and how its body becomes calls."""
 
-    name: str
-    starts: tuple[str, ...]  # markers that open a call
-    end: str | None  # marker that closes it; None: the body ends where `body_end` says
+    syntax: ToolSyntax
     parse: BodyParser
-    body_end: BodyEnd | None = None
-    leading_json: bool = False  # a message (or the gap after a call) that starts with '{' is a call
-    stop: tuple[str, ...] = ()  # extra stop strings while tools are on (text the model writes after its calls)
+    body_end: BodyEnd | None = None  # where a call without a closing marker ends
+
+    @property
+    def name(self) -> str:
+        return self.syntax.name
+
+    @property
+    def starts(self) -> tuple[str, ...]:
+        return self.syntax.starts
+
+    @property
+    def end(self) -> str | None:
+        return self.syntax.end
+
+    @property
+    def leading_json(self) -> bool:
+        return self.syntax.leading_json
+
+    @property
+    def stop(self) -> tuple[str, ...]:
+        return self.syntax.stop
 
     def streaming(self, tools: Tools = None, new_id: Callable[[], str] | None = None) -> ToolStreamParser:
         """A parser for one response; `tools` are the request's (some formats read argument types there)."""
@@ -69,15 +86,22 @@ class ToolStreamParser:
         self._fmt, self._tools, self._new_id = fmt, tools, new_id
         self._buf = ""
         self._opener: str | None = None  # set while inside a call: the text that opened it
+        self._bare = False  # the open call is a bare JSON object (no marker): not a call is no failure
         self._pending_ws = ""  # whitespace withheld: dropped if a call follows it
         self._after_call = False  # whitespace right after a call is dropped too
         self._boundary = fmt.leading_json  # here a bare JSON object would be a call
         self._calls = 0
+        self._failed = 0
 
     @property
     def calls(self) -> int:
         """How many calls were parsed so far (the protocol's finish reason: tool_calls when > 0)."""
         return self._calls
+
+    @property
+    def failed(self) -> int:
+        """How many opened calls did not parse (each came out as text)."""
+        return self._failed
 
     def feed(self, text: str) -> list[ToolEvent]:
         self._buf += text
@@ -116,7 +140,7 @@ class ToolStreamParser:
         if n == len(self._buf):
             return False  # only a gap so far: wait
         if self._buf[n] == "{":
-            self._open(self._buf[:n], n)
+            self._open(self._buf[:n], n, bare=True)
             return True
         self._boundary = False
         return True
@@ -149,8 +173,9 @@ class ToolStreamParser:
         self._close(out, body, raw)
         return True
 
-    def _open(self, marker: str, consumed: int) -> None:
+    def _open(self, marker: str, consumed: int, bare: bool = False) -> None:
         self._opener = self._pending_ws + marker  # the raw text, should the call turn out malformed
+        self._bare = bare
         self._pending_ws = ""
         self._buf = self._buf[consumed:]
 
@@ -162,6 +187,7 @@ class ToolStreamParser:
             calls = []
         self._boundary = self._fmt.leading_json and bool(calls)
         if not calls:
+            self._failed += not self._bare
             self._text(out, raw)
             return
         for call in calls:

@@ -1,0 +1,92 @@
+"""The request log: one INFO line per finished generation request (logger `gmlx.request`), key=value and
+greppable, never the prompt's text unless the logger is at DEBUG:
+
+    request id=chatcmpl-… route=/v1/chat/completions model=smollm2 profile=- status=200 prompt_tokens=412
+    cached_tokens=384 generated_tokens=32 ttft_s=0.311 duration_s=2.904 decode_tok_s=12.4 finish=stop
+
+plus `clamp=32000->7780` when the clamp lowered max_tokens, `shed=1` when the governor shed the request,
+`tool_calls=N` when the reply was parsed for calls, `error=TYPE` on a refusal. The same fields ride along as
+structured data, which the JSON log format (gmlx_server/log_format.py) writes as keys.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from gmlx_server.engine.types import TokenEvent
+from gmlx_server.log_format import FIELDS
+
+if TYPE_CHECKING:
+    from gmlx_server.service.generate import OutputCap
+
+log = logging.getLogger("gmlx.request")
+
+
+@dataclass
+class RequestRecord:
+    """What one request became, filled in as it goes: the route, then the service, then its final event."""
+
+    route: str
+    t0: float = field(default_factory=time.perf_counter)
+    request_id: str | None = None
+    model: str | None = None
+    profile: str | None = None
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    generated_tokens: int | None = None
+    ttft_s: float | None = None
+    decode_tok_s: float | None = None
+    finish: str | None = None
+    clamp: tuple[int, int] | None = None  # (requested, granted) when the clamp lowered max_tokens
+    tool_calls: int | None = None
+    prompt: str | None = None  # only while the logger is at DEBUG
+
+    def started(self, model: str, profile: str | None, prompt_tokens: int, cap: OutputCap, prompt: str) -> None:
+        self.model, self.profile, self.prompt_tokens = model, profile, prompt_tokens
+        if cap.requested is not None:
+            self.clamp = (cap.requested, cap.max_tokens)
+        if log.isEnabledFor(logging.DEBUG):
+            self.prompt = prompt
+
+    def finished(self, ev: TokenEvent) -> None:
+        """The engine's final event: how it ended and its timings."""
+        self.finish = ev.finish_reason
+        t = ev.timings
+        if t is not None:
+            self.prompt_tokens, self.cached_tokens = t.prompt_tokens, t.cached_tokens
+            self.generated_tokens, self.ttft_s = t.generated, t.ttft_s
+            self.decode_tok_s = t.decode_tok_s if t.generated > 1 else None
+
+    def fields(self, status: int, error: str | None) -> dict[str, Any]:
+        """The line's fields, in order; None stays null (`-` in text)."""
+        out: dict[str, Any] = {
+            "id": self.request_id, "route": self.route, "model": self.model, "profile": self.profile,
+            "status": status, "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
+            "generated_tokens": self.generated_tokens, "ttft_s": _round(self.ttft_s),
+            "duration_s": _round(time.perf_counter() - self.t0), "decode_tok_s": _round(self.decode_tok_s, 1),
+            "finish": self.finish,
+        }
+        extra = {"clamp": f"{self.clamp[0]}->{self.clamp[1]}" if self.clamp else None,
+                 "shed": 1 if self.finish == "shed" else None, "tool_calls": self.tool_calls, "error": error,
+                 "prompt": self.prompt}
+        return out | {k: v for k, v in extra.items() if v is not None}
+
+    def emit(self, status: int, error: str | None = None) -> None:
+        fields = self.fields(status, error)
+        log.info("request %s", " ".join(f"{k}={_text(v)}" for k, v in fields.items()), extra={FIELDS: fields})
+
+
+def _round(value: float | None, digits: int = 3) -> float | None:
+    return round(value, digits) if value is not None else None
+
+
+def _text(value: Any) -> str:
+    """A value as one greppable token: `-` for none, JSON-quoted when it holds spaces, quotes or '='."""
+    if value is None:
+        return "-"
+    text = str(value)
+    return json.dumps(text, ensure_ascii=False) if not text or any(c in text for c in ' "=\n\t') else text

@@ -1,0 +1,156 @@
+"""Tool calling on any model: which syntax a request's reply uses, and, for gmlx's own JSON convention, the
+prompt that teaches it.
+
+A model's `tool_format` (config) chooses: `auto` keeps the template's own syntax and uses gmlx's where the
+template has none; `template` keeps whatever the template does (a template without a syntax then answers
+in text); `json` always uses gmlx's. With gmlx's convention the tools go into the system prompt as a block
+that describes each function and the call form, and earlier calls and results become text in that form,
+so the template sees plain turns. Pure functions but for the one log line per template.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gmlx_server.config.settings import ToolFormatSetting
+from gmlx_server.engine.tool_syntax import GMLX_JSON, ToolSource, ToolSyntax, infer_tool_syntax
+from gmlx_server.engine.types import ChatTemplate
+from gmlx_server.neutral import GenerationParams
+from gmlx_server.service.roles import join_contents
+
+log = logging.getLogger("gmlx.tools")
+Message = dict[str, Any]
+
+# Keyed by the template object, which lives exactly as long as its engine: one inference (and log) per load.
+_INFERRED: weakref.WeakKeyDictionary[ChatTemplate, ToolSyntax | None] = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """A request's tool calls: the syntax the reply is parsed in, and who taught it to the model."""
+
+    syntax: ToolSyntax
+    source: ToolSource
+
+    @property
+    def prompted(self) -> bool:
+        """gmlx writes the tools into the prompt itself (the template gets none)."""
+        return self.source == "json"
+
+
+def template_syntax(template: ChatTemplate) -> ToolSyntax | None:
+    """The template's own tool-call syntax, or None."""
+    if template in _INFERRED:
+        return _INFERRED[template]
+    syntax = _INFERRED[template] = infer_tool_syntax(template.text)
+    if syntax is None:
+        log.info("chat template (%s) defines no tool-call syntax: with tool_format auto or json gmlx writes "
+                 "the tools into the system prompt and reads JSON calls", template.source)
+    else:
+        log.info("chat template (%s): tool calls parsed as %s", template.source, syntax.name)
+    return syntax
+
+
+def plan_tools(inp: GenerationParams, template: ChatTemplate, setting: ToolFormatSetting) -> ToolPlan | None:
+    """None when the reply holds no calls to parse (no tools, tool_choice none, a raw prompt, or a
+    template without a syntax under `tool_format: template`)."""
+    if not inp.offers_tools or inp.prompt is not None:
+        return None
+    own = template_syntax(template)
+    if setting == "json" or (setting == "auto" and own is None):
+        return ToolPlan(GMLX_JSON, "json")
+    return ToolPlan(own, "template") if own is not None else None
+
+
+def chosen_function(choice: str | Mapping[str, Any] | None) -> str | None:
+    """The function a named tool_choice names ({"type": "function", "function": {"name": ...}}), else None."""
+    fn = choice.get("function") if isinstance(choice, Mapping) else None
+    name = fn.get("name") if isinstance(fn, Mapping) else None
+    return name if isinstance(name, str) else None
+
+
+def _function(item: Mapping[str, Any]) -> Mapping[str, Any]:
+    """{"type": "function", "function": {...}} -> its function (a bare function stays as it is)."""
+    fn = item.get("function")
+    return fn if isinstance(fn, Mapping) else item
+
+
+def _signature(tool: Mapping[str, Any]) -> str:
+    fn = _function(tool)
+    keep = {k: fn[k] for k in ("name", "description", "parameters") if k in fn}
+    return json.dumps(keep, ensure_ascii=False)
+
+
+def _choice_line(choice: str | Mapping[str, Any] | None) -> str:
+    name = chosen_function(choice)
+    if name is not None:
+        return f"You must call the function {json.dumps(name)} now."
+    if choice == "required":
+        return "You must call one of these functions now."
+    return "If none of them helps, answer in plain text instead."
+
+
+def tool_block(tools: Sequence[Mapping[str, Any]], choice: str | Mapping[str, Any] | None) -> str:
+    """The system-prompt block that describes the functions and gmlx's call form."""
+    open_, close = GMLX_JSON.starts[0], GMLX_JSON.end
+    return "\n".join([
+        "# Tools", "",
+        "You can call functions. Each one is described by a JSON object:",
+        *(_signature(t) for t in tools), "",
+        "To call a function, reply with one call in exactly this form, and nothing after it:",
+        open_, '{"name": "<function name>", "arguments": {<the arguments as a JSON object>}}', str(close),
+        "The function's result comes back in a <tool_response></tool_response> block.",
+        _choice_line(choice),
+    ])
+
+
+def call_text(call: Mapping[str, Any]) -> str:
+    """An earlier call, written the way the model is asked to write calls."""
+    fn = _function(call)
+    args = fn.get("arguments")
+    if isinstance(args, str):  # not JSON (the protocol parsed what was): keep the client's text
+        body = json.dumps({"name": fn.get("name")}, ensure_ascii=False)[:-1] + f', "arguments": {args}}}'
+    else:
+        body = json.dumps({"name": fn.get("name"), "arguments": args or {}}, ensure_ascii=False)
+    return f"{GMLX_JSON.starts[0]}\n{body}\n{GMLX_JSON.end}"
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, Mapping))
+    return "" if content is None else str(content)
+
+
+def _history(messages: Sequence[Message]) -> list[Message]:
+    """Calls become assistant text, results user text: the template needs no tool support."""
+    out: list[Message] = []
+    for i, m in enumerate(messages):
+        role = m.get("role")
+        if role == "assistant" and m.get("tool_calls"):
+            calls = "\n".join(call_text(c) for c in m["tool_calls"])
+            rest = {k: v for k, v in m.items() if k != "tool_calls"}
+            out.append({**rest, "content": join_contents(m.get("content"), calls)})
+        elif role == "tool":
+            result = f"<tool_response>\n{_text(m.get('content'))}\n</tool_response>"
+            if i > 0 and messages[i - 1].get("role") == "tool":  # results of one turn share a user message
+                out[-1] = {**out[-1], "content": f"{out[-1]['content']}\n{result}"}
+            else:
+                out.append({"role": "user", "content": result})
+        else:
+            out.append(dict(m))
+    return out
+
+
+def prompted_messages(messages: Sequence[Message], tools: Sequence[Mapping[str, Any]],
+                      choice: str | Mapping[str, Any] | None) -> list[Message]:
+    """The conversation with gmlx's tool block in its system message (one is added when it has none)."""
+    out = _history(messages)
+    block = tool_block(tools, choice)
+    if out and out[0].get("role") in ("system", "developer"):
+        return [{**out[0], "content": join_contents(out[0].get("content"), block)}, *out[1:]]
+    return [{"role": "system", "content": block}, *out]
