@@ -202,7 +202,32 @@ def overview_rows() -> list[Row]:
                Target(m("gmlx_capacity_weights_bytes"), "weights"),
                Target(m("gmlx_capacity_prefill_transient_bytes"), "prefill transient"), unit="bytes"),
     ])
-    return [now, throughput, latency, queue, governor, capacity, prompt_cache_row()]
+    return [now, throughput, latency, queue, governor, capacity, prompt_cache_row(), speculative_row()]
+
+
+def accept_rate(model: bool = True) -> str:
+    """Drafted tokens the target kept, as a fraction (no series while nothing drafted: 0 / 0)."""
+    return (f"{rate('gmlx_speculative_accepted_tokens_total', 'model', model=model)} / "
+            f"{rate('gmlx_speculative_drafted_tokens_total', 'model', model=model)}")
+
+
+def speculative_panels(width: int) -> list[PanelBuilder]:
+    return [
+        series("Speculative accept rate", Target(accept_rate(), "{{model}}"), unit="percentunit", width=width,
+               description="Drafted tokens the target kept (rate of accepted over drafted, finished requests)."),
+        series("Drafted and accepted tokens/s",
+               Target(rate("gmlx_speculative_drafted_tokens_total", "model", model=True), "{{model}} drafted"),
+               Target(rate("gmlx_speculative_accepted_tokens_total", "model", model=True), "{{model}} accepted"),
+               width=width),
+        series("Tokens per speculative round",
+               Target(f"1 + {rate('gmlx_speculative_accepted_tokens_total', 'model', model=True)} / "
+                      f"{rate('gmlx_speculative_rounds_total', 'model', model=True)}", "{{model}}"), width=width,
+               description="Each round emits its kept drafts and one token of the target's own; 1 means no gain."),
+    ]
+
+
+def speculative_row() -> Row:
+    return Row("Speculative decoding", speculative_panels(8))
 
 
 def prompt_cache_row() -> Row:
@@ -253,6 +278,7 @@ def model_rows() -> list[Row]:
         series("Prompt cache reuse",
                Target(rate("gmlx_prompt_cache_tokens_reused_total", model=True), "tokens reused/s"),
                Target(rate("gmlx_prompt_cache_evictions_total", model=True), "evictions/s")),
+        *speculative_panels(8),
     ], repeat="model")]
 
 
@@ -286,8 +312,8 @@ def dashboards() -> dict[str, dict[str, Any]]:
     return {
         "gmlx-overview.json": dashboard_json(
             "gmlx-overview", "gmlx overview",
-            "Throughput, latency, queue and admission, the memory governor, memory, the boot capacity table and "
-            "the prompt cache.",
+            "Throughput, latency, queue and admission, the memory governor, memory, the boot capacity table, "
+            "the prompt cache and speculative decoding.",
             overview_rows()),
         "gmlx-models.json": dashboard_json(
             "gmlx-models", "gmlx models", "One row per resident model (repeated over the model variable).",

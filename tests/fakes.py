@@ -21,6 +21,7 @@ from gmlx_server.engine.types import (
     FinishReason,
     GenerationRequest,
     ModelInfo,
+    SpeculativeStats,
     Timings,
     TokenEvent,
     Tokenizer,
@@ -88,6 +89,7 @@ class FakeBehavior:
     fail_after: int | None = None  # end with finish_reason "error" after this many tokens
     shed_after: int | None = None  # end with finish_reason "shed" after this many tokens
     submit_error: Exception | None = None  # raised by submit() itself (e.g. a queue-full error)
+    speculative: SpeculativeStats | None = None  # a drafting engine's per-request counts, in the final timings
 
 
 class FakeHandle:
@@ -124,7 +126,8 @@ class FakeHandle:
                error: str | None = None) -> TokenEvent:
         self.finished = reason
         n = len(self.request.prompt_tokens)
-        timings = Timings(n, generated, self.engine.behavior.prefill_s, time.monotonic() - t0, None)
+        b = self.engine.behavior
+        timings = Timings(n, generated, b.prefill_s, time.monotonic() - t0, None, speculative=b.speculative)
         return TokenEvent("", None, finish_reason=reason, stop_string=stop, error=error, timings=timings)
 
     async def _events(self) -> AsyncIterator[TokenEvent]:

@@ -77,6 +77,26 @@ class GenerationRequest:
 
 
 @dataclass(frozen=True)
+class SpeculativeStats:
+    """A drafter's work: rounds run, tokens drafted, drafts the target kept. Immutable, so a stats() reader on
+    another thread sees one round's counts or the next, never a mix: the engine thread replaces it per round."""
+
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+    def plus(self, drafted: int, accepted: int, rounds: int = 1) -> SpeculativeStats:
+        return SpeculativeStats(self.rounds + rounds, self.drafted + drafted, self.accepted + accepted)
+
+    def __add__(self, other: SpeculativeStats) -> SpeculativeStats:
+        return self.plus(other.drafted, other.accepted, other.rounds)
+
+    @property
+    def accept_rate(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+
+@dataclass(frozen=True)
 class Timings:
     prompt_tokens: int
     generated: int
@@ -84,6 +104,7 @@ class Timings:
     decode_s: float
     ttft_s: float | None
     cached_tokens: int = 0  # prompt tokens restored from the prompt cache instead of prefilled
+    speculative: SpeculativeStats | None = None  # the request's drafting; None without a drafter
 
     @property
     def prefill_tok_s(self) -> float:
@@ -124,6 +145,7 @@ class RequestRow:
     decode_tok_s: float | None
     cache_tier: str = "miss"  # exact, block, ckpt, anchor or miss
     warm_tokens: int = 0
+    speculative: SpeculativeStats | None = None  # its drafting so far; None without a drafter
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from gmlx_plan.gguf_header import GGUFFormatError, read_header
 
 if TYPE_CHECKING:
     from gmlx_server.config import ModelEntry
+    from gmlx_server.engine.types import Engine
     from gmlx_server.service.host import ModelHost
 
 log = logging.getLogger("gmlx.host")
@@ -67,8 +68,7 @@ class ModelList:
         return {
             "id": entry.id, "object": "model", "created": 0, "owned_by": "gmlx", "kind": "chat",
             "resident": entry.id in host.resident, "pinned": entry.pinned,
-            # Speculative decoding and vision are not built yet: false until they are.
-            "speculative": False, "vlm": False,
+            "speculative": _speculative(entry, engine), "vlm": False,  # vision is not built: false until it is
             "profile": entry.profile, "default": entry.id == default or len(host.config.models) == 1,
             "discovered": entry.discovered,
             "context_length": self._context_length(entry),
@@ -82,3 +82,12 @@ class ModelList:
         row = self._model_row(models[mid], default)
         return {**row, "id": name, "alias_of": target, "profile": prof or row["profile"],
                 "default": name == default, "discovered": False}
+
+
+def _speculative(entry: ModelEntry, engine: Engine | None) -> dict[str, Any] | bool:
+    """False without a drafter (or when the resident engine runs none); else the drafter, its k and how the model
+    batches: speculative rounds while it decodes one stream, plain batched decode above width 1."""
+    d = entry.draft
+    if d is None or (engine is not None and not engine.info.drafts):
+        return False
+    return {"draft": d.model_id, "draft_tokens": d.tokens, "verdict": "speculative", "verdict_batched": "plain"}

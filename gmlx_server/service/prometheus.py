@@ -2,7 +2,8 @@
 
 Snapshot sections flatten to `gmlx_<section>_<field>` gauges; requests[] is high-cardinality and
 contributes only counts by state. Counters and histograms in base units come from telemetry, and
-`gmlx_prompt_cache_*` per model from the engines' prompt caches (what /v1/cache/stats reports).
+`gmlx_prompt_cache_*` per model from the engines' prompt caches (what /v1/cache/stats reports);
+`gmlx_speculative_*` per model from telemetry.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gmlx_server.engine.types import SpeculativeStats
 from gmlx_server.service.governor import BANDS
 from gmlx_server.service.telemetry import Histogram, Telemetry
 
@@ -114,6 +116,7 @@ def _telemetry(t: Telemetry) -> Iterator[Metric]:
         for reason, n in r.finished.items():
             done.add_metric([m, reason], float(n))
     yield from (prompt, gen, done)
+    yield from _speculative(t)
     tools = CounterMetricFamily("gmlx_tool_calls", "tool calls by outcome: parsed, constrained (parsed from "
                                 "grammar-constrained output), failed (opened but did not parse)",
                                 labels=["model", "outcome"])
@@ -125,6 +128,20 @@ def _telemetry(t: Telemetry) -> Iterator[Metric]:
     for reason, n in t.rejections.items():
         rej.add_metric([reason], float(n))
     yield rej
+
+
+def _speculative(t: Telemetry) -> Iterator[Metric]:
+    """Per model, its finished requests' speculative rounds and drafted and accepted tokens (0 for a model
+    without a drafter); the accept rate is rate(accepted) / rate(drafted)."""
+    families = {name: CounterMetricFamily(f"gmlx_speculative_{name}", doc, labels=["model"]) for name, doc in (
+        ("rounds", "speculative rounds run (draft, then verify in one target pass)"),
+        ("drafted_tokens", "tokens the drafter proposed"),
+        ("accepted_tokens", "drafted tokens the target kept"))}
+    for m, r in t.models.items():
+        s = r.speculative or SpeculativeStats()
+        for family, value in zip(families.values(), (s.rounds, s.drafted, s.accepted), strict=True):
+            family.add_metric([m], float(value))
+    yield from families.values()
 
 
 def _prompt_cache(caches: Mapping[str, Mapping[str, Any]]) -> Iterator[Metric]:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gmlx_server.engine.types import Engine, EngineStats
+from gmlx_server.engine.types import Engine, EngineStats, SpeculativeStats
 from gmlx_server.service.admission import Admission, queue_cap
 from gmlx_server.service.governor import BANDS, Governor
 from gmlx_server.service.telemetry import Telemetry
@@ -109,8 +109,16 @@ class Snapshotter:
             out.append({"id": m, "in_flight": stats[m].in_flight, "waiting": stats[m].waiting,
                         "decode_batch": stats[m].decode_batch, **marks, "profile": entry.profile if entry else None,
                         "weights_bytes": e.info.weights_bytes, "weights_layout": e.info.weights_layout,
-                        "active_bytes": mem.active_bytes if mem else None, "load_s": round(e.info.load_s, 3)})
+                        "active_bytes": mem.active_bytes if mem else None, "load_s": round(e.info.load_s, 3),
+                        "speculative": self._drafting(m, e)})
         return out
+
+    def _drafting(self, model_id: str, engine: Engine) -> dict[str, Any] | None:
+        """A speculative model's finished requests' drafting (zeros before the first); None without a drafter."""
+        if not engine.info.drafts:
+            return None
+        rates = self.telemetry.models.get(model_id)
+        return speculative_json((rates.speculative if rates else None) or SpeculativeStats())
 
     def _governor(self) -> dict[str, Any]:
         g = self.governor
@@ -159,6 +167,15 @@ def _requests(stats: Mapping[str, EngineStats]) -> list[dict[str, Any]]:
                     "elapsed_s": round(r.elapsed_s, 3),
                     "ttft_s": round(r.ttft_s, 3) if r.ttft_s is not None else None,
                     "decode_tok_s": round(r.decode_tok_s, 2) if r.decode_tok_s is not None else None,
-                    # Speculative decoding is not built: no drafter.
-                    "cache": {"tier": r.cache_tier, "warm_tokens": r.warm_tokens}, "speculative": None})
+                    "cache": {"tier": r.cache_tier, "warm_tokens": r.warm_tokens},
+                    "speculative": speculative_json(r.speculative)})
     return out
+
+
+def speculative_json(s: SpeculativeStats | None) -> dict[str, Any] | None:
+    """A drafter's counts and accept rate (accepted / drafted); None without a drafter."""
+    if s is None:
+        return None
+    rate = s.accept_rate
+    return {"rounds": s.rounds, "drafted": s.drafted, "accepted": s.accepted,
+            "accept_rate": round(rate, 4) if rate is not None else None}

@@ -11,7 +11,7 @@ from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from gmlx_server.engine.types import RequestHandle, TokenEvent
+from gmlx_server.engine.types import RequestHandle, SpeculativeStats, TokenEvent
 
 RECENT = 8  # "recent" figures (/v1/metrics, gmlx top) cover the last eight requests
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -49,6 +49,7 @@ class ModelRates:
     prompt_tokens: int = 0
     generated_tokens: int = 0
     finished: Counter[str] = field(default_factory=Counter)
+    speculative: SpeculativeStats | None = None  # finished requests' drafting; None until one drafted
     tool_calls: Counter[str] = field(default_factory=Counter)  # parsed, constrained (of those), failed
 
     @staticmethod
@@ -105,6 +106,8 @@ class Telemetry:
             return
         m.prompt_tokens += t.prompt_tokens
         m.generated_tokens += t.generated
+        if t.speculative is not None:
+            m.speculative = (m.speculative or SpeculativeStats()) + t.speculative
         if t.ttft_s is not None:
             self.ttft.observe(t.ttft_s)
         if t.prefill_s > 0:
