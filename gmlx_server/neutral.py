@@ -41,6 +41,7 @@ class GenerationParams:
     grammar: CompiledGrammar | None = None  # structured output, compiled while parsing
     ignored: tuple[str, ...] = ()
     messages_param: str = "messages"  # what the protocol calls the conversation, for errors (Responses: input)
+    format_param: str = "response_format"  # the field that carried `grammar`, for errors (Responses: text.format)
 
     @property
     def offers_tools(self) -> bool:

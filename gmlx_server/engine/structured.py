@@ -37,7 +37,7 @@ _OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
 
 
 class StructuredOutputError(ValueError):
-    """A response_format that cannot be enforced (unknown type, malformed schema, speculative model)."""
+    """A response_format that cannot be enforced (unknown type, malformed schema)."""
 
     def __init__(self, message: str, param: str = "response_format") -> None:
         super().__init__(message)
@@ -125,13 +125,6 @@ def _grammar(schema: Mapping[str, Any]) -> str:
         raise StructuredOutputError(f"JSON schema cannot be enforced: {first_line(messages[0])}",
                                     param="response_format.json_schema.schema")
     return grammar
-
-
-def ensure_constrainable(*, drafts: bool) -> None:
-    """A speculative engine verifies drafted tokens in bulk, which a per-token mask cannot follow."""
-    if drafts:
-        raise StructuredOutputError("response_format needs request-level logits processors, "
-                                    "which a model with a speculative drafter cannot take")
 
 
 class _VocabView:

@@ -191,6 +191,11 @@ def _output_config(body: Mapping[str, Any]) -> CompiledGrammar | None:
     return p.structured_format(fmt, "output_config.format")
 
 
+def _format_param(body: Mapping[str, Any]) -> str:
+    """The field the structured-output format came from (output_config.format, else response_format)."""
+    return "output_config.format" if (p.obj(body, "output_config") or {}).get("format") else "response_format"
+
+
 def parse_messages(raw: Any, path: str = "/v1/messages") -> GenerationParams:
     """A /v1/messages (or count_tokens) body -> GenerationParams; warns once about ignored parameters."""
     body = body_object(raw)
@@ -204,4 +209,5 @@ def parse_messages(raw: Any, path: str = "/v1/messages") -> GenerationParams:
         stop=p.stop(body, "stop_sequences", STOP_SEQUENCES_LIMIT),
         template_kwargs=p.obj(body, "chat_template_kwargs") or {},
         grammar=grammar, ignored=ignored,
+        format_param=_format_param(body),
     )

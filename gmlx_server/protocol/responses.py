@@ -150,7 +150,7 @@ def parse_responses(raw: Any, path: str = "/v1/responses") -> ResponsesRequest:
         messages=messages, tools=p.array_of(body, "tools", _tool) or None, tool_choice=_tool_choice(body),
         max_tokens=max_tokens,
         template_kwargs=p.obj(body, "chat_template_kwargs") or {}, grammar=grammar, ignored=ignored,
-        messages_param="input",
+        messages_param="input", format_param="text.format",
     )
     store = p.boolean(body, "store") is not False
     return ResponsesRequest(params, messages, instructions, p.string(body, "previous_response_id") or None, store,

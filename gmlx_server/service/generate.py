@@ -14,6 +14,7 @@ import logging
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from gmlx_server.engine.draft_policy import refusal, unsupported_sampling
 from gmlx_server.engine.types import (
     ChatTemplate,
     Engine,
@@ -238,12 +239,13 @@ def build_request(prompt: Prompt, inp: GenerationParams, request_id: str, cap: O
     engine, settings, text = prompt.engine, prompt.settings, prompt.text
     thinking = thinking_control(inp, text)
     opened = thinking is not None and text.rstrip().endswith(thinking.open_tag)
-    if inp.grammar is not None:
-        check_constrainable(engine)
+    sampling = build_sampling(settings, inp, engine.tokenizer.vocab_size)
+    if engine.info.drafts:
+        check_speculative(inp, settings, sampling)
     tool_stops = prompt.tools.syntax.stop if prompt.tools is not None else ()
     return GenerationRequest(
         request_id=request_id, prompt_tokens=prompt.ids, max_tokens=cap.max_tokens,
-        sampling=build_sampling(settings, inp, engine.tokenizer.vocab_size),
+        sampling=sampling,
         stop=add_stops(add_stops(inp.stop, tool_stops), settings.stop),
         logprobs=inp.logprobs, top_logprobs=min(inp.top_logprobs, top_logprobs_k),
         thinking=thinking, starts_in_thinking=opened, grammar=inp.grammar or tool_grammar,
@@ -291,14 +293,18 @@ async def start_generation(host: ModelHost, inp: GenerationParams, request_id: s
                    engine.tokenizer, tools, prep.cap.requested)
 
 
-def check_constrainable(engine: Engine) -> None:
-    """Structured output needs per-request logits processors, which a speculative engine cannot take."""
-    from gmlx_server.engine.structured import StructuredOutputError, ensure_constrainable  # loads llguidance
-
-    try:
-        ensure_constrainable(drafts=engine.info.drafts)
-    except StructuredOutputError as e:
-        raise UnsupportedFeature(f"'{e.param}': {e}", param=e.param) from None
+def check_speculative(inp: GenerationParams, settings: Settings, sampling: SamplingParams) -> None:
+    """A speculative model honours only what its rounds can (engine/draft_policy.py): a grammar or any other
+    request-level logits processor is a 400 naming the field and who set it."""
+    if inp.grammar is not None:
+        raise UnsupportedFeature(f"'{inp.format_param}': {refusal('grammar', inp.format_param)}",
+                                 param=inp.format_param)
+    refused = unsupported_sampling(sampling)
+    if refused:
+        name = refused[0]
+        source = ("the request" if name == "logit_bias" or name in inp.sampling else
+                  f"profile '{settings.profile}'" if settings.profile else "the model family's defaults")
+        raise UnsupportedFeature(f"'{name}': {refusal(name, source)}", param=name)
 
 
 def thinking_control(inp: GenerationParams, text: str) -> ThinkingControl | None:

@@ -20,7 +20,6 @@ from gmlx_server.engine.structured import (
     StructuredOutputError,
     apply_token_bitmask,
     compile_response_format,
-    ensure_constrainable,
     metal_mask_available,
 )
 
@@ -125,12 +124,6 @@ def test_malformed_schemas_are_rejected_before_generation(schema: Any) -> None:
     with pytest.raises(StructuredOutputError) as err:
         compile_response_format({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
     assert err.value.param is not None and err.value.param.startswith("response_format")
-
-
-def test_speculative_engines_refuse_structured_requests() -> None:
-    ensure_constrainable(drafts=False)
-    with pytest.raises(StructuredOutputError, match="speculative"):
-        ensure_constrainable(drafts=True)
 
 
 # The tokenizer cache ------------------------------------------------------------------------------
