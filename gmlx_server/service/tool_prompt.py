@@ -21,7 +21,7 @@ from gmlx_server.config.settings import ToolFormatSetting
 from gmlx_server.engine.tool_syntax import GMLX_JSON, ToolSource, ToolSyntax, infer_tool_syntax
 from gmlx_server.engine.types import ChatTemplate
 from gmlx_server.neutral import GenerationParams
-from gmlx_server.service.roles import join_contents
+from gmlx_server.service.roles import function_of, join_contents, plain_tool_turns
 
 log = logging.getLogger("gmlx.tools")
 Message = dict[str, Any]
@@ -74,14 +74,8 @@ def chosen_function(choice: str | Mapping[str, Any] | None) -> str | None:
     return name if isinstance(name, str) else None
 
 
-def _function(item: Mapping[str, Any]) -> Mapping[str, Any]:
-    """{"type": "function", "function": {...}} -> its function (a bare function stays as it is)."""
-    fn = item.get("function")
-    return fn if isinstance(fn, Mapping) else item
-
-
 def _signature(tool: Mapping[str, Any]) -> str:
-    fn = _function(tool)
+    fn = function_of(tool)
     keep = {k: fn[k] for k in ("name", "description", "parameters") if k in fn}
     return json.dumps(keep, ensure_ascii=False)
 
@@ -109,47 +103,10 @@ def tool_block(tools: Sequence[Mapping[str, Any]], choice: str | Mapping[str, An
     ])
 
 
-def call_text(call: Mapping[str, Any]) -> str:
-    """An earlier call, written the way the model is asked to write calls."""
-    fn = _function(call)
-    args = fn.get("arguments")
-    if isinstance(args, str):  # not JSON (the protocol parsed what was): keep the client's text
-        body = json.dumps({"name": fn.get("name")}, ensure_ascii=False)[:-1] + f', "arguments": {args}}}'
-    else:
-        body = json.dumps({"name": fn.get("name"), "arguments": args or {}}, ensure_ascii=False)
-    return f"{GMLX_JSON.starts[0]}\n{body}\n{GMLX_JSON.end}"
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, Mapping))
-    return "" if content is None else str(content)
-
-
-def _history(messages: Sequence[Message]) -> list[Message]:
-    """Calls become assistant text, results user text: the template needs no tool support."""
-    out: list[Message] = []
-    for i, m in enumerate(messages):
-        role = m.get("role")
-        if role == "assistant" and m.get("tool_calls"):
-            calls = "\n".join(call_text(c) for c in m["tool_calls"])
-            rest = {k: v for k, v in m.items() if k != "tool_calls"}
-            out.append({**rest, "content": join_contents(m.get("content"), calls)})
-        elif role == "tool":
-            result = f"<tool_response>\n{_text(m.get('content'))}\n</tool_response>"
-            if i > 0 and messages[i - 1].get("role") == "tool":  # results of one turn share a user message
-                out[-1] = {**out[-1], "content": f"{out[-1]['content']}\n{result}"}
-            else:
-                out.append({"role": "user", "content": result})
-        else:
-            out.append(dict(m))
-    return out
-
-
 def prompted_messages(messages: Sequence[Message], tools: Sequence[Mapping[str, Any]],
                       choice: str | Mapping[str, Any] | None) -> list[Message]:
     """The conversation with gmlx's tool block in its system message (one is added when it has none)."""
-    out = _history(messages)
+    out = plain_tool_turns(messages)
     block = tool_block(tools, choice)
     if out and out[0].get("role") in ("system", "developer"):
         return [{**out[0], "content": join_contents(out[0].get("content"), block)}, *out[1:]]

@@ -12,12 +12,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gmlx_plan.gguf_header import read_header
 from gmlx_server.engine.chat_template import FAMILY_TEMPLATES, JinjaChatTemplate
 from gmlx_server.errors import InvalidRequest
 from gmlx_server.neutral import GenerationParams
 from gmlx_server.service.addressing import Settings
 from gmlx_server.service.generate import render_messages, tokenize
 from gmlx_server.service.roles import fold_system, merge_roles
+from tests.conftest import smollm2_path
 from tests.fakes import FakeTokenizer
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "data" / "templates"
@@ -70,16 +72,42 @@ def test_the_repair_is_logged_once_and_an_unrepairable_request_names_the_protoco
     assert e.value.param == "input" and "never" in e.value.message
 
 
-ROLES = st.sampled_from(["system", "user", "assistant"])  # the protocol parsers already make developer system
+# Every role a protocol parser hands on (developer too, as a template may see it), and tool calls and results.
+KINDS = st.sampled_from(["system", "developer", "user", "assistant", "assistant_call", "tool"])
 FAMILIES = {**{f"family:{n}": t for n, t in FAMILY_TEMPLATES.items()},
-            **{p.stem: p.read_text() for p in sorted(TEMPLATES.glob("*.jinja"))}}
+            **{p.stem: p.read_text() for p in sorted(TEMPLATES.glob("*.jinja"))},
+            "smollm2 (its GGUF's own)": str(read_header(smollm2_path()).metadata["tokenizer.chat_template"])}
+
+
+def message(kind: str, i: int) -> dict[str, Any]:
+    if kind == "assistant_call":  # OpenAI's shape after parsing: no content, arguments as an object
+        return {"role": "assistant", "content": None, "tool_calls": [
+            {"id": f"call_{i}", "type": "function", "function": {"name": f"fn_{i}", "arguments": {"n": i}}}]}
+    if kind == "tool":
+        return {"role": "tool", "content": f"result {i}", "tool_call_id": f"call_{i}"}
+    return {"role": kind, "content": f"turn {i}"}
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
-@settings(max_examples=40, deadline=None)
-@given(roles=st.lists(ROLES, min_size=1, max_size=8))
-def test_no_role_sequence_breaks_a_bundled_template(name: str, roles: list[str]) -> None:
-    messages = tuple({"role": r, "content": f"turn {i}"} for i, r in enumerate(roles))
-    template = JinjaChatTemplate(FAMILIES[name], name)
-    text, _ = _render(template, messages)
-    assert "turn" in text
+@settings(max_examples=60, deadline=None)
+@given(kinds=st.lists(KINDS, min_size=1, max_size=8))
+def test_no_role_sequence_breaks_a_bundled_template(name: str, kinds: list[str]) -> None:
+    """Render only: whatever the order, the template renders, and no user turn or tool result is lost."""
+    messages = tuple(message(k, i) for i, k in enumerate(kinds))
+    text, _ = _render(JinjaChatTemplate(FAMILIES[name], name), messages)
+    for m in messages:
+        if m["role"] in ("user", "tool"):
+            assert m["content"] in text
+
+
+def test_a_tool_history_without_tools_renders_on_templates_without_a_tool_role() -> None:
+    """pi's compaction summary: the tool history of the session, no tools offered. Gemma's template refuses
+    the order, SmolLM2's a call without content: both get the calls and results as plain turns."""
+    history = (message("system", 0), message("user", 1), message("assistant_call", 2), message("tool", 3),
+               message("tool", 4), message("assistant", 5), message("user", 6))
+    smollm2 = JinjaChatTemplate(FAMILIES["smollm2 (its GGUF's own)"], "gguf")
+    for template in (GEMMA, smollm2):
+        text, repaired = _render(template, history)
+        assert repaired is not None and repaired.startswith("wrote tool calls and results as plain turns")
+        assert '<tool_call>\n{"name": "fn_2", "arguments": {"n": 2}}\n</tool_call>' in text
+        assert "<tool_response>\nresult 3\n</tool_response>\n<tool_response>\nresult 4" in text

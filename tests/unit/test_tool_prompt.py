@@ -13,7 +13,8 @@ from gmlx_server.neutral import GenerationParams
 from gmlx_server.protocol.tools import FORMATS
 from gmlx_server.service.addressing import Settings
 from gmlx_server.service.generate import render_messages
-from gmlx_server.service.tool_prompt import ToolPlan, call_text, plan_tools, prompted_messages, tool_block
+from gmlx_server.service.roles import call_text
+from gmlx_server.service.tool_prompt import ToolPlan, plan_tools, prompted_messages, tool_block
 from tests.unit.test_tool_parsers import DATA, TOOLS
 
 SMOLLM2 = json.loads((DATA / "tool_outputs" / "smollm2_hermes_captured.json").read_text())  # its real tools
