@@ -11,6 +11,7 @@ from typing import Any
 
 from gmlx_server.protocol.anthropic import STOP_SEQUENCES_LIMIT
 from gmlx_server.protocol.jsonsafe import MAX_DEPTH
+from gmlx_server.protocol.openapi_services import service_paths, service_schemas
 from gmlx_server.protocol.params import SAMPLING_FIELDS
 
 Schema = dict[str, Any]
@@ -157,7 +158,7 @@ def _components() -> Schema:
             "Stop": one_of(STRING, array(STRING, maxItems=16)),
             "LogitBias": {"type": "object", "propertyNames": {"pattern": "^[0-9]+$"},
                           "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}},
-            **_errors(),
+            **_errors(), **service_schemas(),
         },
         "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"},
                             "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}},
@@ -221,6 +222,7 @@ def _paths() -> Schema:
             status: {"description": r["description"]} for status, r in health["responses"].items()}}},
         "/v1/metrics": metrics, "/metrics": metrics,
         "/openapi.json": {"get": _get("This document")},
+        **service_paths(),
     }
 
 

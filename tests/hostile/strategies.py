@@ -160,6 +160,15 @@ BODIES: dict[str, list[dict[str, Any]]] = {
     "/v1/keep": [{"model": "MODEL", "keep": True, "warm": False}],
     "/v1/reload": [{}],
     "/v1/cache/reset": [{"model": "MODEL"}],
+    # The services (unconfigured in the hostile apps: tests/services fuzzes them configured).
+    "/v1/embeddings": [{"input": ["a b", "c"], "encoding_format": "float", "dimensions": 8, "truncate": False}],
+    "/v1/rerank": [{"query": "q", "documents": ["a", {"text": "b"}], "top_n": 1, "return_documents": True}],
+    "/rerank": [{"query": "q", "documents": ["a"]}],
+    "/v1/audio/transcriptions": [{"model": "whisper-1"}],
+    "/v1/audio/translations": [{"model": "whisper-1"}],
+    "/v1/audio/speech": [{"input": "hi", "voice": "alloy", "response_format": "wav", "speed": 1.0}],
+    "/v1/systemone": [{}],
+    "/systemone": [{}],
 }
 # Top-level fields a body may set that the bases above leave out: each gets hostile values too.
 EXTRA_FIELDS = sorted({*PARAMETER_TABLE, "stream", "n", "best_of", "echo", "suffix", "dry_run", "profile",

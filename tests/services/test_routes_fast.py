@@ -6,18 +6,23 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gmlx_server.app import create_app
 from gmlx_server.config import ServerConfig, ServiceEntry
 from gmlx_server.service.host import ModelHost
 from gmlx_server.services.host import ServiceHost
 from tests.fakes import FakeFactory
+from tests.hostile.harness import FUZZ, Client, check
+from tests.hostile.strategies import requests
 from tests.routes.conftest import SyncClient, make_config
 from tests.services.scripted import ScriptedEmbedder, entry, scripted_loader
 
@@ -138,3 +143,22 @@ def test_cosine_rerank_on_the_embeddings_service_orders_and_cuts() -> None:
     assert "document" not in plain.json()["results"][0]
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "documents"
     assert services.services["rerank"].stats.outcomes["ok"] == 2
+
+
+@pytest.fixture(scope="module")
+def fuzzed() -> Iterator[Client]:
+    config: ServerConfig = replace(make_config(), services=MappingProxyType(
+        {"embeddings": entry("embeddings"), "rerank": entry("rerank", model=None)}))
+    host = ModelHost(config, FakeFactory())
+    c = Client(create_app(config, host=host, services=ServiceHost(config, host, scripted_loader(ScriptedEmbedder()))))
+    yield c
+    c.close()
+
+
+@pytest.mark.parametrize("route", ["/v1/embeddings", "/v1/rerank"])
+@settings(FUZZ, max_examples=60)
+@given(data=st.data())
+def test_hostile_bodies_to_configured_services_get_typed_answers(fuzzed: Client, route: str,
+                                                                 data: st.DataObject) -> None:
+    req = data.draw(requests("POST", route, "m1"))
+    check(req, fuzzed.send(req))
