@@ -10,44 +10,18 @@
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.agents.harness import CRASH, client_bin, client_env, gmlx_launch, run
 from tests.conftest import gemma_path
 from tests.e2e.server import ROOT, LiveServer, gmlx_serve
 
 pytestmark = pytest.mark.slow
-CLIENTS = Path(__file__).parent / "node_modules" / ".bin"
-RUN_S = 420  # one client run, prefill of Claude Code's prompt on 2 CPU cores included
-CRASH = re.compile(r"TypeError|ReferenceError|Unhandled|\n\s+at .+\(.+:\d+:\d+\)")
-
-
-def client_bin(name: str) -> Path:
-    path = CLIENTS / name
-    if not path.exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"{path} missing: scripts/install_agents.sh should have installed it")
-        pytest.skip(f"{name} is not installed: bash scripts/install_agents.sh")
-    return path
-
-
-def client_env(home: Path, **extra: str) -> dict[str, str]:
-    """A clean home, no cloud keys, nothing but loopback for the clients to reach."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "OPENAI_", "CLAUDE_"))}
-    return {**env, "HOME": str(home), "PATH": f"{CLIENTS}:{Path(sys.executable).parent}:{env['PATH']}",
-            "PI_OFFLINE": "1", "DISABLE_TELEMETRY": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-            "DISABLE_AUTOUPDATER": "1", **extra}
-
-
-def run(cmd: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=RUN_S,
-                          stdin=subprocess.DEVNULL)
 
 
 def test_pi_through_gmlx_launch_answers_on_smollm2_with_the_clamp_off(tmp_path: Path) -> None:
@@ -56,8 +30,7 @@ def test_pi_through_gmlx_launch_answers_on_smollm2_with_the_clamp_off(tmp_path: 
     work.mkdir()
     with gmlx_serve([], tmp_path) as server:
         env = client_env(tmp_path / "home")
-        cmd = [sys.executable, "-m", "gmlx_server.cli", "launch", "pi", "--model", "smollm2", "--url",
-               server.base_url, "--", "--no-session", "-p", "Say hi in one short sentence."]
+        cmd = gmlx_launch("pi", "smollm2", server.base_url, "--no-session", "-p", "Say hi in one short sentence.")
         proc = run(cmd, env, work)
         log = server.log()
     assert proc.returncode == 0, proc.stderr + log[-3000:]
@@ -111,7 +84,7 @@ def test_claude_code_reports_the_overflow_itself_with_the_clamp_off(gemma_server
 
 
 def test_the_clients_are_the_pinned_versions() -> None:
-    for name, version in (("claude", "2.1.197"), ("pi", "0.73.1")):
+    for name, version in (("claude", "2.1.197"), ("pi", "0.73.1"), ("opencode", "1.18.33"), ("codex", "0.171.0")):
         out = subprocess.run([str(client_bin(name)), "--version"], capture_output=True, text=True, timeout=60,
                              cwd=ROOT, env=client_env(Path("/nonexistent")))
         assert version in out.stdout + out.stderr
