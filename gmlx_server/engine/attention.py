@@ -16,17 +16,24 @@ from typing import Any
 
 import mlx.core as mx
 
+from gmlx_server.engine.kernels import fast_ops
 from gmlx_server.engine.kv_quant import is_kvarn, kvarn_attention
 
 _LOG2E = math.log2(math.e)
 _ORIGINAL = "_gmlx_original_sdpa"  # where the module's own function is kept while ours is installed
 _CPU = "_gmlx_cpu"  # whether the installed function takes plain fp32 attention on the CPU
+FEW_ROWS = 8  # up to this many queries (decode, speculative verification) one kernel call beats a dozen ops
 
 
 def cpu_attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float, mask: Any) -> mx.array:
     """softmax(scale * q k^T + mask) v for q (B, H, L, D), k/v (B, Hk, S, D); mask None, "causal" or an array."""
     B, H, L, D = queries.shape
     Hk, S = keys.shape[1], keys.shape[2]
+    ext = fast_ops.active() if L <= FEW_ROWS else None
+    if ext is not None:  # the CPU kernels' one-op attention
+        out: mx.array = ext.sdpa(queries, keys, values, scale, None if isinstance(mask, str) else mask,
+                                 causal=mask == "causal")
+        return out
     r = H // Hk
     # The r query heads that share a KV head become r*L rows of one matmul: K is not repeated.
     q = (queries * (scale * _LOG2E)).reshape(B, Hk, r * L, D)

@@ -133,3 +133,54 @@ def test_uninstall_restores_mlx(ext: ModuleType) -> None:
     assert not fast_ops.installed()
     if getattr(original, "_gmlx_original", None) is not None:
         fast_ops.install(ext)
+
+
+def sdpa_ref(q: F64, k: F64, v: F64, scale: float, mask: F64 | None, causal: bool) -> F64:
+    """q (B, H, L, D), k/v (B, Hk, S, D); mask bool or additive, broadcast to (B, H, L, S)."""
+    r = q.shape[1] // k.shape[1]
+    kk, vv = np.repeat(k, r, axis=1), np.repeat(v, r, axis=1)
+    s = np.einsum("bhld,bhsd->bhls", q, kk) * scale
+    L, S = q.shape[2], k.shape[2]
+    if causal:
+        s = np.where(np.arange(S)[None] <= np.arange(S - L, S)[:, None], s, -np.inf)
+    if mask is not None:
+        s = np.where(mask, s, np.finfo(np.float32).min) if mask.dtype == bool else s + mask
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    out: F64 = np.einsum("bhls,bhsd->bhld", e / e.sum(axis=-1, keepdims=True), vv)
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(b=st.integers(1, 3), hk=st.sampled_from([1, 2, 3]), r=st.sampled_from([1, 3, 4]), lq=st.integers(1, 8),
+       extra=st.integers(0, 40), d=st.sampled_from([16, 64, 72]), kind=st.sampled_from(["none", "causal", "bool",
+                                                                                          "add", "bool2d"]),
+       seed=st.integers(0, 2**16))
+def test_sdpa_matches_float64(ext: ModuleType, b: int, hk: int, r: int, lq: int, extra: int, d: int, kind: str,
+                              seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    h, s = hk * r, lq + extra
+    q = rng.normal(size=(b, lq, h, d)).astype(np.float32)
+    k = rng.normal(size=(b, hk, s + 5, d)).astype(np.float32)  # a cache buffer longer than what is used
+    v = rng.normal(size=(b, hk, s + 5, d)).astype(np.float32)
+    mask: np.ndarray | None = None
+    if kind == "bool":
+        mask = rng.random(size=(b, 1, lq, s)) > 0.3
+    elif kind == "add":
+        mask = rng.normal(size=(b, 1, lq, s)).astype(np.float32)
+    elif kind == "bool2d":
+        mask = rng.random(size=(lq, s)) > 0.5
+        mask[:, 0] = False  # a query row may be masked throughout: it averages, as MLX's finfo.min does
+    qa = mx.array(q).transpose(0, 2, 1, 3)
+    ka, va = mx.array(k)[:, :, :s], mx.array(v)[:, :, :s]
+    got = np.array(ext.sdpa(qa, ka, va, 0.125, mx.array(mask) if mask is not None else None,
+                            causal=kind == "causal"))
+    want = sdpa_ref(q.transpose(0, 2, 1, 3).astype(np.float64), k[:, :, :s].astype(np.float64),
+                    v[:, :, :s].astype(np.float64), 0.125, mask, kind == "causal")
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-4)
+
+
+def test_cpu_attention_takes_the_primitive_for_few_rows(installed: None, ext: ModuleType) -> None:
+    from gmlx_server.engine.attention import cpu_attention
+
+    q, k, v = mx.random.normal((1, 4, 2, 32)), mx.random.normal((1, 2, 9, 32)), mx.random.normal((1, 2, 9, 32))
+    assert mx.array_equal(cpu_attention(q, k, v, 0.2, "causal"), ext.sdpa(q, k, v, 0.2, None, causal=True))

@@ -14,6 +14,7 @@ from typing import Any
 import mlx.core as mx
 
 _ORIGINAL = "_gmlx_original"  # the mlx function a wrapper replaced, for uninstall and re-install
+_EXT = "_gmlx_ext"  # the extension an installed wrapper calls
 
 
 def _on_cpu(x: mx.array, stream: Any) -> bool:
@@ -27,6 +28,7 @@ def _rms_norm(ext: ModuleType, original: Any) -> Any:
         return original(x, weight, eps, stream=stream)
 
     setattr(rms_norm, _ORIGINAL, original)
+    setattr(rms_norm, _EXT, ext)
     return rms_norm
 
 
@@ -69,3 +71,9 @@ def uninstall() -> None:
 
 def installed() -> bool:
     return hasattr(mx.fast.rms_norm, _ORIGINAL)
+
+
+def active() -> ModuleType | None:
+    """The extension while installed: other CPU paths (attention) use its primitives then too."""
+    ext: ModuleType | None = getattr(mx.fast.rms_norm, _EXT, None)
+    return ext

@@ -27,6 +27,8 @@ NB_MODULE(_gguf_kernels, m) {
         "mx.fast.rms_norm as one CPU primitive (float32)");
   m.def("rope", &gk::rope, "a"_a, "dims"_a, nb::kw_only(), "traditional"_a, "base"_a.none(), "scale"_a, "offset"_a,
         "freqs"_a = nb::none(), "stream"_a = nb::none(), "mx.fast.rope as one CPU primitive (float32)");
+  m.def("sdpa", &gk::sdpa, "q"_a, "k"_a, "v"_a, "scale"_a, "mask"_a.none(), "causal"_a, nb::kw_only(),
+        "stream"_a = nb::none(), "attention for a few query rows as one CPU primitive (float32)");
   m.def("row_bytes", &gk::row_bytes, "type"_a, "k"_a, "bytes of one row, or -1 when no kernel reads `type`");
   m.def("isa", &gk::isa_name);
   m.def("isas", &gk::isa_names);

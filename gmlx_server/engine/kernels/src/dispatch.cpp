@@ -318,4 +318,6 @@ void dequantize(int type, const uint8_t* w, int64_t r, int64_t k, float* out) {
   for (int64_t i = 0; i < r; ++i) s.dequant_row(type, w + i * rb, k, out + i * k);
 }
 
+void parallel_for(int64_t tasks, const std::function<void(int64_t)>& fn) { pool().run(tasks, fn); }
+
 }  // namespace gk

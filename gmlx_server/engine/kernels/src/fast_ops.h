@@ -21,6 +21,30 @@ mx::array rope(const mx::array& x, int dims, bool traditional, std::optional<flo
                const std::variant<int, mx::array>& offset, const std::optional<mx::array>& freqs,
                mx::StreamOrDevice s = {});
 
+// softmax(scale * q k^T + mask) v for few query rows: q (B, H, L, D), k (B, Hk, S, D), v (B, Hk, S, Dv),
+// float32; mask (bool, or additive float) broadcastable to (B, H, L, S); causal: the L queries are the last
+// L of the S positions. Query heads share KV heads in groups of H / Hk.
+mx::array sdpa(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
+               const std::optional<mx::array>& mask, bool causal, mx::StreamOrDevice s = {});
+
+class SDPA : public mx::Primitive {
+ public:
+  SDPA(mx::Stream stream, float scale, bool causal, int kind)
+      : mx::Primitive(stream), scale_(scale), causal_(causal), kind_(kind) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "GKSDPA"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {{inputs[0].shape(0), inputs[0].shape(1), inputs[0].shape(2), inputs[2].shape(3)}};
+  }
+
+ private:
+  float scale_;
+  bool causal_;
+  int kind_;  // 0 no mask, 1 bool, 2 additive float
+};
+
 class RMSNorm : public mx::Primitive {
  public:
   RMSNorm(mx::Stream stream, float eps, bool weighted) : mx::Primitive(stream), eps_(eps), weighted_(weighted) {}

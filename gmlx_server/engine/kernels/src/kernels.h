@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,8 @@ struct Isa {
 
 // y (m, n) = x (m, k) @ W^T for W (n, k) stored as GGUF blocks of `type`, on the kernel thread pool.
 void matmul(int type, const uint8_t* w, int64_t n, int64_t k, const float* x, int64_t m, float* y);
+// fn(0..tasks-1) on the kernel thread pool (other CPU primitives share it)
+void parallel_for(int64_t tasks, const std::function<void(int64_t)>& fn);
 // rows (r, row_bytes) of GGUF blocks -> (r, k) floats
 void dequantize(int type, const uint8_t* w, int64_t r, int64_t k, float* out);
 

@@ -1,0 +1,160 @@
+// Attention for a few query rows (decode, speculative verification) as one CPU primitive: MLX's CPU path
+// spends a dozen ops (and their dispatch) per layer on it; many-row prefill keeps the BLAS matmul path.
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <vector>
+
+#include "fast_ops.h"
+#include "kernels.h"
+#include "mlx/allocator.h"
+#include "mlx/backend/cpu/encoder.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define GK_CLONES __attribute__((target_clones("default", "avx2", "arch=x86-64-v4")))
+#else
+#define GK_CLONES
+#endif
+
+namespace gk {
+
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// A 4-D float view: its buffer when the last stride is 1, else a gathered row-major copy.
+struct View4 {
+  const float* p;
+  int64_t s0, s1, s2;
+  std::vector<float> copy;
+
+  explicit View4(const mx::array& a) {
+    if (a.strides()[3] == 1) {
+      p = a.data<float>();
+      s0 = a.strides()[0], s1 = a.strides()[1], s2 = a.strides()[2];
+      return;
+    }
+    copy.resize(a.size());
+    const float* src = a.data<float>();
+    int64_t i = 0;
+    for (int64_t a0 = 0; a0 < a.shape(0); ++a0)
+      for (int64_t a1 = 0; a1 < a.shape(1); ++a1)
+        for (int64_t a2 = 0; a2 < a.shape(2); ++a2)
+          for (int64_t a3 = 0; a3 < a.shape(3); ++a3)
+            copy[i++] = src[a0 * a.strides()[0] + a1 * a.strides()[1] + a2 * a.strides()[2] + a3 * a.strides()[3]];
+    p = copy.data();
+    s2 = a.shape(3), s1 = s2 * a.shape(2), s0 = s1 * a.shape(1);
+  }
+  const float* at(int64_t i0, int64_t i1, int64_t i2) const { return p + i0 * s0 + i1 * s1 + i2 * s2; }
+};
+
+// One query row against keys 0..limit: softmax(scale * q.k + mask) v, in log2 units.
+struct Row {
+  const float* q;
+  const float* k;
+  int64_t ks;
+  const float* v;
+  int64_t vs;
+  int64_t limit, D, Dv;
+  float scale;
+  const uint8_t* mask;  // bool (kind 1) or float (kind 2) mask row, element stride ms
+  int kind;
+  int64_t ms;
+};
+
+GK_CLONES void attend(const Row& r, float* scores, float* out) {
+  const float lowest = std::numeric_limits<float>::lowest();
+  float mx_ = lowest;
+  for (int64_t s = 0; s <= r.limit; ++s) {
+    const float* k = r.k + s * r.ks;
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 8 <= r.D; i += 8)
+      for (int j = 0; j < 8; ++j) acc[j] += r.q[i + j] * k[i + j];
+    float d = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; i < r.D; ++i) d += r.q[i] * k[i];
+    float sc = d * r.scale;
+    if (r.kind == 1 && !reinterpret_cast<const bool*>(r.mask)[s * r.ms]) sc = lowest;
+    if (r.kind == 2) sc += reinterpret_cast<const float*>(r.mask)[s * r.ms] * kLog2e;
+    scores[s] = sc;
+    mx_ = sc > mx_ ? sc : mx_;
+  }
+  for (int64_t i = 0; i < r.Dv; ++i) out[i] = 0.0f;
+  float sum = 0.0f;
+  for (int64_t s = 0; s <= r.limit; ++s) {
+    const float p = std::exp2(scores[s] - mx_);
+    sum += p;
+    const float* v = r.v + s * r.vs;
+    for (int64_t i = 0; i < r.Dv; ++i) out[i] += p * v[i];
+  }
+  const float inv = 1.0f / sum;
+  for (int64_t i = 0; i < r.Dv; ++i) out[i] *= inv;
+}
+
+}  // namespace
+
+mx::array sdpa(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
+               const std::optional<mx::array>& mask, bool causal, mx::StreamOrDevice s) {
+  for (const auto* a : {&q, &k, &v}) {
+    if (a->dtype() != mx::float32 || a->ndim() != 4) throw std::invalid_argument("sdpa: float32 (B, H, L, D) only");
+  }
+  const int64_t B = q.shape(0), H = q.shape(1), L = q.shape(2), S = k.shape(2);
+  if (k.shape(0) != B || v.shape(0) != B || k.shape(1) != v.shape(1) || H % k.shape(1) || v.shape(2) != S ||
+      k.shape(3) != q.shape(3))
+    throw std::invalid_argument("sdpa: q (B, H, L, D), k (B, Hk, S, D), v (B, Hk, S, Dv) with H a multiple of Hk");
+  if (causal && L > S) throw std::invalid_argument("sdpa: causal needs at least as many keys as queries");
+  const auto stream = mx::to_stream(s);
+  std::vector<mx::array> inputs = {q, k, v};
+  int kind = 0;
+  if (mask) {
+    mx::array m = mx::broadcast_to(*mask, {static_cast<int>(B), static_cast<int>(H), static_cast<int>(L),
+                                           static_cast<int>(S)}, stream);
+    kind = m.dtype() == mx::bool_ ? 1 : 2;
+    if (kind == 2 && m.dtype() != mx::float32) m = mx::astype(m, mx::float32, stream);
+    inputs.push_back(m);
+  }
+  const mx::Shape shape = {q.shape(0), q.shape(1), q.shape(2), v.shape(3)};
+  return mx::array(shape, mx::float32, std::make_shared<SDPA>(stream, scale, causal, kind), inputs);
+}
+
+void SDPA::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  mx::array& out = outputs[0];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  for (const auto& a : inputs) enc.set_input_array(a);
+  enc.set_output_array(out);
+  enc.dispatch([inputs, out, scale = scale_, causal = causal_, kind = kind_]() mutable {
+    const mx::array &q = inputs[0], &k = inputs[1], &v = inputs[2];
+    const View4 qv(q), kv(k), vv(v);
+    const int64_t B = q.shape(0), H = q.shape(1), L = q.shape(2), S = k.shape(2);
+    const int64_t r = H / k.shape(1), Dv = v.shape(3);
+    const uint8_t* mbase = kind ? static_cast<const uint8_t*>(inputs[3].data<void>()) : nullptr;
+    const int64_t esize = kind == 1 ? 1 : 4;
+    float* y = out.data<float>();
+    parallel_for(B * H * L, [&](int64_t task) {
+      thread_local std::vector<float> scores;
+      scores.resize(static_cast<size_t>(S));
+      const int64_t b = task / (H * L), h = (task / L) % H, l = task % L;
+      Row row{qv.at(b, h, l), kv.at(b, h / r, 0), kv.s2, vv.at(b, h / r, 0), vv.s2,
+              causal ? S - L + l : S - 1, q.shape(3), Dv, scale * kLog2e, nullptr, kind, 0};
+      if (kind) {
+        const mx::array& m = inputs[3];
+        const auto& st = m.strides();
+        row.mask = mbase + (b * st[0] + h * st[1] + l * st[2]) * esize;
+        row.ms = st[3];
+      }
+      attend(row, scores.data(), y + task * Dv);
+    });
+  });
+}
+
+void SDPA::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error("GKSDPA runs on the CPU device only");
+}
+
+bool SDPA::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const SDPA&>(other);
+  return scale_ == o.scale_ && causal_ == o.causal_ && kind_ == o.kind_;
+}
+
+}  // namespace gk
