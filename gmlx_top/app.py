@@ -19,7 +19,7 @@ from textual.notifications import SeverityLevel
 from textual.widgets import Footer
 
 from gmlx_top.client import ActionKind, ApiError, TopClient
-from gmlx_top.view import Backoff, History, request_summary, rows
+from gmlx_top.view import Backoff, History, request_summary, rows, services_line
 from gmlx_top.widgets import CapacityPanel, ConfirmScreen, ModelTable, RatePanel, RequestTable, StatusBar
 
 QUESTIONS: dict[ActionKind, str] = {
@@ -123,6 +123,7 @@ class TopApp(App[None]):
         requests = rows(self.server, "requests")
         self.request_table.show(requests)
         self.request_table.border_title = request_summary(requests)
+        self.request_table.border_subtitle = services_line(self.server)
         self.model_table.show(rows(self.server, "resident_models"))
         self.capacity_panel.show(self.server.get("capacity"))
 

@@ -102,6 +102,17 @@ def queue_line(server: Mapping[str, Any]) -> str:
     return text + f"   decoding {num(c.get('in_flight'))}/{num(c.get('decode_batch'))}"
 
 
+def services_line(server: Mapping[str, Any]) -> str:
+    """One line for the services (embeddings, rerank, stt, tts): state, in flight/cap and counts; "" without any."""
+    parts = []
+    for kind, row in section(server, "services").items():
+        if isinstance(row, Mapping):
+            parts.append(f"{kind} {row.get('state') or DASH} {num(row.get('in_flight'))}/"
+                         f"{num(row.get('max_concurrent'))} req {num(row.get('requests'))} "
+                         f"err {num(row.get('errors'))} rej {num(row.get('rejections'))}")
+    return "services: " + "  ".join(parts) if parts else ""
+
+
 def memory_line(server: Mapping[str, Any]) -> str:
     m = section(server, "memory")
     return (f"memory active {size(m.get('active_bytes'))}  cache {size(m.get('cache_bytes'))}  "

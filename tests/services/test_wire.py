@@ -119,3 +119,13 @@ def test_wav_headers_stream_or_size() -> None:
     assert struct.unpack("<4sI4s4sIHHIIHH4sI", wav_header(22050, 100)) == (
         b"RIFF", 136, b"WAVE", b"fmt ", 16, 1, 1, 22050, 44100, 2, 16, b"data", 100)
     assert wav_header(22050)[40:44] == b"\xff\xff\xff\xff"
+
+
+def test_gmlx_top_shows_a_services_line_only_when_there_are_services() -> None:
+    from gmlx_top.view import services_line
+
+    assert services_line({}) == "" and services_line({"services": {}}) == ""
+    line = services_line({"services": {"stt": {"state": "ready", "in_flight": 1, "max_concurrent": 2,
+                                               "requests": 7, "errors": 1, "rejections": 3},
+                                       "tts": {"state": None}}})
+    assert line == "services: stt ready 1/2 req 7 err 1 rej 3  tts - -/- req - err - rej -"
