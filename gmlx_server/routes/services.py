@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 import falcon
 import falcon.asgi
@@ -18,14 +18,23 @@ from gmlx_server.services.host import ServiceHost, uses_chat_model
 from gmlx_server.services.jobs import embed_job, rerank_cosine_job, speech_job, transcribe_job
 from gmlx_server.services.llm_rerank import llm_scores
 from gmlx_server.services.rerank import parse_rerank, rerank_response
-from gmlx_server.services.worker import Lease
+from gmlx_server.services.worker import Lease, Service
 
+T = TypeVar("T")
 ROUTES = {"embeddings": "POST /v1/embeddings", "rerank": "POST /v1/rerank", "stt": "POST /v1/audio/transcriptions",
           "tts": "POST /v1/audio/speech"}
 
 
 def body_bytes(req: GmlxRequest) -> int:
     return int(getattr(req.context, "body_bytes", 0) or req.content_length or 0)
+
+
+def lookup(services: ServiceHost, kind: str, route: str, parse: Callable[[Service], T]) -> tuple[Service, T]:
+    """The route's service (404 when unconfigured), the request parsed with its limits, then its `model` checked."""
+    svc = services.service(kind, route)
+    parsed = parse(svc)
+    services.service(kind, route, getattr(parsed, "model", None))
+    return svc, parsed
 
 
 def send_json(resp: falcon.asgi.Response, lease: Lease, payload: dict[str, Any]) -> None:
@@ -42,9 +51,8 @@ class Embeddings:
         self.services = services
 
     async def on_post(self, req: GmlxRequest, resp: falcon.asgi.Response) -> None:
-        svc = self.services.service("embeddings", ROUTES["embeddings"])
-        parsed = parse_embeddings(body_of(req), int(svc.entry.options["max_inputs"]))
-        self.services.service("embeddings", ROUTES["embeddings"], parsed.model)
+        svc, parsed = lookup(self.services, "embeddings", ROUTES["embeddings"],
+                             lambda s: parse_embeddings(body_of(req), int(s.entry.options["max_inputs"])))
         async with svc.admitted(body_bytes(req)) as lease:
             payload = await svc.call(lambda embedder: embed_job(parsed, embedder, svc.entry))
             send_json(resp, lease, payload)
@@ -57,9 +65,8 @@ class Rerank:
         self.services = services
 
     async def on_post(self, req: GmlxRequest, resp: falcon.asgi.Response) -> None:
-        svc = self.services.service("rerank", ROUTES["rerank"])
-        parsed = parse_rerank(body_of(req), int(svc.entry.options["max_documents"]))
-        self.services.service("rerank", ROUTES["rerank"], parsed.model)
+        svc, parsed = lookup(self.services, "rerank", ROUTES["rerank"],
+                             lambda s: parse_rerank(body_of(req), int(s.entry.options["max_documents"])))
         async with svc.admitted(body_bytes(req)) as lease:
             if uses_chat_model(svc.entry) and self.services.chat is not None and svc.entry.model is not None:
                 scores, tokens = await llm_scores(self.services.chat, svc.entry.model, parsed)
@@ -79,13 +86,11 @@ class Transcriptions:
         self.services, self.task = services, task
 
     async def on_post(self, req: GmlxRequest, resp: falcon.asgi.Response) -> None:
-        route = f"POST {req.path}"
-        svc = self.services.service("stt", route)
-        form = parse_form(req.content_type, getattr(req.context, "raw_body", b""))
-        parsed = parse_transcription(form, int(svc.entry.options["max_file_bytes"]))
-        self.services.service("stt", route, parsed.model)
+        raw = getattr(req.context, "raw_body", b"")
+        svc, parsed = lookup(self.services, "stt", f"POST {req.path}", lambda s: parse_transcription(
+            parse_form(req.content_type, raw), int(s.entry.options["max_file_bytes"])))
         async with svc.admitted(body_bytes(req)) as lease:
-            job = transcribe_job(parsed, form.file or b"", self.task, float(svc.entry.options["max_audio_s"]))
+            job = transcribe_job(parsed, self.task, float(svc.entry.options["max_audio_s"]))
             content_type, data = await svc.call(job)
             resp.content_type, resp.data = content_type, data
             lease.finish(True, len(data))
@@ -98,9 +103,8 @@ class Speech:
         self.services = services
 
     async def on_post(self, req: GmlxRequest, resp: falcon.asgi.Response) -> None:
-        svc = self.services.service("tts", ROUTES["tts"])
-        parsed = parse_speech(body_of(req), int(svc.entry.options["max_input_chars"]))
-        self.services.service("tts", ROUTES["tts"], parsed.model)
+        svc, parsed = lookup(self.services, "tts", ROUTES["tts"],
+                             lambda s: parse_speech(body_of(req), int(s.entry.options["max_input_chars"])))
         lease = svc.admit(body_bytes(req))
         chunks = svc.stream(speech_job(parsed))
         try:

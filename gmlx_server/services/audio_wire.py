@@ -51,6 +51,7 @@ def parse_form(content_type: str | None, raw: bytes) -> Form:
 
 @dataclass(frozen=True)
 class TranscriptionRequest:
+    audio: bytes
     model: str | None
     language: str | None
     prompt: str | None
@@ -91,8 +92,8 @@ def parse_transcription(form: Form, max_bytes: int) -> TranscriptionRequest:
     if grains and fmt != "verbose_json":
         raise InvalidRequest("'timestamp_granularities' needs response_format verbose_json",
                              param="timestamp_granularities")
-    return TranscriptionRequest(_one(form, "model"), _one(form, "language") or None, _one(form, "prompt") or None,
-                                fmt, temperature, "word" in grains)
+    return TranscriptionRequest(form.file, _one(form, "model"), _one(form, "language") or None,
+                                _one(form, "prompt") or None, fmt, temperature, "word" in grains)
 
 
 def _stamp(seconds: float, sep: str) -> str:

@@ -42,6 +42,20 @@ def optional_str(body: Mapping[str, Any], name: str) -> str | None:
     return value
 
 
+def positive_int(body: Mapping[str, Any], name: str) -> int | None:
+    value = body.get(name)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise InvalidRequest(f"'{name}' must be a positive integer", param=name)
+    return value
+
+
+def flag(body: Mapping[str, Any], name: str, default: bool) -> bool:
+    value = body.get(name, default)
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"'{name}' must be true or false", param=name)
+    return value
+
+
 def _is_ints(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and all(isinstance(t, int) and not isinstance(t, bool)
                                                            for t in value)
@@ -77,13 +91,8 @@ def parse_embeddings(body: Any, max_inputs: int) -> EmbeddingsRequest:
     if fmt not in FORMATS:
         raise InvalidRequest(f"'encoding_format' must be float or base64, not {clip(str(fmt))!r}",
                              param="encoding_format")
-    dims = body.get("dimensions")
-    if dims is not None and (not isinstance(dims, int) or isinstance(dims, bool) or dims < 1):
-        raise InvalidRequest("'dimensions' must be a positive integer", param="dimensions")
-    truncate = body.get("truncate", False)
-    if not isinstance(truncate, bool):
-        raise InvalidRequest("'truncate' must be true or false", param="truncate")
-    return EmbeddingsRequest(optional_str(body, "model"), texts, tokens, fmt, dims, truncate)
+    return EmbeddingsRequest(optional_str(body, "model"), texts, tokens, fmt, positive_int(body, "dimensions"),
+                             flag(body, "truncate", False))
 
 
 def check_dimensions(req: EmbeddingsRequest, native: int, matryoshka: bool) -> int:

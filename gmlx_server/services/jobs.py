@@ -30,10 +30,9 @@ def embed_job(req: EmbeddingsRequest, embedder: Embedder, entry: ServiceEntry) -
     return embeddings_response(vectors, req.encoding_format, entry.id, count_tokens(seqs))
 
 
-def transcribe_job(req: TranscriptionRequest, data: bytes, task: str, max_s: float,
-                   ) -> Callable[[Transcriber], tuple[str, bytes]]:
+def transcribe_job(req: TranscriptionRequest, task: str, max_s: float) -> Callable[[Transcriber], tuple[str, bytes]]:
     def run(model: Transcriber) -> tuple[str, bytes]:
-        audio = model.decode(data, max_s)
+        audio = model.decode(req.audio, max_s)
         found = model.transcribe(audio, task, req.language, req.prompt, req.temperature, req.words)
         return transcription_body(found, req, task)
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from gmlx_server.errors import InvalidRequest
 from gmlx_server.services.embeddings import Embedder, fit_window
-from gmlx_server.services.embeddings_wire import body_object, optional_str
+from gmlx_server.services.embeddings_wire import body_object, flag, optional_str, positive_int
 
 
 @dataclass(frozen=True)
@@ -47,14 +47,8 @@ def parse_rerank(body: Any, max_documents: int) -> RerankRequest:
     if len(docs) > max_documents:
         raise InvalidRequest(f"'documents' holds {len(docs)} items, more than the {max_documents} allowed "
                              "(services.rerank.max_documents)", param="documents")
-    top_n = b.get("top_n")
-    if top_n is not None and (not isinstance(top_n, int) or isinstance(top_n, bool) or top_n < 1):
-        raise InvalidRequest("'top_n' must be a positive integer", param="top_n")
-    ret = b.get("return_documents", True)
-    if not isinstance(ret, bool):
-        raise InvalidRequest("'return_documents' must be true or false", param="return_documents")
     return RerankRequest(optional_str(b, "model"), query, tuple(_document(d, i) for i, d in enumerate(docs)),
-                         top_n, ret)
+                         positive_int(b, "top_n"), flag(b, "return_documents", True))
 
 
 def cosine_scores(req: RerankRequest, embedder: Embedder) -> tuple[list[float], int]:
