@@ -130,7 +130,8 @@ def test_responses_function_call_item(oai: openai.OpenAI) -> None:
     _check_call(call.name, call.arguments, "Tokyo")
 
 
-def test_own_template_takes_tools_and_answers_in_text(oai: openai.OpenAI, server: LiveServer) -> None:
+def test_own_template_gets_gmlx_tool_prompt_and_answers_in_text_when_no_call_helps(oai: openai.OpenAI,
+                                                                                    server: LiveServer) -> None:
     r = oai.chat.completions.create(
         model="smollm2", tools=TOOLS, temperature=0, max_tokens=32,
         messages=[{"role": "user", "content": "What is the capital of France? Answer in one word."}])
