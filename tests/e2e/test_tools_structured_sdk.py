@@ -82,6 +82,17 @@ def test_openai_streamed_tool_call(oai: openai.OpenAI) -> None:
     _check_call(call.function.name, call.function.arguments, "Tokyo")
 
 
+def test_a_template_syntax_is_enforced_for_a_required_call(oai: openai.OpenAI) -> None:
+    """The Hermes template's own <tool_call> syntax, held to a valid call by the grammar: no history needed."""
+    for seed in (1, 2):
+        r = oai.chat.completions.create(model="smollm2-hermes", tools=TOOLS, tool_choice="required", seed=seed,
+                                        messages=[{"role": "user", "content": "Is it raining in Tokyo?"}],
+                                        temperature=0.8, max_tokens=64)
+        [call] = r.choices[0].message.tool_calls or []
+        assert r.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
+        jsonschema.validate(json.loads(call.function.arguments), WEATHER_SCHEMA)
+
+
 def _anthropic_history() -> list[Any]:
     """The captured OpenAI history as Anthropic messages: calls become tool_use blocks."""
     out: list[Any] = []

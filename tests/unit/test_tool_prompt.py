@@ -4,10 +4,13 @@ the real SmolLM2 and Gemma 3 templates, earlier calls and results as text, and t
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gmlx_server.config import ConfigError, load_config, read_env
 from gmlx_server.engine.chat_template import CHATML_TEMPLATE, GEMMA_TEMPLATE, JinjaChatTemplate
 from gmlx_server.neutral import GenerationParams
 from gmlx_server.protocol.tools import FORMATS
@@ -113,3 +116,19 @@ def test_the_parser_counts_calls_that_fail_to_parse() -> None:
     bare.feed('{"answer": 42}')
     bare.finish()
     assert (bare.calls, bare.failed) == (0, 0)
+
+
+def test_tool_format_is_checked_by_name_and_reload_changes_it(tmp_path: Path) -> None:
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    cfg = tmp_path / "gmlx.yaml"
+    cfg.write_text(f"models:\n  m:\n    path: {model}\n    tool_format: json\n")
+    entry = load_config(str(cfg)).models["m"]
+    assert entry.tool_format == "json"
+    assert entry.load_key == replace(entry, tool_format="auto").load_key  # a reload keeps the loaded engine
+    cfg.write_text(f"models:\n  m:\n    path: {model}\n    tool_format: xml\n")
+    with pytest.raises(ConfigError, match=r"models\.m\.tool_format: expected auto, template, json, got 'xml'"):
+        load_config(str(cfg))
+    assert read_env({}).log_format == "text" and read_env({"GMLX_LOG_FORMAT": "JSON"}).log_format == "json"
+    with pytest.raises(ConfigError, match="GMLX_LOG_FORMAT"):
+        read_env({"GMLX_LOG_FORMAT": "xml"})
