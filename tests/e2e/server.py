@@ -12,8 +12,13 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
+
+if TYPE_CHECKING:
+    import anthropic
+    import openai
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -78,3 +83,17 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)
+
+
+def openai_client(server: LiveServer, timeout_s: float = 300) -> openai.OpenAI:
+    """The official OpenAI SDK on `server`'s /v1, without retries (a retry would hide a failure)."""
+    import openai
+
+    return openai.OpenAI(base_url=server.v1, api_key="unused", max_retries=0, timeout=timeout_s)
+
+
+def anthropic_client(server: LiveServer, timeout_s: float = 300) -> anthropic.Anthropic:
+    """The official Anthropic SDK on `server`, without retries."""
+    import anthropic
+
+    return anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0, timeout=timeout_s)

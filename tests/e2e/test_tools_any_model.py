@@ -19,7 +19,7 @@ import openai
 import pytest
 
 from tests.conftest import gemma_path, smollm2_path
-from tests.e2e.server import ROOT, LiveServer, gmlx_serve
+from tests.e2e.server import ROOT, LiveServer, anthropic_client, gmlx_serve, openai_client
 
 pytestmark = pytest.mark.slow
 # Bounded values (an enum, small integers, strings of at most 24 characters): every call fits in MAX_TOKENS.
@@ -50,12 +50,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
 
 @pytest.fixture(scope="module")
 def oai(server: LiveServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.v1, api_key="unused", max_retries=0, timeout=600)
+    return openai_client(server, 600)
 
 
 @pytest.fixture(scope="module")
 def claude(server: LiveServer) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0, timeout=600)
+    return anthropic_client(server, 600)
 
 
 def _valid(name: str, arguments: Any, only: str | None = None) -> None:
