@@ -15,9 +15,10 @@ from typing import Any
 import mlx.core as mx
 from mlx_vlm.models.cache import BatchKVCache, BatchRotatingKVCache, KVCache, RotatingKVCache
 
-from gmlx_server.engine.generate import RequestRun
+from gmlx_server.engine.generate import RequestRun, describe
 from gmlx_server.engine.kv_quant import as_batch_quantized
 from gmlx_server.engine.sampling import Draw
+from gmlx_server.engine.spec_round import Speculator
 
 log = logging.getLogger("gmlx.engine")
 
@@ -43,10 +44,6 @@ class _Plan:
     error: str | None = None
 
 
-def _describe(e: BaseException) -> str:
-    return f"{type(e).__name__}: {e}"
-
-
 def _plan(seq: RequestRun, logits: mx.array) -> _Plan:
     """A row's sampling failure is that row's alone."""
     try:
@@ -54,25 +51,22 @@ def _plan(seq: RequestRun, logits: mx.array) -> _Plan:
         return _Plan(None if forced is not None else seq.draw(logits), forced)
     except Exception as e:
         log.exception("sampling failed for %s", seq.req.request_id)
-        return _Plan(error=_describe(e))
+        return _Plan(error=describe(e))
 
 
 def _accept(seq: RequestRun, plan: _Plan) -> bool:
     """Detokenizing, stop strings and grammar run per row: a failure there ends that row only."""
     if plan.error is not None:
         return seq.finish("error", error=plan.error)
-    try:
-        return seq.accept(plan.draw, plan.forced)
-    except Exception as e:
-        log.exception("accepting a token failed for %s", seq.req.request_id)
-        return seq.finish("error", error=_describe(e))
+    return seq.accept_guarded(plan.draw, plan.forced)
 
 
 class BatchDecoder:
-    def __init__(self, model: Any) -> None:
-        self.model = model
+    def __init__(self, model: Any, speculator: Speculator | None = None) -> None:
+        self.model, self.speculator = model, speculator
         self.rows: list[RequestRun] = []
         self._cache: list[Any] = []
+        self.last_tokens = 1  # tokens the last step gave each row (a speculative round gives several)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -92,12 +86,29 @@ class BatchDecoder:
         """One token for every row; rows that finish, or fail on their own, leave the batch.
 
         A failure of the shared forward pass escapes: no row can be blamed for it, so the caller recovers."""
+        if self._speculate():
+            return
+        self.last_tokens = 1
         tokens = mx.array([[s.next_input] for s in self.rows], dtype=mx.int32)
         logits = self.model(tokens, cache=self._cache).logits[:, -1, :]
         plans = [_plan(s, logits[i: i + 1]) for i, s in enumerate(self.rows)]
         self._evaluate(plans)
         done = [_accept(s, p) for s, p in zip(self.rows, plans, strict=True)]
         self._drop([i for i, d in enumerate(done) if d])
+
+    def _speculate(self) -> bool:
+        """A round when one row decodes alone and may speculate; False when the plain step should run."""
+        spec = self.speculator
+        if spec is None or len(self.rows) != 1 or not spec.eligible(seq := self.rows[0]):
+            return False
+        before = seq.stream.generated
+        finished = spec.round(seq, self.model, self._cache)
+        if finished is None:
+            return False
+        self.last_tokens = max(1, seq.stream.generated - before)
+        if finished:
+            self._drop([0])
+        return True
 
     def _evaluate(self, plans: list[_Plan]) -> None:
         """Evaluate the sampled tokens together. If that fails and the forward pass alone succeeds, evaluate
@@ -115,7 +126,7 @@ class BatchDecoder:
                 try:
                     mx.eval(p.draw.token)
                 except Exception as e:
-                    p.error, p.draw = _describe(e), None
+                    p.error, p.draw = describe(e), None
 
     def take_all(self) -> list[RequestRun]:
         """Empty the batch (its KV is suspect after a failed step) and hand back its rows."""

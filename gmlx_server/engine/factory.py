@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from gmlx_server.config.settings import DEFAULT_PROMPT_CACHE_BYTES
+from gmlx_server.engine.drafter import Drafter, load_drafter
 from gmlx_server.engine.loader import LoadedModel, load_gguf_model
 from gmlx_server.engine.mlx_engine import MLXEngine
 from gmlx_server.engine.types import Engine
@@ -28,8 +29,15 @@ def create_mlx_engine(entry: ModelEntry, env: RuntimeEnv) -> MLXEngine:
                                max_kv_size=entry.max_kv_size, chat_template=entry.chat_template,
                                kv_quant=entry.kv_quant, native_kernels=env.native_kernels)
 
+    draft = entry.draft
+
+    def load_draft(target: LoadedModel) -> Drafter:
+        assert draft is not None
+        return load_drafter(target, draft, native_kernels=env.native_kernels)
+
     cache_bytes = env.prompt_cache_bytes if env.prompt_cache_bytes is not None else DEFAULT_PROMPT_CACHE_BYTES
-    return MLXEngine(load, decode_batch=env.decode_batch or 1, prompt_cache_bytes=cache_bytes)
+    return MLXEngine(load, decode_batch=env.decode_batch or 1, prompt_cache_bytes=cache_bytes,
+                     drafter_loader=load_draft if draft is not None else None)
 
 
 BACKENDS: dict[str, Callable[[ModelEntry, RuntimeEnv], Engine]] = {"mlx": create_mlx_engine}

@@ -6,6 +6,7 @@ sampler, detokenizer, stop strings, thinking budget, logprobs, timings and the e
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,8 +23,16 @@ from gmlx_server.engine.sampling import Draw, RequestSampler, top_alternatives
 from gmlx_server.engine.stream import StepResult, TextStream
 from gmlx_server.engine.structured import GrammarConstraint, GrammarViolation
 from gmlx_server.engine.thinking import ThinkingBudget
-from gmlx_server.engine.types import FinishReason, GenerationRequest, RequestState, Timings, TokenEvent
+from gmlx_server.engine.types import (
+    FinishReason,
+    GenerationRequest,
+    RequestState,
+    SpeculativeStats,
+    Timings,
+    TokenEvent,
+)
 
+log = logging.getLogger("gmlx.engine")
 GrammarTokenizer = Callable[[], Any]  # the model's llguidance tokenizer, built on first use
 
 
@@ -38,6 +47,11 @@ class Progress:
     generated: int = 0
     cache_tier: str = "miss"
     warm_tokens: int = 0
+    speculative: SpeculativeStats | None = None  # a speculative model's rounds for this request
+
+
+def describe(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"
 
 
 class RequestRun:
@@ -68,6 +82,7 @@ class RequestRun:
         self.next_input: int | None = None  # the token the next decode step feeds for this row
         self.prefill_s = 0.0
         self._t_decode = 0.0
+        self.draft: Any = None  # the drafter's state for this request (spec_round.DraftRun), on a speculative model
 
     @property
     def prefilled(self) -> bool:
@@ -115,7 +130,7 @@ class RequestRun:
         self._tokens = [*self.req.prompt_tokens, *self.output]
         self._prompt = mx.array(self._tokens, dtype=mx.int32)
         self._pos, self._stops, self._store = 0, [len(self._tokens)], None
-        self.cache, self.next_input, self.probation = None, None, True
+        self.cache, self.next_input, self.probation, self.draft = None, None, True, None
 
     def _resume(self, logits: mx.array) -> bool:
         """The end of a rewound prefill: the next token, exactly as the failed decode step would have made it."""
@@ -192,6 +207,18 @@ class RequestRun:
         self.next_input = token
         return False
 
+    def accept_guarded(self, draw: Draw | None, forced: int | None = None) -> bool:
+        """accept(), with a failure there (detokenizing, stop strings, grammar) ending this request only."""
+        try:
+            return self.accept(draw, forced)
+        except Exception as e:
+            log.exception("accepting a token failed for %s", self.req.request_id)
+            return self.finish("error", error=describe(e))
+
+    def count_round(self, drafted: int, accepted: int) -> None:
+        p = self.progress
+        p.speculative = (p.speculative or SpeculativeStats()).plus(drafted, accepted)
+
     def _feed(self, token: int) -> StepResult:
         """The token's text; a grammar sees every accepted token and ends the request once complete."""
         if self.constraint is None:
@@ -210,12 +237,12 @@ class RequestRun:
         ttft = p.first_token - p.submitted if p.first_token else None
         decode_s = time.perf_counter() - self._t_decode if self._t_decode else 0.0
         timings = Timings(len(self.req.prompt_tokens), self.stream.generated, self.prefill_s, decode_s, ttft,
-                          p.warm_tokens)
+                          p.warm_tokens, p.speculative)
         ev = last or TokenEvent("", None)
         p.state = "done"  # before the final event: a client that sees it must not find this row in flight
         self.emit(TokenEvent(ev.text, ev.token_id, ev.logprob, ev.top_logprobs, reason, ev.stop_string,
                              error, timings))
-        self.cache = None
+        self.cache = self.draft = None
         return True
 
     def _logprobs(self, draw: Draw, token: int) -> tuple[float | None, tuple[tuple[int, float], ...]]:

@@ -16,9 +16,11 @@ from typing import Any
 
 from gmlx_server.engine.arch import vocab_size
 from gmlx_server.engine.base import EngineBase
+from gmlx_server.engine.drafter import Drafter, with_drafter
 from gmlx_server.engine.prompt_cache import PromptCache
 from gmlx_server.engine.scheduler import Inbox, Pace, Scheduler
 from gmlx_server.engine.scheduler import Job as _Job
+from gmlx_server.engine.spec_round import Speculator
 from gmlx_server.engine.structured import GrammarTokenizerCache
 from gmlx_server.engine.types import (
     EngineClosed,
@@ -62,7 +64,8 @@ class Handle:
 class MLXEngine(EngineBase):
     """Runs one model's requests on its own thread, decoding up to `decode_batch` of them together."""
 
-    def __init__(self, loader: Callable[[], Any], decode_batch: int = 1, prompt_cache_bytes: int = 0) -> None:
+    def __init__(self, loader: Callable[[], Any], decode_batch: int = 1, prompt_cache_bytes: int = 0,
+                 drafter_loader: Callable[[Any], Drafter] | None = None) -> None:
         self._jobs: Inbox = queue.Queue()
         # Pure Python, but only the engine thread touches it; others read its published stats.
         self._prompt_cache = PromptCache(prompt_cache_bytes) if prompt_cache_bytes > 0 else None
@@ -77,17 +80,23 @@ class MLXEngine(EngineBase):
         self.memory = self._measured
         self.pace = Pace()
         self.grammar_tokenizers = GrammarTokenizerCache()  # llguidance's vocabulary: built once, on first use
-        self._thread = threading.Thread(target=self._main, args=(loader,), name="gmlx-engine", daemon=True)
+        self._drafter: Drafter | None = None
+        self._thread = threading.Thread(target=self._main, args=(loader, drafter_loader), name="gmlx-engine",
+                                        daemon=True)
         self._thread.start()
         self._ready.wait()
         if self._load_error is not None:
             raise self._load_error
         loaded = self._loaded
         self.info, self.tokenizer, self.template = loaded.info, loaded.tokenizer, loaded.template
+        if self._drafter is not None:
+            self.info = with_drafter(self.info, self._drafter)
 
-    def _main(self, loader: Callable[[], Any]) -> None:
+    def _main(self, loader: Callable[[], Any], drafter_loader: Callable[[Any], Drafter] | None) -> None:
         try:
             self._loaded = loader()  # the load itself runs on this thread: its arrays live on this stream
+            if drafter_loader is not None:
+                self._drafter = drafter_loader(self._loaded)
         except BaseException as e:  # surfaced to the constructor's caller
             self._load_error = e
             self._ready.set()
@@ -101,7 +110,8 @@ class MLXEngine(EngineBase):
 
         try:
             Scheduler(loaded.model, loaded.tokenizer, self._decode_batch, self._jobs, self._forget, self._measured,
-                      grammar_tokenizer, self._prompt_cache, self.pace, loaded.make_cache).run()
+                      grammar_tokenizer, self._prompt_cache, self.pace, loaded.make_cache,
+                      Speculator(self._drafter) if self._drafter is not None else None).run()
         except BaseException as e:  # the loop itself broke: say why, and end every request it held
             self._fault = f"{type(e).__name__}: {e}"
             log.critical("the engine thread of %s died: %s", loaded.info.model_id, self._fault, exc_info=e)
@@ -228,4 +238,4 @@ def _row(job: _Job, now: float) -> RequestRow:
     if p.first_token and p.generated > 1:
         rate = (p.generated - 1) / max(now - p.first_token, 1e-9)
     return RequestRow(r.request_id, p.state, len(r.prompt_tokens), p.generated, r.max_tokens,
-                      now - p.submitted, ttft, rate, p.cache_tier, p.warm_tokens)
+                      now - p.submitted, ttft, rate, p.cache_tier, p.warm_tokens, p.speculative)

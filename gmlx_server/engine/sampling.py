@@ -83,6 +83,23 @@ class RequestSampler:
     def needs_history(self) -> bool:
         return self._history_procs > 0
 
+    @property
+    def plain(self) -> bool:
+        """No logits processor (penalties, bias, grammar): the final distribution is the logits' own, filtered."""
+        return not self._procs
+
+    def distribution(self, logits: mx.array) -> mx.array:
+        """(n, V) logits -> the probabilities a draw from them samples (filters and temperature; plain only)."""
+        logits = logits.astype(mx.float32)
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # the filters read log-probabilities
+        for f in self._filters:
+            logprobs = f(logprobs)
+        return mx.softmax(logprobs * (1.0 / self._temp), axis=-1)
+
+    def next_key(self) -> mx.array:
+        self._key, sub = mx.random.split(self._key)
+        return sub
+
     def constrain(self, processor: Processor) -> None:
         """Run `processor` after every other one (a grammar mask must see the final logits).
 
@@ -100,8 +117,7 @@ class RequestSampler:
         filtered = logprobs
         for f in self._filters:
             filtered = f(filtered)
-        self._key, sub = mx.random.split(self._key)
-        token = mx.random.categorical(filtered * (1.0 / self._temp), key=sub)
+        token = mx.random.categorical(filtered * (1.0 / self._temp), key=self.next_key())
         return Draw(token, logprobs)
 
 

@@ -20,7 +20,8 @@ import mlx.core as mx
 from gmlx_server.engine.batch import BatchDecoder
 from gmlx_server.engine.generate import GrammarTokenizer, Progress, RequestRun
 from gmlx_server.engine.prompt_cache import PromptCache
-from gmlx_server.engine.types import GenerationRequest, MemorySnapshot, TokenEvent
+from gmlx_server.engine.spec_round import Speculator
+from gmlx_server.engine.types import GenerationRequest, MemorySnapshot, SpeculativeStats, TokenEvent
 
 log = logging.getLogger("gmlx.engine")
 PACE_WINDOW = 32  # steps (per width) and prefill chunks the measured speeds look back on
@@ -70,7 +71,8 @@ class Scheduler:
     def __init__(self, model: Any, tokenizer: Any, width: int, inbox: Inbox,
                  forget: Callable[[Job], None], memory: MemorySnapshot,
                  grammar_tokenizer: GrammarTokenizer | None = None, prompt_cache: PromptCache | None = None,
-                 pace: Pace | None = None, caches: Callable[[], list[Any]] | None = None) -> None:
+                 pace: Pace | None = None, caches: Callable[[], list[Any]] | None = None,
+                 speculator: Speculator | None = None) -> None:
         self.model, self.tokenizer, self.width, self.caches = model, tokenizer, width, caches
         self.grammar_tokenizer, self.prompt_cache = grammar_tokenizer, prompt_cache
         self.inbox, self.forget, self.memory = inbox, forget, memory
@@ -78,7 +80,8 @@ class Scheduler:
         self.waiting: deque[Job] = deque()
         self.resuming: deque[tuple[Job, RequestRun]] = deque()  # rows rewound after a failed batched step
         self.prefilling: tuple[Job, RequestRun] | None = None
-        self.batch = BatchDecoder(model)
+        self.speculator = speculator
+        self.batch = BatchDecoder(model, speculator)
         self._jobs: dict[int, Job] = {}  # id(RequestRun) -> its job, to forget finished rows
 
     def run(self) -> None:
@@ -107,7 +110,7 @@ class Scheduler:
         self.waiting.clear()
         self.resuming.clear()
         self.prefilling = None
-        self.batch = BatchDecoder(self.model)
+        self.batch = BatchDecoder(self.model, self.speculator)
         self._jobs.clear()
         for job in jobs:
             self._fail(job, error)
@@ -158,6 +161,8 @@ class Scheduler:
             self.prefilling = self.resuming.popleft()
         elif self.waiting:
             job = self.waiting.popleft()
+            if self.speculator is not None:
+                job.progress.speculative = SpeculativeStats()  # rows of a speculative model show their rounds
             try:
                 seq = RequestRun(self.model, self.tokenizer, job.request, job.emit, job.cancelled.is_set,
                                job.progress, grammar_tokenizer=self.grammar_tokenizer, prompt_cache=self.prompt_cache,
@@ -212,7 +217,8 @@ class Scheduler:
             if width := len(self.batch):
                 t0 = time.perf_counter()
                 self.batch.step()
-                self.pace.stepped(width, time.perf_counter() - t0)
+                # per token: a speculative round's several tokens must not read as one slow step
+                self.pace.stepped(width, (time.perf_counter() - t0) / self.batch.last_tokens)
         except Exception as e:
             log.exception("decode step failed for %d rows; recomputing them", len(self.batch))
             self._recover(self.batch.take_all(), f"{type(e).__name__}: {e}")
