@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import resource
 import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,7 @@ import mlx.core as mx
 
 from gmlx_server.engine.arch import make_cache
 from gmlx_server.engine.blas import current_blas
+from gmlx_server.engine.kernels import fast_ops
 from gmlx_server.engine.kernels.modules import GGUFEmbedding, GGUFLinear
 from gmlx_server.engine.loader import load_gguf_model
 from gmlx_server.engine.mlx_engine import MLXEngine
@@ -122,10 +125,28 @@ def profile(path: str, layout: str, steps: int = 20) -> None:
         mx.eval([m(x) for (_, m), x in zip(linears, xs, strict=True)])
         samples.append(time.perf_counter() - t)
     mm = statistics.median(samples) * 1e3
+    print(f"  graph ops in one width-1 decode step: {_ops_per_step(model)} with gmlx's CPU norm/RoPE/attention "
+          f"primitives, {_ops_per_step(model, fast=False)} with MLX's own")
     print(f"profile {Path(path).name} ({lm.info.weights_layout}, width 1): step {full:.1f} ms = "
           f"{len(linears)} matmuls {mm:.1f} ms (timed alone, same shapes) + the rest {full - mm:.1f} ms "
           f"(attention, norms, RoPE, elementwise, sampling-free), of which building the graph in Python "
           f"{build:.1f} ms")
+
+
+def _ops_per_step(model: Any, fast: bool = True) -> int:
+    """Nodes in one decode step's graph (each is one dispatch on MLX's CPU backend)."""
+    ext = fast_ops.active()
+    if not fast:
+        fast_ops.uninstall()
+    try:
+        cache = make_cache(model)
+        mx.eval(model(mx.array([[1, 2, 3, 4]]), cache=cache).logits)
+        with tempfile.NamedTemporaryFile("r", suffix=".dot") as f:
+            mx.export_to_dot(f.name, model(mx.array([[5]]), cache=cache).logits)
+            return len(re.findall(r'label ="', f.read()))
+    finally:
+        if ext is not None:
+            fast_ops.install(ext)
 
 
 class _Head:
