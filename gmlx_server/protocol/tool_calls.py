@@ -66,7 +66,8 @@ class ToolCallEncoder:
         forced = self._choice == "required" or isinstance(self._choice, dict)
         if forced and self.parser.calls == 0 and Tally.ends_well(ev):
             log.warning("tool_choice %s asked for a call, but the model produced none%s", self._choice,
-                        " (cut by max_tokens)" if self.use.constrained else " (the choice was not enforced)")
+                        " (the constrained call was cut short)" if self.use.constrained
+                        else " (the choice was not enforced)")
 
     def text(self, text: str) -> list[Event]:
         return self.inner.text(text)

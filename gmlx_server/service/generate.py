@@ -265,7 +265,8 @@ async def prepare_request(host: ModelHost, inp: GenerationParams, request_id: st
     """Every refusal but admission's: the server submits the result, `gmlx run` generates it in the terminal."""
     prompt = await prepare_prompt(host, inp)
     cap = output_cap(host, prompt, inp.max_tokens, request_id)
-    grammar = await constrain_tools(prompt.tools, inp, prompt.engine, thinking_control(inp, prompt.text))
+    grammar = await constrain_tools(prompt.tools, inp, prompt.engine, thinking_control(inp, prompt.text),
+                                    stops=(*inp.stop, *prompt.settings.stop))
     request = build_request(prompt, inp, request_id, cap, top_logprobs_k=host.env.top_logprobs_k,
                             tool_grammar=grammar)
     render = functools.partial(render_chat, tools=prompt.tools)  # the cache's probes render as the prompt did

@@ -8,8 +8,9 @@ What each reply's parser found is reported to telemetry (and the request log) th
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gmlx_server.engine.tool_syntax import ToolSyntax, ToolUse
@@ -65,8 +66,10 @@ def special_markers(syntax: ToolSyntax, tokenizer: Tokenizer) -> dict[str, int]:
 
 
 async def constrain_tools(plan: ToolPlan | None, inp: GenerationParams, engine: Engine,
-                          thinking: ThinkingControl | None) -> CompiledGrammar | None:
-    """The reply's call grammar, or None (no tools, a response_format, or a reply that is only parsed)."""
+                          thinking: ThinkingControl | None, stops: Sequence[str] = ()) -> CompiledGrammar | None:
+    """The reply's call grammar, or None (no tools, a response_format, or a reply that is only parsed).
+    A whitespace stop string (a one-line profile's "\n") would cut a call laid out on lines: it is held
+    to one line then."""
     name = check_choice(inp)
     if plan is None or inp.grammar is not None:
         return None
@@ -80,9 +83,12 @@ async def constrain_tools(plan: ToolPlan | None, inp: GenerationParams, engine: 
     from gmlx_server.engine.tool_grammar import compile_tool_grammar
 
     choice = name or ("required" if forced else "auto")
-    special = special_markers(plan.syntax, engine.tokenizer)
+    syntax = plan.syntax
+    if syntax.newlines and any(not s.strip() for s in stops):
+        syntax = dataclasses.replace(syntax, newlines=False)
+    special = special_markers(syntax, engine.tokenizer)
     try:
-        return await asyncio.to_thread(compile_tool_grammar, plan.syntax, inp.tools or (), choice, special)
+        return await asyncio.to_thread(compile_tool_grammar, syntax, inp.tools or (), choice, special)
     except StructuredOutputError as e:
         raise InvalidRequest(f"'{e.param}': {e}", param=e.param) from None
 

@@ -161,6 +161,13 @@ def test_every_choice_is_constrained_with_gmlx_json(served: Served, choice: Any,
     assert ("opened[lazy]" in grammar.grammar) != forced  # auto: text, or text that opens a call
 
 
+def test_a_newline_stop_holds_the_call_to_one_line(served: Served) -> None:
+    served.chat({"tools": TOOLS, "tool_choice": "required"})
+    assert '"\\n"' in served.engine().submitted[-1].grammar.grammar  # Hermes' layout: the body on its own line
+    served.chat({"tools": TOOLS, "tool_choice": "required", "stop": ["\n"]})
+    assert '"\\n"' not in served.engine().submitted[-1].grammar.grammar  # else the stop would cut every call
+
+
 def test_a_named_function_that_is_not_offered_is_a_400(served: Served, hermes: Hermes) -> None:
     named = {"type": "function", "function": {"name": "nope"}}
     for s in (served, hermes(CALL)):
