@@ -1,11 +1,12 @@
 """The CPU kernels against float64 references on random GGUF blocks of every format they read.
 
-Below 16 rows the kernels round each 32-activation block to int16 (the default; scale max|x| / 32767,
-round half to even), to int8 as llama.cpp does (scale max|x| / 127), or keep fp32, and sum codes times
-activations exactly in integers (or in fp32). A rounded path is checked tightly against a float64
-product with the same rounded activations (only fp32 scaling and sums may differ) and against the exact
-activations within the bound that rounding implies; the fp32 path, and from 16 rows on dequantized
-panels of W through a preloaded sgemm (the suite preloads OpenBLAS), against the exact product.
+Below 16 rows the kernels keep fp32 activations (the default: weights decoded to fp32, products summed
+in fp32), or round each 32-activation block to int16 (scale max|x| / 32767, round half to even) or to
+int8 as llama.cpp does (scale max|x| / 127) and sum codes times activations exactly in integers. A
+rounded path is checked tightly against a float64 product with the same rounded activations (only fp32
+scaling and sums may differ) and against the exact activations within the bound that rounding implies;
+the fp32 path, and from 16 rows on dequantized panels of W through a preloaded sgemm (the suite
+preloads OpenBLAS), against the exact product.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from tests.conftest import smollm2_path
 F64 = npt.NDArray[np.float64]
 SGEMM_ROWS = 16  # from this many rows on the kernels use a preloaded BLAS's sgemm (dispatch.cpp)
 # (activations, sgemm for many rows); levels of the rounding (0: none)
-MODES = [("int16", False), ("int8", False), ("f32", False), ("int16", True)]
+MODES = [("f32", False), ("int16", False), ("int8", False), ("f32", True)]
 LEVELS = {"int16": 32767, "int8": 127, "f32": 0}
 # fp16 field offsets (scale, min) and a scale range keeping |w| comparable across formats
 FP16_FIELDS: dict[str, tuple[tuple[int, ...], float]] = {
@@ -60,7 +61,7 @@ def every_isa(ext: ModuleType) -> Iterator[list[str]]:
     ext.set_isa(first)
     ext.set_threads(0)
     ext.set_sgemm(True)
-    ext.set_activations("int16")
+    ext.set_activations("f32")
 
 
 def random_blocks(rng: np.random.Generator, name: str, rows: int, k: int) -> npt.NDArray[np.uint8]:
@@ -133,6 +134,19 @@ def test_dequantize_matches_gguf(ext: ModuleType, every_isa: list[str], name: st
         np.testing.assert_allclose(got, expected, rtol=1e-6, atol=0)  # fp32, one rounding apart at most
 
 
+@pytest.mark.parametrize("name", ["Q4_1", "Q5_0", "Q4_K", "Q6_K"])
+def test_concatenated_weights_are_more_output_rows(ext: ModuleType, name: str) -> None:
+    """A fused projection (several matrices' rows stacked, odd counts) equals its parts side by side."""
+    rng = np.random.default_rng(11)
+    k = 2 * GGML_QUANT_SIZES[GGMLQuantizationType[name]][0]
+    parts = [random_blocks(rng, name, n, k) for n in (7, 13, 29)]
+    for m in (1, 3, 5, 17):
+        x = mx.array(rng.standard_normal((m, k)).astype(np.float32))
+        whole = np.array(ext.matmul(x, mx.array(np.concatenate(parts)), NATIVE_TYPES[name], k))
+        split = np.concatenate([np.array(ext.matmul(x, mx.array(p), NATIVE_TYPES[name], k)) for p in parts], axis=1)
+        np.testing.assert_allclose(whole, split, rtol=1e-5, atol=1e-5 * float(np.abs(split).max()))
+
+
 def test_strided_input_dtype_and_compile(ext: ModuleType) -> None:
     rng = np.random.default_rng(3)
     blocks = random_blocks(rng, "Q4_1", 24, 64)
@@ -184,7 +198,7 @@ def test_native_layout_matches_dense_on_smollm2(ext: ModuleType) -> None:
     ids_n, rows_n = _greedy(native, prompt, 12)
     ids_d, rows_d = _greedy(dense, prompt, 12)
     assert ids_n == ids_d
-    assert float(np.abs(rows_n - rows_d).max()) < 0.05  # int16 activations: measured ~0.004
+    assert float(np.abs(rows_n - rows_d).max()) < 0.05  # fp32 activations: only the sums' order differs
 
 
 def test_env_switch_reaches_the_engine_config() -> None:

@@ -172,7 +172,7 @@ int g_threads = 0;  // 0: not chosen yet
 std::atomic<bool> g_sgemm_ok{true};
 enum Mode { kInt16 = 0, kInt8 = 1, kF32 = 2 };
 const char* const kModeNames[] = {"int16", "int8", "f32"};
-std::atomic<int> g_mode{kInt16};
+std::atomic<int> g_mode{kF32};
 
 Pool& pool() {
   std::lock_guard<std::mutex> lk(g_pool_mu);
@@ -276,7 +276,7 @@ void matmul(int type, const uint8_t* w, int64_t n, int64_t k, const float* x, in
   const Isa& s = isa();
   Pool& p = pool();
   // Enough chunks to balance cores that other processes also use; each a whole number of rows.
-  const int64_t per = std::max<int64_t>(4, (n + 4 * p.size() - 1) / (4 * p.size()));
+  const int64_t per = (std::max<int64_t>(4, (n + 4 * p.size() - 1) / (4 * p.size())) + 3) / 4 * 4;  // whole tiles
   const int64_t chunks = (n + per - 1) / per;
   const int mode = g_mode.load(std::memory_order_relaxed);
   if (mode == kF32) {

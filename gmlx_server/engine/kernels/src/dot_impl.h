@@ -6,6 +6,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "floats.h"
 #include "formats.h"
 #include "kernels.h"
 
@@ -168,82 +169,6 @@ inline void quantize_row_to(const float* x, int64_t k, Block* out) {
 }
 
 inline void quantize_row(const float* x, int64_t k, XBlock* out) { quantize_row_to<XBlock, 127>(x, k, out); }
-
-// Dequantize one row of k elements (exact: the same decoders, in fp32).
-inline void dequant_row(int type, const uint8_t* w, int64_t k, float* out) {
-  with_format(type, [&]<class F>() {
-    for (int64_t b = 0; b < k / F::QK; ++b, w += F::BYTES) {
-      const typename F::State st(w);
-      for (int g = 0; g < F::GROUPS; ++g, out += 32) {
-        const Group G = st.group(g);
-        for (int i = 0; i < 32; ++i) {
-          const float code = F::SIGNED ? static_cast<float>(static_cast<int8_t>(G.q[i])) : static_cast<float>(G.q[i]);
-          out[i] = G.a[i / 4] * code + (i < 16 ? G.b0 : G.b1);
-        }
-      }
-    }
-  });
-}
-
-// Codes i*8..i*8+7 of a group as floats (zero- or sign-extended).
-template <bool SIGNED>
-inline f32x8 codes8(u8x32 q, int i) {
-#if defined(__AVX2__)
-  const __m256i v = (__m256i)q;
-  const __m128i half = i < 2 ? _mm256_castsi256_si128(v) : _mm256_extracti128_si256(v, 1);
-  const __m128i part = (i & 1) ? _mm_srli_si128(half, 8) : half;
-  const __m256i wide = SIGNED ? _mm256_cvtepi8_epi32(part) : _mm256_cvtepu8_epi32(part);
-  return (f32x8)_mm256_cvtepi32_ps(wide);
-#else
-  f32x8 out;
-  for (int j = 0; j < 8; ++j) out[j] = SIGNED ? static_cast<float>(static_cast<int8_t>(q[8 * i + j])) : q[8 * i + j];
-  return out;
-#endif
-}
-
-inline f32x8 loadf(const float* p) {
-  f32x8 v;
-  std::memcpy(&v, p, 32);
-  return v;
-}
-
-// The exact variant: fp32 activations against decoded codes (no activation rounding), for the few-row
-// decode shape where the weights' bytes, not the arithmetic, bound the time.
-template <class F, int NR>
-inline void dot_tile_f(const uint8_t* w, int64_t nblocks, const float* x, int64_t ldx, float* y, int64_t ldy) {
-  f32x8 acc[NR];
-  for (int r = 0; r < NR; ++r) acc[r] = splat(0.0f);
-  for (int64_t b = 0; b < nblocks; ++b, w += F::BYTES) {
-    const typename F::State st(w);
-#pragma GCC unroll 8
-    for (int g = 0; g < F::GROUPS; ++g) {
-      const Group G = st.group(g);
-      const f32x8 c0 = codes8<F::SIGNED>(G.q, 0), c1 = codes8<F::SIGNED>(G.q, 1);
-      const f32x8 c2 = codes8<F::SIGNED>(G.q, 2), c3 = codes8<F::SIGNED>(G.q, 3);
-      const float a0 = G.a[0], a1 = G.a[4];
-#pragma GCC unroll 4
-      for (int r = 0; r < NR; ++r) {
-        const float* xr = x + r * ldx + (b * F::GROUPS + g) * 32;
-        const f32x8 x0 = loadf(xr), x1 = loadf(xr + 8), x2 = loadf(xr + 16), x3 = loadf(xr + 24);
-        const f32x8 lo = c0 * x0 + c1 * x1, hi = c2 * x2 + c3 * x3;
-        acc[r] += lo * a0 + hi * a1 + (x0 + x1) * G.b0 + (x2 + x3) * G.b1;
-      }
-    }
-  }
-  for (int r = 0; r < NR; ++r) y[r * ldy] = hsum(acc[r]);
-}
-
-template <class F, int NR>
-struct F32Tile {
-  static void run(const uint8_t* w, int64_t nb, const float* x, int64_t k, float* y, int64_t ldy) {
-    dot_tile_f<F, NR>(w, nb, x, k, y, ldy);
-  }
-};
-
-inline void rows_f(int type, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const float* x,
-                   int64_t m_rows, int64_t k, float* y, int64_t ldy) {
-  with_format(type, [&]<class F>() { rows_tiled<F, F32Tile>(w, row_bytes, n0, n1, x, m_rows, k, y, ldy); });
-}
 
 // --- int16 activations: 256x finer than int8 (a block's outlier no longer erases its neighbours), and
 // still integer dot products: pairs of int16 products summed into int32 lanes (VNNI vpdpwssd or pmaddwd).

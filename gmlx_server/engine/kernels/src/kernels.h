@@ -51,9 +51,10 @@ void set_threads(int n);  // n <= 0: the cores this process may run on
 // Many-row matmuls dequantize W panels into a preloaded BLAS's sgemm when one is there (and allowed).
 bool sgemm_available();
 void set_sgemm(bool on);
-// How few-row matmuls take activations: "int16" (default: per-32 int16 rounding, integer dot products),
-// "int8" (llama.cpp's rounding: a block's largest activation sets the step of the other 31, and some
-// models' outliers make that visible in the logits) or "f32" (exact, about half the speed of int16).
+// How few-row matmuls take activations: "f32" (default: exact; weights decoded to fp32 in registers,
+// faster than the integer paths here since the decode, not the multiply, bounds them), "int16" (per-32
+// int16 rounding, integer dot products) or "int8" (llama.cpp's rounding: a block's largest activation
+// sets the step of the other 31, and some models' outliers make that visible in the logits).
 void set_activations(const std::string& mode);
 std::string activations();
 
