@@ -13,6 +13,9 @@ from gmlx_server.launch.clients import CLIENTS, Invocation
 from gmlx_server.launch.server import LaunchError, ServerClient
 from gmlx_top.client import DEFAULT_URL  # the one default address of the client commands
 
+# Agent prompts with their tools measured 6.2K (Codex) to 7.6K (opencode) tokens on SmolLM2's 8K window.
+SMALL_WINDOW = 16_384
+
 
 def add_launch_parser(subparsers: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = subparsers.add_parser(
@@ -59,7 +62,12 @@ def prepare(args: argparse.Namespace, environ: dict[str, str]) -> Invocation:
     server = ServerClient(url, key)
     server.check_up()
     target = server.target(args.model, args.max_output)
-    return client.configure(url, key, target, list(args.passthrough_args), environ)
+    inv = client.configure(url, key, target, list(args.passthrough_args), environ)
+    if target.context_window <= SMALL_WINDOW:
+        inv.notes.append(f"a {target.context_window}-token window leaves an agent little room: its system prompt "
+                         "and tools take 3K to 8K tokens, so the prompt may leave less than the max output; serve "
+                         "with --clamp-max-tokens to lower the cap to what is left instead of the 400")
+    return inv
 
 
 def run_launch(args: argparse.Namespace) -> int:

@@ -79,6 +79,7 @@ def test_pi_gets_a_provider_that_fits_the_window_and_its_arguments(tmp_path: Pat
     assert m1["contextWindow"] == 4096 and m1["maxTokens"] == 1024  # the fake engines' window, a quarter
     assert "m1" in s.factory.engines and "m2" not in s.factory.engines  # /v1/keep loaded it
     assert "compaction.reserveTokens (16384)" in proc.stderr and "set it to 1024" in proc.stderr
+    assert "4096-token window leaves an agent little room" in proc.stderr and "--clamp-max-tokens" in proc.stderr
     (tmp_path / "pi" / "settings.json").write_text(json.dumps({"compaction": {"reserveTokens": 1024}}))
     proc, _ = launch(tmp_path, ["pi", "--model", "m1", "--url", url, "--api-key", "sekrit"])
     assert proc.returncode == 7 and "reserveTokens" not in proc.stderr  # a reserve that fits: no advice
