@@ -29,5 +29,6 @@ class Model:
         rows = await self.host.list_models() + self.services()
         row = next((r for r in rows if r["id"] == model_id), None)
         if row is None:
-            raise ModelNotFound(model_id, [r["id"] for r in rows])
+            services = [r["id"] for r in self.services() if "alias_of" not in r]
+            raise ModelNotFound(model_id, [*self.host.catalog.model_ids, *services])
         resp.media = row
