@@ -167,8 +167,8 @@ _SERVICE_COUNTERS = {"requests": "service requests admitted or refused", "errors
 def _services(server: Mapping[str, Any]) -> Iterator[Metric]:
     """Per service (embeddings, rerank, stt, tts): counters, in-flight, state and the latency histogram."""
     rows = server.get("services")
-    if not isinstance(rows, Mapping):
-        return
+    if not isinstance(rows, Mapping) or not rows:
+        return  # no service configured: no families
     labels = ["service", "model"]
     counters = {k: CounterMetricFamily(f"gmlx_service_{k}", doc, labels=labels) for k, doc in _SERVICE_COUNTERS.items()}
     in_flight = GaugeMetricFamily("gmlx_service_in_flight", "service requests in flight", labels=labels)
