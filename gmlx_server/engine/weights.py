@@ -130,25 +130,36 @@ class TransposedEmbedding(nn.Module):
 def transpose_dense_linears(model: nn.Module) -> int:
     """Swap dense Linear/Embedding modules for transposed ones (CPU dense layout only); returns how many.
 
-    A tied head and its embedding share one transposed array (keyed by the source array's identity).
+    Tensor by tensor, each original released as its module is replaced: the load peaks at one extra matrix,
+    not a second copy of the model. A tied head and its embedding share one transposed array.
     """
-    shared: dict[int, mx.array] = {}
-
-    def t(w: mx.array) -> mx.array:
-        if id(w) not in shared:
-            shared[id(w)] = mx.contiguous(w.T)
-        return shared[id(w)]
-
-    swaps = [(path, m) for path, m in model.named_modules() if type(m) in (nn.Linear, nn.Embedding)]
-    for path, m in swaps:
-        new = (TransposedEmbedding(t(m.weight)) if isinstance(m, nn.Embedding)
-               else TransposedLinear(t(m.weight), m.get("bias")))
+    paths = [path for path, m in model.named_modules() if type(m) in (nn.Linear, nn.Embedding)]
+    uses: dict[int, int] = {}
+    for path in paths:
+        w = _get_module(model, path).weight
+        uses[id(w)] = uses.get(id(w), 0) + 1
+    del w
+    shared: dict[int, tuple[mx.array, mx.array]] = {}  # a tied original (kept alive, so its id stays its) -> T
+    for path in paths:
+        m = _get_module(model, path)
+        w = m.weight
+        if uses[id(w)] > 1 and id(w) not in shared:
+            shared[id(w)] = (w, mx.contiguous(w.T))
+        wt = shared[id(w)][1] if id(w) in shared else mx.contiguous(w.T)
+        new = TransposedEmbedding(wt) if isinstance(m, nn.Embedding) else TransposedLinear(wt, m.get("bias"))
+        mx.eval(new.parameters())
         _set_module(model, path, new)
-    mx.eval(model.parameters())
-    return len(swaps)
+        del m, w, wt, new
+    return len(paths)
+
+
+def _get_module(root: nn.Module, path: str) -> Any:
+    node: Any = root
+    for p in path.split("."):
+        node = node[int(p)] if p.isdigit() else getattr(node, p)
+    return node
+
+
 def _set_module(root: nn.Module, path: str, new: nn.Module) -> None:
-    parent: Any = root
-    parts = path.split(".")
-    for p in parts[:-1]:
-        parent = parent[int(p)] if p.isdigit() else getattr(parent, p)
-    setattr(parent, parts[-1], new)
+    parent, _, name = path.rpartition(".")
+    setattr(_get_module(root, parent) if parent else root, name, new)
