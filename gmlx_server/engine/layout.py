@@ -5,15 +5,20 @@ from __future__ import annotations
 import platform
 from typing import Literal
 
+from gmlx_plan.budget import available_memory
+from gmlx_plan.gguf_header import GGUFHeader
+from gmlx_plan.memory import kv_bytes, model_from_header
 from gmlx_server.engine import kernels
 from gmlx_server.engine.blas import current_blas
 
 LayoutChoice = Literal["auto", "packed", "dense", "native"]
 
 
-def choose_layout(requested: str, on_gpu: bool | None = None, native: bool = True) -> tuple[str, str]:
+def choose_layout(requested: str, on_gpu: bool | None = None, native: bool = True,
+                  header: GGUFHeader | None = None) -> tuple[str, str]:
     """Packed affine weights on Metal; on the CPU GGUF blocks read by our kernels when they are built
-    (and `native`), else dense fp32 when an optimized BLAS runs the matmuls."""
+    (and `native`), else dense fp32 when an optimized BLAS runs the matmuls and the model (its `header`)
+    fits dense beside a full window's KV in the memory available now."""
     if requested != "auto":
         return requested, "configured"
     # mlx[cpu] on Linux has no GPU; on macOS MLX runs on Metal.
@@ -24,5 +29,20 @@ def choose_layout(requested: str, on_gpu: bool | None = None, native: bool = Tru
         return "native", "CPU: GGUF blocks as stored, read by gmlx's quantized kernels"
     blas = current_blas()
     if blas.name == "openblas":
+        too_big = _dense_too_big(header)
+        if too_big:
+            return "packed", f"CPU with OpenBLAS, but {too_big}: packed weights use a quarter of that"
         return "dense", "CPU with OpenBLAS: dense fp32 sgemm beats MLX's CPU quantized matmul"
     return "packed", f"CPU without OpenBLAS ({blas.note}): packed weights use less memory"
+
+
+def _dense_too_big(header: GGUFHeader | None) -> str | None:
+    """Why dense fp32 cannot be the layout (a 1.5B model's is ~7 GB), or None when it fits or nothing says."""
+    room = available_memory() if header is not None else None
+    if header is None or room is None:
+        return None
+    m = model_from_header(header, "dense")
+    need = m.weights_bytes + kv_bytes(m, m.geometry.context_length)
+    if need <= room:
+        return None
+    return f"dense fp32 weights and a full window's KV need {need / 1e9:.1f} GB of the {room / 1e9:.1f} GB available"

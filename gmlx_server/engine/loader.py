@@ -51,7 +51,7 @@ def load_gguf_model(path: str | Path, model_id: str | None = None, layout: Layou
     params = spec.build_config(header, vocab_size(header))
     model = spec.model_class()(spec.make_config(params))
     on_gpu = mx.default_device() == mx.gpu
-    chosen, why = _layout(layout, on_gpu, native_kernels)
+    chosen, why = _layout(layout, on_gpu, native_kernels, header)
     # Metal keeps mx.fast's fused kernel; on the CPU ours is ~1.3-1.7x faster (bench/attention.py)
     install_attention(spec.module, cpu=not on_gpu)
     _fast_ops(not on_gpu and native_kernels)
@@ -79,8 +79,8 @@ def load_gguf_model(path: str | Path, model_id: str | None = None, layout: Layou
     return LoadedModel(model, header, spec, info, tokenizer, template, report, caches)
 
 
-def _layout(requested: LayoutChoice, on_gpu: bool, native_kernels: bool) -> tuple[str, str]:
-    chosen, why = choose_layout(requested, on_gpu=on_gpu, native=native_kernels)
+def _layout(requested: LayoutChoice, on_gpu: bool, native_kernels: bool, header: GGUFHeader) -> tuple[str, str]:
+    chosen, why = choose_layout(requested, on_gpu=on_gpu, native=native_kernels, header=header)
     if chosen != "native":
         if requested == "auto" and not on_gpu and native_kernels:  # e.g. installed without a compiler
             log.warning("gmlx CPU kernels unavailable, falling back: %s", probe().reason)
@@ -91,7 +91,7 @@ def _layout(requested: LayoutChoice, on_gpu: bool, native_kernels: bool) -> tupl
     if requested == "native":
         raise RuntimeError(f"weights: native needs gmlx's CPU kernels: {status.reason}")
     log.warning("gmlx CPU kernels unavailable, falling back: %s", status.reason)
-    return choose_layout(requested, on_gpu=on_gpu, native=False)
+    return choose_layout(requested, on_gpu=on_gpu, native=False, header=header)
 
 
 def _fast_ops(wanted: bool) -> None:

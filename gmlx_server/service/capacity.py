@@ -49,14 +49,15 @@ def _kv_quant(entry: ModelEntry) -> KVQuant | None:
 def memory_model(entry: ModelEntry) -> MemoryModel:
     """The planner's model of one GGUF entry, from its header; the layout the engine will choose. A speculative
     model's drafter (its weights, its unquantized KV) is part of it."""
-    layout, _ = choose_layout(entry.weights)
-    m = model_from_header(read_header(entry.path, strings=False), layout, _kv_quant(entry))  # type: ignore[arg-type]
+    header = read_header(entry.path, strings=False)
+    layout, _ = choose_layout(entry.weights, header=header)
+    m = model_from_header(header, layout, _kv_quant(entry))  # type: ignore[arg-type]
     d = entry.draft
     if d is None:
         return m
-    draft_layout, _ = choose_layout(d.weights)
-    return model_with_draft(m, read_header(d.path, strings=False), draft_layout, d.model_id,  # type: ignore[arg-type]
-                            d.tokens)
+    draft_header = read_header(d.path, strings=False)
+    draft_layout, _ = choose_layout(d.weights, header=draft_header)
+    return model_with_draft(m, draft_header, draft_layout, d.model_id, d.tokens)  # type: ignore[arg-type]
 
 
 class CapacityService:
