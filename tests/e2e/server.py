@@ -45,14 +45,15 @@ class LiveServer:
 
 @contextmanager
 def gmlx_serve(args: Sequence[str], log_dir: Path, env: dict[str, str] | None = None,
-               timeout_s: float = 180.0) -> Iterator[LiveServer]:
-    """Start `gmlx serve ARGS --port P`, wait for /health, yield, then stop it (SIGINT, then kill)."""
+               timeout_s: float = 180.0, cwd: Path = ROOT) -> Iterator[LiveServer]:
+    """Start `gmlx serve ARGS --port P` (the gmlx_server found from `cwd`), wait for /health, yield, then stop
+    it (SIGINT, then kill)."""
     port = free_port()
     log_path = log_dir / f"gmlx-serve-{port}.log"
     full_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "gmlx_server.cli", "serve", *args, "--host", "127.0.0.1", "--port", str(port)]
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=log, stderr=subprocess.STDOUT)
     server = LiveServer(f"http://127.0.0.1:{port}", proc, log_path)
     try:
         _wait_healthy(server, timeout_s)
