@@ -145,6 +145,7 @@ def create_app(
     (default: gmlx_server.engine.factory.create_engine). Pass `host` (or `services`) to share or inspect it."""
     host = host if host is not None else ModelHost(config, engine_factory)
     services = services if services is not None else ServiceHost(config, host)
+    host.services_weights = services.weights  # the chat load gate counts the service models as held
     body = JsonBodyMiddleware(config.env.max_body_bytes, config.env.body_timeout_s)
     middleware: list[Any] = [Lifespan(host, services), body]
     if config.server.api_key:

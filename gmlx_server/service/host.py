@@ -68,6 +68,8 @@ class ModelHost:
         self.residency = Residency(clock)
         self.supervisor = Supervisor(clock)
         self.gate = LoadGate(self)  # real time: its 3 s wait is wall-clock
+        # the service models' weights by name, which the load gate counts as held (create_app sets it)
+        self.services_weights: Callable[[], Mapping[str, int]] = dict
         self.listing = ModelList(self)
         # Header checks need real files: an injected factory's entries name none.
         self.files = ModelFiles(check_headers=self._factory is default_engine_factory)
@@ -202,6 +204,9 @@ class ModelHost:
 
     def weights_of(self, model_id: str) -> int:
         return self._engines[model_id].info.weights_bytes
+
+    def held_elsewhere(self) -> Mapping[str, int]:
+        return self.services_weights()
 
     def drain_eta_s(self, model_ids: Iterable[str]) -> float | None:
         etas = [self.admission.eta_s(m, self._engines[m].stats()) for m in model_ids if m in self._engines]

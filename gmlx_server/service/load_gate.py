@@ -76,6 +76,10 @@ class GateHost(Protocol):
 
     def weights_of(self, model_id: str) -> int: ...
 
+    def held_elsewhere(self) -> Mapping[str, int]:
+        """Weights loaded beside the chat engines (the services' models), which no eviction frees."""
+        ...
+
     async def evict(self, model_id: str) -> None: ...
 
     def drain_eta_s(self, model_ids: Iterable[str]) -> float | None: ...
@@ -106,11 +110,12 @@ class LoadGate:
             return None  # nothing to judge against
         c = h.residency.classify(h.resident, h.is_pinned)
         weights = {m: h.weights_of(m) for m in h.resident}
-        held = sum(weights[m] for m in c.held)
-        figures = GateFigures(model_id, need, budget, int(budget * FLOOR_FRACTION), held, tuple(c.held))
+        others = h.held_elsewhere()
+        held = sum(weights[m] for m in c.held) + sum(others.values())
+        figures = GateFigures(model_id, need, budget, int(budget * FLOOR_FRACTION), held, (*c.held, *others))
         if budget - held - figures.floor < need:
             raise figures.refuse(figures.beside_held(), self._retry_s(c.held))
-        spare = budget - figures.floor - need - sum(weights.values())
+        spare = budget - figures.floor - need - sum(weights.values()) - sum(others.values())
         for victim in c.evictable:  # least recently used first, only as many as the room needs
             if spare >= 0:
                 break

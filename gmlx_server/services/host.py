@@ -92,6 +92,10 @@ class ServiceHost:
 
     # --- /v1/models and /v1/metrics -----------------------------------------------------------------
 
+    def weights(self) -> dict[str, int]:
+        """The loaded service models' weights, by a name the load gate's refusals show."""
+        return {f"service {k}": s.weights_bytes for k, s in self.services.items() if s.weights_bytes}
+
     def rows(self) -> list[dict[str, Any]]:
         rows = []
         for svc in self.services.values():

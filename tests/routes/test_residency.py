@@ -367,3 +367,16 @@ def test_mlx_memory_is_counted_once_however_many_engines_are_resident() -> None:
         s.engine(model).memory = SimpleNamespace(active_bytes=active, cache_bytes=0)
     assert host.governor.read().available_bytes == 600
     s.client.close()
+
+
+def test_service_models_count_as_held_by_the_load_gate(three: Sized) -> None:
+    three.host.services_weights = lambda: {"service embeddings": 30}
+    assert three.chat("a").status_code == 200  # 100 - 30 - 5 = 65 leaves room for 40
+    three.clock.advance(1)
+    assert three.chat("b").status_code == 200  # 30 + 40 + 40 + 5 > 100: idle a goes, not the service
+    assert set(three.resident()) == {"b"} and three.engine("a").closed
+    r = three.chat("p")  # 100 - 30 (the service) - 5 (floor) = 65: 60 fits only once b is evicted
+    assert r.status_code == 200 and set(three.resident()) == {"p"}
+    r = three.chat("a")  # 100 - 60 (pinned) - 30 (the service) - 5 = 5 < 40
+    assert r.status_code == 503
+    assert "service embeddings" in r.json()["error"]["message"]
