@@ -19,6 +19,7 @@ from gmlx_server.engine.blas import current_blas
 from gmlx_server.engine.chat_template import JinjaChatTemplate
 from gmlx_server.engine.gguf_tensors import LoadReport, load_gguf_tensors
 from gmlx_server.engine.kernels import fast_ops, probe
+from gmlx_server.engine.kernels.modules import fuse_projections
 from gmlx_server.engine.kv_quant import CacheFactory
 from gmlx_server.engine.layout import LayoutChoice, choose_layout
 from gmlx_server.engine.tokenizer import GGUFTokenizer
@@ -60,6 +61,8 @@ def load_gguf_model(path: str | Path, model_id: str | None = None, layout: Layou
     del tensors  # the model holds the arrays now; dropping the dict lets transposed copies replace them
     if chosen == "dense":
         transpose_dense_linears(model)
+    elif chosen == "native":
+        fuse_projections(model)  # q/k/v and gate/up as one matmul each
     tokenizer = GGUFTokenizer.from_metadata(header.metadata)
     template = JinjaChatTemplate.from_metadata(header.metadata, spec.family, chat_template)
     trained = int(header.arch_value("context_length", DEFAULT_CONTEXT))

@@ -36,3 +36,87 @@ class GGUFEmbedding(nn.Module):
 
     def as_linear(self, x: mx.array) -> mx.array:
         return self._ext.matmul(x, self.weight, self.qtype, self.dims)
+
+
+class _Memo:
+    """Untracked state of a fused projection (an nn.Module would take lists and tuples for parameters)."""
+
+    def __init__(self, bounds: list[tuple[int, int]]) -> None:
+        self.bounds = bounds
+        self.x: mx.array | None = None
+        self.y: mx.array | None = None
+
+
+class FusedGGUFLinear(nn.Module):
+    """Several projections of one input (q/k/v, gate/up) as one matmul over their row-concatenated blocks.
+
+    The model calls each projection with the same input array in turn; the first call computes all outputs
+    and the others take their columns, so a layer dispatches one matmul where it dispatched three."""
+
+    def __init__(self, parts: list[GGUFLinear]) -> None:
+        super().__init__()
+        first = parts[0]
+        self._ext, self.qtype, self.in_dims = first._ext, first.qtype, first.in_dims
+        self.weight = mx.concatenate([p.weight for p in parts], axis=0)
+        if all("bias" in p for p in parts):
+            self.bias = mx.concatenate([p.bias for p in parts], axis=0)
+        ends = [int(p.weight.shape[0]) for p in parts]
+        self._memo = _Memo([(sum(ends[:i]), sum(ends[: i + 1])) for i in range(len(parts))])
+
+    def bounds(self, index: int) -> tuple[int, int]:
+        return self._memo.bounds[index]
+
+    @property
+    def parts(self) -> int:
+        return len(self._memo.bounds)
+
+    def output(self, x: mx.array) -> mx.array:
+        memo = self._memo
+        if memo.x is not x or memo.y is None:
+            y = self._ext.matmul(x, self.weight, self.qtype, self.in_dims)
+            memo.x, memo.y = x, y + self.bias if "bias" in self else y
+        return memo.y
+
+    def forget(self) -> None:
+        self._memo.x = self._memo.y = None
+
+
+class FusedPart(nn.Module):
+    """Projection `index` of a FusedGGUFLinear; the first part owns it (so its weights are counted once)."""
+
+    def __init__(self, fused: FusedGGUFLinear, index: int) -> None:
+        super().__init__()
+        if index == 0:
+            self.fused = fused
+        self._fused = lambda: fused  # not a child module: the others only refer to it
+        self._start, self._end = fused.bounds(index)
+        self._last = index == fused.parts - 1
+
+    def __call__(self, x: mx.array) -> mx.array:
+        fused = self._fused()
+        y = fused.output(x)[..., self._start: self._end]
+        if self._last:
+            fused.forget()  # the layer has taken every part: do not hold its activations
+        return y
+
+
+GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def fuse_projections(model: nn.Module) -> int:
+    """Fuse each layer's q/k/v and gate/up GGUFLinears that share a block type, input width and bias; returns
+    how many groups were fused (mixed types, e.g. Q4_K q/k beside a Q6_K v, fuse the matching ones)."""
+    fused = 0
+    for m in [m for _, m in model.named_modules()]:
+        for names in GROUPS:
+            mods = [(n, p) for n in names if isinstance(p := getattr(m, n, None), GGUFLinear)]
+            for key in {(p.qtype, p.in_dims, "bias" in p) for _, p in mods}:
+                same = [(n, p) for n, p in mods if (p.qtype, p.in_dims, "bias" in p) == key]
+                if len(same) < 2:
+                    continue
+                group = FusedGGUFLinear([p for _, p in same])
+                for i, (n, _) in enumerate(same):
+                    setattr(m, n, FusedPart(group, i))
+                fused += 1
+    mx.eval(model.parameters())
+    return fused
