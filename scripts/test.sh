@@ -14,6 +14,13 @@ export PYTHONDONTWRITEBYTECODE=1
 set +e
 .venv/bin/python -m pytest "$@"
 rc=$?
+# With the slow tests: the engine and reference tests again with gmlx's CPU kernels off (MLX's own ops,
+# what an install without a compiler runs), so both paths stay tested.
+if [ $rc = 0 ] && ! printf '%s ' "$@" | grep -q "not slow"; then
+  GMLX_NATIVE_KERNELS=0 .venv/bin/python -m pytest -q -p no:cacheprovider tests/e2e/test_engine.py \
+    tests/e2e/test_reference.py
+  rc=$?
+fi
 set -e
 # pytest exits 5 when a marker selection collects nothing: that is not a failure of the code.
 [ $rc = 5 ] && { echo "pytest: no tests collected"; rc=0; }

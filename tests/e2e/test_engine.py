@@ -17,7 +17,7 @@ from gmlx_server.engine.arch import UnsupportedArchitecture
 from gmlx_server.engine.loader import LoadedModel, load_gguf_model
 from gmlx_server.engine.mlx_engine import MLXEngine
 from gmlx_server.engine.types import GenerationRequest, SamplingParams, TokenEvent
-from tests.conftest import gemma_path, smollm2_path
+from tests.conftest import gemma_path, native_kernels, smollm2_path
 from tests.gguf_factory import FakeTensor, write_gguf
 
 pytestmark = pytest.mark.slow
@@ -26,7 +26,7 @@ GREEDY = SamplingParams(temperature=0.0)
 
 @pytest.fixture(scope="module")
 def smol() -> Iterator[MLXEngine]:
-    engine = MLXEngine(lambda: load_gguf_model(smollm2_path(), "smollm2"))
+    engine = MLXEngine(lambda: load_gguf_model(smollm2_path(), "smollm2", native_kernels=native_kernels()))
     yield engine
     engine.close()
 
@@ -56,7 +56,7 @@ def test_smollm2_answers_paris_through_the_engine_thread(smol: MLXEngine) -> Non
 
 
 def test_gemma_base_continues_eiffel_tower_with_paris() -> None:
-    engine = MLXEngine(lambda: load_gguf_model(gemma_path(), "gemma"))
+    engine = MLXEngine(lambda: load_gguf_model(gemma_path(), "gemma", native_kernels=native_kernels()))
     try:
         assert engine.template.source.startswith("family:")  # the base model ships no template
         ids = engine.tokenizer.encode("The Eiffel Tower is in the city of")
@@ -131,7 +131,7 @@ def test_logprobs_sum_to_the_sequence_logprob_and_tops_are_sorted(smol: MLXEngin
 
 def _sequence_logprob(prompt: list[int], gen: list[int]) -> float:
     """Teacher-forced reference on a separate load of the same weights, in one forward pass."""
-    loaded = load_gguf_model(smollm2_path())
+    loaded = load_gguf_model(smollm2_path(), native_kernels=native_kernels())
     logits = loaded.model(mx.array([prompt + gen])).logits[0].astype(mx.float32)
     lsm = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     rows = mx.arange(len(prompt) - 1, len(prompt) + len(gen) - 1)
