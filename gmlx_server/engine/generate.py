@@ -31,6 +31,7 @@ from gmlx_server.engine.types import (
     Timings,
     TokenEvent,
 )
+from gmlx_server.engine.vision.prefill import bind_images
 
 log = logging.getLogger("gmlx.engine")
 GrammarTokenizer = Callable[[], Any]  # the model's llguidance tokenizer, built on first use
@@ -61,7 +62,9 @@ class RequestRun:
                  cancelled: Callable[[], bool], progress: Progress, chunk: int = PREFILL_CHUNK,
                  grammar_tokenizer: GrammarTokenizer | None = None, prompt_cache: PromptCache | None = None,
                  caches: Callable[[], list[Any]] | None = None) -> None:
-        self.model, self.req, self.emit, self.cancelled, self.progress = model, req, emit, cancelled, progress
+        self.req, self.emit, self.cancelled, self.progress = req, emit, cancelled, progress
+        self.images = bind_images(model, req)  # a prompt with images prefills through the model's vision tower
+        self.model = self.images.model
         self._caches = caches or (lambda: make_cache(model))  # the loader's: quantized layers where configured
         self._grammar_tokenizer = grammar_tokenizer
         self.constraint: GrammarConstraint | None = None
@@ -70,7 +73,7 @@ class RequestRun:
         self.stream = TextStream(detok.add, detok.flush, req.stop, tokenizer.eos_ids, req.max_tokens)
         self.budget = (ThinkingBudget(req.thinking, lambda s: tokenizer.encode(s, add_special_tokens=False),
                                       req.starts_in_thinking) if req.thinking else None)
-        self.history: list[int] | None = list(req.prompt_tokens) if self.sampler.needs_history else None
+        self.history: list[int] | None = list(self.images.token_ids) if self.sampler.needs_history else None
         self.cache: list[Any] | None = None
         self._tokens = list(req.prompt_tokens)  # what prefill feeds: the prompt, or prompt + output on a rewind
         self._prompt = mx.array(self._tokens, dtype=mx.int32)
@@ -96,6 +99,7 @@ class RequestRun:
             return self.finish("cancelled")
         n = len(self._tokens)
         end = min(self._pos + self._chunk, next(s for s in self._stops if s > self._pos))
+        end = self.images.chunk_end(self._pos, end)  # an image that prefills whole is never cut
         self.last_chunk = end - self._pos  # the engine's prefill rate is measured per chunk
         if end < n:
             self.model(self._prompt[self._pos: end][None], cache=self.cache)

@@ -14,6 +14,8 @@ from gmlx_plan.capacity import KVQuantReport
 
 if TYPE_CHECKING:  # structured.py imports MLX; these types stay pure
     from gmlx_server.engine.structured import CompiledGrammar
+    from gmlx_server.engine.vision.processor import ImageProcessor
+    from gmlx_server.engine.vision.prompt import VisionPrompt
 
 FinishReason = Literal["stop", "length", "cancelled", "shed", "error"]
 RequestState = Literal["queued", "prefill", "decode", "done"]
@@ -74,6 +76,7 @@ class GenerationRequest:
     # and the length of a shared prefix (system + tools) to pin as an anchor.
     cache_boundaries: Sequence[int] = ()
     cache_anchor: int | None = None
+    vision: VisionPrompt | None = None  # the prompt's images: tower inputs and their soft-token slots
 
 
 @dataclass(frozen=True)
@@ -297,3 +300,4 @@ class ModelInfo:
     tensor_types: Mapping[str, str] = field(default_factory=dict)  # GGUF type -> what it became
     drafts: bool = False  # a speculative drafter verifies tokens in bulk: no per-request logits processors
     kv_quant: KVQuantReport | None = None  # the quantized KV caches really built, per layer (None: not configured)
+    vision: ImageProcessor | None = None  # a vision model's image preprocessing (None: text only)
