@@ -160,6 +160,10 @@ def overview_rows() -> list[Row]:
                Target(rate("gmlx_requests_finished_total", "finish_reason", model=True), "{{finish_reason}}"),
                unit="reqps", width=12),
         series("Decode streams", Target(m("gmlx_rates_decode_streams"), "{{instance}}"), width=12),
+        series("Tool calls/s by outcome",
+               Target(rate("gmlx_tool_calls_total", "outcome", model=True), "{{outcome}}"), width=24,
+               description="Calls parsed from replies; constrained: of those, decoded under a call grammar; "
+                           "failed: calls opened that did not parse (returned as text)."),
     ])
     latency = Row("Latency", [
         series("Time to first token", *[Target(quantile(q, "gmlx_time_to_first_token_seconds"), f"p{int(q * 100)}")
