@@ -121,8 +121,8 @@ def _telemetry(t: Telemetry) -> Iterator[Metric]:
                                 "grammar-constrained output), failed (opened but did not parse)",
                                 labels=["model", "outcome"])
     for m, r in t.models.items():
-        for outcome, n in r.tool_calls.items():
-            tools.add_metric([m, outcome], float(n))
+        for outcome in ("parsed", "constrained", "failed"):  # zeros too: a series exists from the first request
+            tools.add_metric([m, outcome], float(r.tool_calls.get(outcome, 0)))
     yield tools
     rej = CounterMetricFamily("gmlx_admission_rejections", "requests refused by admission", labels=["reason"])
     for reason, n in t.rejections.items():
