@@ -20,19 +20,12 @@ from gmlx_plan.gguf_header import GGUFFormatError, GGUFHeader, read_header, toke
 from gmlx_server.config.checker import Checker
 from gmlx_server.config.settings import DEFAULT_DRAFT_TOKENS, MAX_DRAFT_TOKENS, Draft, ModelEntry
 
-# LIFT: True once the engine runs speculative rounds. Until then `draft:` and `draft_tokens:` are refused by
-# name, as any key for a feature not built (tests set it to check everything else).
-SPECULATIVE_DECODING = False
 DRAFT_KEYS = frozenset({"draft", "draft_tokens"})
 RawDrafts = dict[str, tuple[str, int]]  # model id -> (the draft: string, draft_tokens)
 
 
 def raw_draft(c: Checker, data: Mapping[str, Any], key: str) -> tuple[str, int] | None:
     """A model section's draft keys, checked for type and range; None without `draft:`."""
-    present = [k for k in sorted(DRAFT_KEYS) if data.get(k) is not None]
-    if present and not SPECULATIVE_DECODING:
-        raise c.fail(f"{key}.{present[0]}", "not implemented yet (speculative decoding with a draft model); "
-                                            "remove this key")
     draft, k = c.value(data, key, "draft", "str"), c.value(data, key, "draft_tokens", "int")
     if k is not None and not 1 <= k <= MAX_DRAFT_TOKENS:
         raise c.fail(f"{key}.draft_tokens", f"must be 1 to {MAX_DRAFT_TOKENS}, got {k}")

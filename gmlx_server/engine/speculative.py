@@ -9,7 +9,7 @@ is then distributed exactly as the target's own sampling would draw it, whatever
 they equal the target's argmax and then takes the argmax: the text is the target's own.
 
 p and q are the final sampling distributions (after penalties, filters and temperature), so filters the
-drafter and target share keep their meaning. Not wired into the engine yet: the config still refuses `draft:`.
+drafter and target share keep their meaning. spec_round.py runs the rounds in the engine.
 """
 
 from __future__ import annotations

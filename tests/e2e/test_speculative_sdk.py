@@ -1,8 +1,6 @@
 """A real `gmlx serve` whose SmolLM2 drafts for itself (the packed layout for the dense one), through the
 official SDKs: the /v1/models marker, the structured-request and logits-processor refusals on all three
 protocols, and the drafter's counts in /v1/metrics and Prometheus after a plain request.
-
-Runs once the engine speculates (config/draft.py's SPECULATIVE_DECODING); skipped, and saying so, until then.
 """
 
 from __future__ import annotations
@@ -15,12 +13,10 @@ import httpx
 import openai
 import pytest
 
-from gmlx_server.config.draft import SPECULATIVE_DECODING
 from tests.conftest import smollm2_path
 from tests.e2e.server import LiveServer, gmlx_serve
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not SPECULATIVE_DECODING, reason="the engine does not run "
-                                                   "speculative rounds yet: config/draft.py refuses draft:")]
+pytestmark = pytest.mark.slow
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 HI: Any = [{"role": "user", "content": "Name a city."}]
 
@@ -31,7 +27,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     config = tmp / "gmlx.yaml"
     config.write_text(f"server:\n  decode_batch: 1\nmodels:\n  smol:\n    path: {smollm2_path()}\n    weights: dense\n"
                       f"    draft: smol-packed\n    draft_tokens: 3\n"
-                      f"  smol-packed:\n    path: {smollm2_path()}\n    weights: packed\n")
+                      f"  smol-packed:\n    path: {smollm2_path()}\n    weights: packed\n"
+                      f"  smol-dense:\n    path: {smollm2_path()}\n    weights: dense\n"
+                      f"  smol-self:\n    path: {smollm2_path()}\n    draft: {smollm2_path()}\n")
     with gmlx_serve(["--config", str(config)], tmp) as s:
         yield s
 
@@ -81,3 +79,19 @@ def test_a_plain_request_counts_its_rounds(server: LiveServer) -> None:
     assert spec["rounds"] > 0 and spec["drafted"] >= spec["accepted"] >= 0
     text = httpx.get(server.v1 + "/metrics", params={"format": "prometheus"}, timeout=30).text
     assert f'gmlx_speculative_rounds_total{{model="smol"}} {float(spec["rounds"])}' in text
+
+
+PROMPTS = ["Write a haiku about rain.", "What is 12 times 7? Explain."]
+
+
+@pytest.mark.parametrize(("target", "plain"), [("smol", "smol-dense"), ("smol-self", "smol-packed")],
+                         ids=["packed-drafts-for-dense", "drafts-for-itself"])
+def test_greedy_text_equals_decoding_without_a_drafter(server: LiveServer, target: str, plain: str) -> None:
+    oai, _ = _clients(server)
+    for prompt in PROMPTS:
+        msgs: Any = [{"role": "user", "content": prompt}]
+        with_draft = oai.chat.completions.create(model=target, messages=msgs, max_tokens=24, temperature=0)
+        without = oai.chat.completions.create(model=plain, messages=msgs, max_tokens=24, temperature=0)
+        assert with_draft.choices[0].message.content == without.choices[0].message.content
+        assert with_draft.usage is not None and without.usage is not None
+        assert with_draft.usage.completion_tokens == without.usage.completion_tokens

@@ -21,7 +21,6 @@ from gmlx_plan.memory import (
     need_bytes,
     transient_bytes,
 )
-from gmlx_server.config import draft as draft_config
 from gmlx_server.config import load_config
 from gmlx_server.service.capacity import CapacityService
 from tests.conftest import smollm2_path
@@ -86,7 +85,6 @@ def test_the_config_draft_plans_as_the_server_budgets(tmp_path: Path, capsys: py
     packed = model_from_header(read_header(smollm2_path(), strings=False), "packed")
     assert planned["draft"] == {"model": "smol", "draft_tokens": 3, "weights_bytes": packed.weights_bytes,
                                 "kv_bytes_per_token": 30 * 3 * (64 + 64) * 4}  # unquantized fp32, 30 layers
-    monkeypatch.setattr(draft_config, "SPECULATIVE_DECODING", True)
     served = CapacityService(load_config(str(cfg))).section()
     assert served == planned  # field for field, the drafter included
     assert _plan(capsys, "--config", str(cfg), "--model", "coder", "--draft", "none")["draft"] is None

@@ -132,8 +132,6 @@ def test_prompt_cache_bound_defaults_parses_and_reaches_engines(tree: Path) -> N
     (("    pinned: true", "    pinned: true\n    kv_quant: {{scheme: kvarn, bits: four}}"),
      "models.smollm2.kv_quant.bits", "expected int"),
     (("    pinned: true", "    pinned: true\n    kv_quant: 8"), "models.smollm2.kv_quant", "expected a mapping"),
-    (("    pinned: true", "    pinned: true\n    draft: with@at"), "models.smollm2.draft",
-     "not implemented yet (speculative decoding"),
     (("    pinned: true", "    pinned: true\n    mmproj: model.gguf"), "models.smollm2.mmproj",
      "not implemented yet (vision"),
     (("aliases:", "services:\n  embeddings: {{}}\naliases:"), "services.embeddings.model", "missing"),

@@ -4,7 +4,6 @@ Tiny GGUF headers stand in for models: only their token lists and geometry are r
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +11,6 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 
 from gmlx_server.config import ConfigError, Draft, RuntimeEnv, load_config, reload_config
-from gmlx_server.config import draft as draft_config
 from tests.gguf_factory import FakeTensor, write_gguf
 
 TOKENS = [f"t{i}" for i in range(10)]
@@ -37,12 +35,6 @@ def tree(tmp_path: Path) -> Path:
     snap.mkdir(parents=True)
     (snap / "small.gguf").symlink_to(tmp_path / "small.gguf")
     return tmp_path
-
-
-@pytest.fixture(autouse=True)
-def speculative_built(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(draft_config, "SPECULATIVE_DECODING", True)
-    yield
 
 
 def _config(tree: Path, model_keys: str, extra: str = "") -> str:
@@ -129,10 +121,3 @@ def test_reload_refuses_a_broken_draft(tree: Path) -> None:
     assert reload_config(running).models["coder"].draft == Draft(str(tree / "small.gguf"), "small", 6)
 
 
-def test_refused_by_name_until_the_engine_speculates(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(draft_config, "SPECULATIVE_DECODING", False)
-    for keys, key in (("    draft: small\n", "models.coder.draft"),
-                      ("    draft_tokens: 4\n", "models.coder.draft_tokens")):
-        with pytest.raises(ConfigError) as e:
-            _load(tree, keys)
-        assert e.value.key == key and "not implemented yet (speculative decoding" in e.value.what
