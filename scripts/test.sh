@@ -6,6 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --test
 bash scripts/install_prometheus.sh
+bash scripts/install_haproxy.sh
 bash scripts/install_agents.sh
 export PYTHONDONTWRITEBYTECODE=1
 .venv/bin/ruff check gmlx_server gmlx_plan gmlx_top tests bench grafana
