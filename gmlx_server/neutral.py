@@ -16,6 +16,18 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class ImageRef:
+    """An image part as the client sent it, before anything is fetched or decoded: a message's content then
+    holds {"type": "image", "image": ImageRef} among its {"type": "text"} parts."""
+
+    param: str  # where it sat in the body (messages[0].content[1]), for the 400 that names it
+    url: str | None = None  # an http(s) URL to fetch
+    data: bytes | None = None  # the bytes of a base64 data URI or source
+    media_type: str | None = None  # as declared (data URI, Anthropic media_type); None for a URL
+    detail: str | None = None  # OpenAI's low/high/auto: accepted; the model family's processor sets the size
+
+
+@dataclass(frozen=True)
 class GenerationParams:
     """One generation request in neutral form; `prompt` set means raw text, no chat template."""
 

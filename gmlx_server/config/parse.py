@@ -30,13 +30,14 @@ _SERVER_KINDS = {
     "host": "str", "port": "int", "api_key": "str", "default_model": "str", "models_dir": "str",
     "hf_cache": "bool", "idle_timeout_s": "number", "decode_batch": "int", "memory_budget": "any",
     "prompt_cache_bytes": "any", "clamp_max_tokens": "bool", "allowed_origins": "any", "allowed_hosts": "any",
+    "image_fetch": "bool", "image_fetch_timeout_s": "number", "image_max_bytes": "any",
 }
 _MODEL_KINDS = {
     "path": "str", "profile": "str", "max_kv_size": "int", "pinned": "bool", "chat_template": "str",
-    "weights": "str", "clamp_max_tokens": "bool", "backend": "str", "tool_format": "str",
+    "weights": "str", "clamp_max_tokens": "bool", "backend": "str", "tool_format": "str", "mmproj": "str",
 }
 # Keys the file format reserves for features not built yet: refused by name rather than accepted and ignored.
-_UNBUILT_MODEL_KEYS = {"mmproj": "vision (image input through a projector)"}
+_UNBUILT_MODEL_KEYS: dict[str, str] = {}
 _KV_QUANT_KINDS = {"scheme": "str", "bits": "int", "group_size": "int", "value_bits": "int", "tail_tokens": "int"}
 # The engine's SamplingParams fields a profile may set (logit_bias is per request); a test keeps them equal.
 SAMPLING_KINDS = {
@@ -69,6 +70,10 @@ def _server(c: Checker, raw: Any) -> ServerSettings:
     if kw["models_dir"] is not None:
         kw["models_dir"] = c.path(kw["models_dir"], "server.models_dir", Path(c.source).parent)
     kw["idle_timeout_s"] = float(kw["idle_timeout_s"])
+    kw["image_fetch_timeout_s"] = float(kw["image_fetch_timeout_s"])
+    if kw["image_fetch_timeout_s"] <= 0:
+        raise c.fail("server.image_fetch_timeout_s", "must be more than 0")
+    kw["image_max_bytes"] = c.size(data.get("image_max_bytes"), "server.image_max_bytes") or d.image_max_bytes
     kw["allowed_origins"] = c.name_list(data, "server.allowed_origins", origin_list)
     kw["allowed_hosts"] = c.name_list(data, "server.allowed_hosts", host_list)
     return ServerSettings(**kw)
@@ -96,6 +101,10 @@ def _model(c: Checker, mid: str, raw: Any, base: Path, drafts: RawDrafts) -> Mod
     if kw["path"] is None:
         raise c.fail(f"{key}.path", "missing (a GGUF file, hf:org/repo/file.gguf or a local MLX dir)")
     kw["path"] = c.path(kw["path"], f"{key}.path", base, repo_ok=True)
+    if kw["mmproj"] is not None:
+        kw["mmproj"] = c.path(kw["mmproj"], f"{key}.mmproj", base)
+        if draft is not None:
+            raise c.fail(f"{key}.draft", "a vision model (mmproj) cannot speculate: the drafter never sees images")
     tpl = kw["chat_template"]
     if tpl is not None and "{{" not in tpl and "{%" not in tpl:
         kw["chat_template"] = c.path(tpl, f"{key}.chat_template", base)  # a file, not inline jinja

@@ -88,7 +88,7 @@ class ModelEntry:
     profile: str | None = None
     max_kv_size: int | None = None
     pinned: bool = False
-    mmproj: str | None = None  # the config refuses mmproj until it is implemented
+    mmproj: str | None = None  # a vision projector GGUF (llama.cpp's mmproj format): image input
     kv_quant: KVQuant | None = None
     draft: Draft | None = None
     chat_template: str | None = None
@@ -131,6 +131,9 @@ class ServerSettings:
     clamp_max_tokens: bool = False  # lower an oversized max_tokens to what the window leaves (opt-in)
     allowed_origins: tuple[str, ...] = ()  # browser origins beside the loopback ones ("*": any)
     allowed_hosts: tuple[str, ...] = ()  # Host names beside localhost and IP literals ("*": no check)
+    image_fetch: bool = True  # fetch http(s) image URLs in vision messages (false: data: URIs only)
+    image_fetch_timeout_s: float = 10.0  # one image URL's whole fetch, redirects and body included
+    image_max_bytes: int = 20 * 1024 * 1024  # one image's encoded size, fetched or sent inline
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -10,6 +11,7 @@ from gmlx_server.engine.drafter import Drafter, load_drafter
 from gmlx_server.engine.loader import LoadedModel, load_gguf_model
 from gmlx_server.engine.mlx_engine import MLXEngine
 from gmlx_server.engine.types import Engine
+from gmlx_server.engine.vision.load import load_vision_model
 
 if TYPE_CHECKING:  # only the types: the factory never reads configuration itself
     from gmlx_server.config import ModelEntry, RuntimeEnv
@@ -25,9 +27,12 @@ def create_engine(entry: ModelEntry, env: RuntimeEnv) -> Engine:
 
 def create_mlx_engine(entry: ModelEntry, env: RuntimeEnv) -> MLXEngine:
     def load() -> LoadedModel:
-        return load_gguf_model(entry.path, model_id=entry.id, layout=entry.weights,
-                               max_kv_size=entry.max_kv_size, chat_template=entry.chat_template,
-                               kv_quant=entry.kv_quant, native_kernels=env.native_kernels)
+        text = functools.partial(load_gguf_model, model_id=entry.id, layout=entry.weights,
+                                 max_kv_size=entry.max_kv_size, chat_template=entry.chat_template,
+                                 kv_quant=entry.kv_quant, native_kernels=env.native_kernels)
+        if entry.mmproj is not None:  # the projector's tower beside the text model
+            return load_vision_model(entry.path, entry.mmproj, text)
+        return text(entry.path)
 
     draft = entry.draft
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from gmlx_server.errors import UnsupportedFeature
 from gmlx_server.neutral import GenerationParams
 from gmlx_server.protocol import params as p
+from gmlx_server.protocol.images import anthropic_image, parts_content
 from gmlx_server.protocol.neutral import merge_turns, name_tool_results, tool_call_entry, tool_function
 from gmlx_server.protocol.openai import body_object, response_format, text_content, thinking_controls
 
@@ -21,16 +22,14 @@ if TYPE_CHECKING:
 
 _EFFORTS = {"low": "low", "medium": "medium", "high": "high", "xhigh": "xhigh", "max": "xhigh"}
 STOP_SEQUENCES_LIMIT = 64  # Anthropic publishes no limit; this bounds the engine's per-token stop check
-_MEDIA = ("image", "document")
 
 
 def _block_type(block: Any, where: str) -> str:
     kind = block.get("type") if isinstance(block, dict) else None
     if not isinstance(kind, str):
         raise p.bad(where, 'expected a content block ({"type": ...})')
-    if kind in _MEDIA:
-        raise UnsupportedFeature(f"'{where}': {kind} blocks need a vision model (mmproj), which this server "
-                                 "does not support yet", param=where)
+    if kind == "document":
+        raise UnsupportedFeature(f"'{where}': document blocks are not supported", param=where)
     return kind
 
 
@@ -51,23 +50,25 @@ def _tool_result(block: Mapping[str, Any], where: str) -> dict[str, Any]:
 
 
 def _user_turn(content: Any, where: str) -> list[dict[str, Any]]:
-    """Text blocks form user messages; each tool_result becomes a `tool` message, order kept."""
+    """Text and image blocks form user messages; each tool_result becomes a `tool` message, order kept."""
     out: list[dict[str, Any]] = []
-    texts: list[str] = []
+    parts: list[dict[str, Any]] = []
     for j, block in enumerate(_blocks(content, where)):
         at = f"{where}[{j}]"
         kind = _block_type(block, at)
         if kind == "text":
-            texts.append(p.required_string(block, "text", at))
+            parts.append({"type": "text", "text": p.required_string(block, "text", at)})
+        elif kind == "image":
+            parts.append(anthropic_image(block, at))
         elif kind == "tool_result":
-            if texts:
-                out.append({"role": "user", "content": "\n".join(texts)})
-                texts = []
+            if parts:
+                out.append({"role": "user", "content": parts_content(parts)})
+                parts = []
             out.append(_tool_result(block, at))
         else:
             raise p.bad(at, f"a user message cannot hold a {kind!r} block (expected text, image or tool_result)")
-    if texts or not out:
-        out.append({"role": "user", "content": "\n".join(texts)})
+    if parts or not out:
+        out.append({"role": "user", "content": parts_content(parts)})
     return out
 
 

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from gmlx_server.engine.types import TokenEvent
 from gmlx_server.errors import GmlxError
+from gmlx_server.protocol.images import join_content
 from gmlx_server.protocol.openai import arguments_value
 
 # (SSE event name, JSON payload); OpenAI streams unnamed events ("") and ends with the raw text [DONE].
@@ -40,7 +41,7 @@ def tool_call_entry(call_id: str, name: str, arguments: Any, where: str) -> dict
 
 
 def _merge(prev: dict[str, Any], cur: Mapping[str, Any]) -> None:
-    prev["content"] = "\n".join(c for c in (prev.get("content"), cur.get("content")) if c)
+    prev["content"] = join_content(prev.get("content"), cur.get("content"))
     calls = [*prev.get("tool_calls", ()), *cur.get("tool_calls", ())]
     if calls:
         prev["tool_calls"] = calls

@@ -13,6 +13,7 @@ from gmlx_server.errors import InvalidRequest, UnsupportedFeature
 from gmlx_server.neutral import GenerationParams
 from gmlx_server.protocol import jsonsafe
 from gmlx_server.protocol import params as p
+from gmlx_server.protocol.images import openai_image, parts_content
 
 if TYPE_CHECKING:
     from gmlx_server.engine.structured import CompiledGrammar
@@ -21,24 +22,36 @@ _ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 _EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
 
-def text_content(msg: Mapping[str, Any], where: str) -> str | None:
-    """Text content: a string, or text parts joined; media parts need a vision model (not built yet)."""
+def content_parts(msg: Mapping[str, Any], where: str, images: bool = False) -> str | list[dict[str, Any]] | None:
+    """A message's content: a string, or text parts joined; with `images` (user messages), image_url parts
+    too, which make it an ordered list of text and image parts."""
     c = msg.get("content")
     if c is None or isinstance(c, str):
         return c
     if not isinstance(c, list):
         raise p.bad(f"{where}.content", f"expected a string or an array of parts, got {p.json_type(c)}")
-    texts = []
+    parts: list[dict[str, Any]] = []
     for j, part in enumerate(c):
+        at = f"{where}.content[{j}]"
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "text" and isinstance(part.get("text"), str):
-            texts.append(part["text"])
+            parts.append({"type": "text", "text": part["text"]})
+        elif kind == "image_url" and images:
+            parts.append(openai_image(part, at))
         elif kind in ("image_url", "input_image", "input_audio", "image"):
-            raise UnsupportedFeature(f"'{where}.content[{j}]': {kind} parts need a vision model (mmproj), "
-                                     "which this server does not support yet", param=f"{where}.content")
+            raise UnsupportedFeature(f"'{at}': {kind} parts are accepted in user messages only"
+                                     if kind == "image_url" else f"'{at}': {kind} parts are not supported here",
+                                     param=f"{where}.content")
         else:
-            raise p.bad(f"{where}.content[{j}]", "expected a {\"type\": \"text\", \"text\": ...} part")
-    return "\n".join(texts)
+            raise p.bad(at, "expected a {\"type\": \"text\", \"text\": ...} part")
+    return parts_content(parts)
+
+
+def text_content(msg: Mapping[str, Any], where: str) -> str | None:
+    """Text content: a string, or text parts joined (no images where this is read)."""
+    out = content_parts(msg, where)
+    assert out is None or isinstance(out, str)
+    return out
 
 
 def template_tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
@@ -84,7 +97,7 @@ def _message(i: int, msg: Any) -> dict[str, Any]:
         raise p.bad(f"{where}.role", f"expected one of {', '.join(_ROLES)}, got {role!r}")
     out = dict(msg)
     out["role"] = {"developer": "system", "function": "tool"}.get(role, role)  # templates know neither
-    out["content"] = text_content(msg, where)
+    out["content"] = content_parts(msg, where, images=role == "user")
     if out["content"] is None and role != "assistant":
         raise p.bad(f"{where}.content", f"a {role} message needs content")
     if msg.get("tool_calls") is not None:

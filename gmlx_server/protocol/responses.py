@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from gmlx_server.errors import UnsupportedFeature
 from gmlx_server.neutral import GenerationParams
 from gmlx_server.protocol import params as p
+from gmlx_server.protocol.images import parts_content, responses_image
 from gmlx_server.protocol.neutral import merge_turns, name_tool_results, tool_call_entry, tool_function
 from gmlx_server.protocol.openai import body_object, response_format, thinking_controls
 
@@ -44,21 +45,31 @@ class ResponsesRequest:
 
 def _text(content: Any, where: str) -> str:
     """A string, or text parts (input_text, output_text, refusal) joined."""
+    out = _content(content, where)
+    assert isinstance(out, str)
+    return out
+
+
+def _content(content: Any, where: str, images: bool = False) -> str | list[dict[str, Any]]:
+    """_text, and with `images` (user messages) input_image parts, which make it an ordered parts list."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise p.bad(where, f"expected a string or an array of content parts, got {p.json_type(content)}")
-    texts = []
+    parts: list[dict[str, Any]] = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "input_image" and images:
+            parts.append(responses_image(part, f"{where}[{j}]"))
+            continue
         if kind in _MEDIA_PARTS:
-            raise UnsupportedFeature(f"'{where}[{j}]': {kind} parts need a vision model (mmproj), which this "
-                                     "server does not support yet", param=where)
+            what = "accepted in user messages only" if kind == "input_image" else "not supported"
+            raise UnsupportedFeature(f"'{where}[{j}]': {kind} parts are {what}", param=where)
         key = _TEXT_PARTS.get(kind) if isinstance(kind, str) else None
         if key is None or not isinstance(part.get(key), str):
             raise p.bad(f"{where}[{j}]", "expected an input_text or output_text part with a string")
-        texts.append(part[key])
-    return "\n".join(texts)
+        parts.append({"type": "text", "text": part[key]})
+    return parts_content(parts)
 
 
 def _item(i: int, item: Any) -> dict[str, Any] | None:
@@ -70,7 +81,7 @@ def _item(i: int, item: Any) -> dict[str, Any] | None:
         role = item.get("role")
         if not isinstance(role, str) or role not in _ROLES:
             raise p.bad(f"{where}.role", f"expected user, assistant, system or developer, got {role!r}")
-        return {"role": _ROLES[role], "content": _text(item.get("content"), f"{where}.content")}
+        return {"role": _ROLES[role], "content": _content(item.get("content"), f"{where}.content", role == "user")}
     if kind == "function_call":
         call = tool_call_entry(p.required_string(item, "call_id", where), p.required_string(item, "name", where),
                                p.required_string(item, "arguments", where), where)

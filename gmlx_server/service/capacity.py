@@ -7,7 +7,7 @@ at boot, for the default model, so `gmlx plan` on the same file and budget print
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gmlx_plan.budget import default_budget
@@ -16,6 +16,7 @@ from gmlx_plan.gguf_header import GGUFFormatError, read_header
 from gmlx_plan.memory import KVQuant, MemoryModel, model_from_header, model_with_draft, need_bytes
 from gmlx_server.config import ModelEntry, ServerConfig
 from gmlx_server.engine.layout import choose_layout
+from gmlx_server.engine.vision.mmproj import tower_bytes
 from gmlx_server.errors import GmlxError
 
 log = logging.getLogger("gmlx.capacity")
@@ -52,6 +53,8 @@ def memory_model(entry: ModelEntry) -> MemoryModel:
     header = read_header(entry.path, strings=False)
     layout, _ = choose_layout(entry.weights, header=header)
     m = model_from_header(header, layout, _kv_quant(entry))  # type: ignore[arg-type]
+    if entry.mmproj is not None:  # a vision model's tower loads beside its text weights
+        m = replace(m, weights_bytes=m.weights_bytes + tower_bytes(entry.mmproj))
     d = entry.draft
     if d is None:
         return m

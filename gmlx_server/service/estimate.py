@@ -17,11 +17,15 @@ from gmlx_server.engine.arch import arch_spec
 from gmlx_server.engine.chat_template import JinjaChatTemplate
 from gmlx_server.engine.tokenizer import GGUFTokenizer
 from gmlx_server.engine.types import ChatTemplate, Engine, Tokenizer
+from gmlx_server.engine.vision.mmproj import read_projector
+from gmlx_server.engine.vision.processor import ImageProcessor
 from gmlx_server.neutral import GenerationParams
 from gmlx_server.service.addressing import resolve_address, resolve_settings
 from gmlx_server.service.generate import check_message_count, tokenize, tool_plan
 from gmlx_server.service.hf_policy import local_entry
 from gmlx_server.service.host import ModelHost
+from gmlx_server.service.images import ImagePolicy
+from gmlx_server.service.vision import prompt_images
 
 
 @dataclass(frozen=True)
@@ -30,15 +34,18 @@ class PromptTools:
     context_length: int
     tokenizer: Tokenizer
     template: ChatTemplate
+    vision: ImageProcessor | None = None  # a vision model's image preprocessing, built from its projector's header
 
 
-def _header_tools(path: str, chat_template: str | None, max_kv_size: int | None) -> PromptTools:
+def _header_tools(path: str, chat_template: str | None, max_kv_size: int | None,
+                  mmproj: str | None = None) -> PromptTools:
     header = read_header(path)
     family = arch_spec(header).family
     trained = int(header.arch_value("context_length", DEFAULT_CONTEXT))
-    return PromptTools(family, min(trained, max_kv_size) if max_kv_size else trained,
-                       GGUFTokenizer.from_metadata(header.metadata),
-                       JinjaChatTemplate.from_metadata(header.metadata, family, chat_template))
+    tokenizer = GGUFTokenizer.from_metadata(header.metadata)
+    vision = ImageProcessor(read_projector(mmproj), tokenizer.token_to_id) if mmproj else None
+    return PromptTools(family, min(trained, max_kv_size) if max_kv_size else trained, tokenizer,
+                       JinjaChatTemplate.from_metadata(header.metadata, family, chat_template), vision)
 
 
 def _warm(engine: Engine | None, ids: list[int]) -> tuple[str, int]:
@@ -55,14 +62,15 @@ class Estimator:
         engine = self.host.resident.get(model_id)
         if engine is not None:
             info = engine.info
-            return PromptTools(info.family, info.context_length, engine.tokenizer, engine.template), engine
+            return PromptTools(info.family, info.context_length, engine.tokenizer, engine.template, info.vision), engine
         e = self.host.entry(model_id)
         local = local_entry(e, self.host.config)
         await asyncio.to_thread(self.host.files.verify, local)
         key = e.load_key
         if key not in self._tools:
             try:
-                self._tools[key] = await asyncio.to_thread(_header_tools, local.path, e.chat_template, e.max_kv_size)
+                self._tools[key] = await asyncio.to_thread(_header_tools, local.path, e.chat_template, e.max_kv_size,
+                                                           e.mmproj)
             except (ValueError, KeyError, OSError) as exc:  # what the header check cannot see, or a fake's path
                 raise self.host.files.load_failed(local, exc) from exc
         return self._tools[key], None
@@ -75,8 +83,12 @@ class Estimator:
         settings = resolve_settings(addr, tools.family, host.catalog)
         # The same render, length guard and tokenization as a generation, off the loop.
         plan = tool_plan(host, addr.model_id, inp, tools.template)  # the tools' prompt, as a generation has it
+        inp, images = await prompt_images(inp, tools.vision, addr.model_id, ImagePolicy.of(host.config.server))
         _, ids = await asyncio.to_thread(tokenize, inp, settings, tools.template, tools.tokenizer, addr.model_id,
-                                         tools.context_length, plan)
+                                         tools.context_length, plan, images)
+        if images is not None:
+            images.bind(ids)  # the images' slots, as the prompt cache keys them
+
         prompt, cap = len(ids), inp.max_tokens
         tier, warm = _warm(engine, ids)
         need = host.capacity.need(addr.model_id, prompt, cap)

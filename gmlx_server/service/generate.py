@@ -29,13 +29,16 @@ from gmlx_server.neutral import GenerationParams
 from gmlx_server.service.addressing import Settings, merge_sampling, resolve_address, resolve_settings
 from gmlx_server.service.cache_points import request_hints
 from gmlx_server.service.host import ModelHost
+from gmlx_server.service.images import ImagePolicy
 from gmlx_server.service.roles import REPAIRS
 from gmlx_server.service.tool_choice import constrain_tools, tool_use
 from gmlx_server.service.tool_prompt import ToolPlan, plan_tools, prompted_messages
+from gmlx_server.service.vision import PromptImages, prompt_images
 
 if TYPE_CHECKING:
     from gmlx_server.engine.structured import CompiledGrammar
     from gmlx_server.engine.tool_syntax import ToolUse
+    from gmlx_server.engine.vision.prompt import VisionPrompt
     from gmlx_server.service.request_log import RequestRecord
 
 log = logging.getLogger("gmlx.generate")
@@ -172,11 +175,14 @@ def check_length(text: str, tokenizer: Tokenizer, model: str, budget: int, param
 
 
 def tokenize(inp: GenerationParams, settings: Settings, template: ChatTemplate, tokenizer: Tokenizer,
-             model: str, budget: int, tools: ToolPlan | None = None) -> tuple[str, list[int]]:
+             model: str, budget: int, tools: ToolPlan | None = None,
+             images: PromptImages | None = None) -> tuple[str, list[int]]:
     """Render (or take the raw prompt), refuse what cannot fit, tokenize. Blocking: run it in a thread."""
     raw = inp.prompt is not None
     text, repaired = (inp.prompt, None) if inp.prompt is not None else render_messages(inp, settings, template,
                                                                                        tools)
+    if images is not None:  # each image placeholder becomes its family's run of soft tokens
+        text = images.expand(text)
     if repaired:
         log.info("model %s: %s", model, repaired)
     check_length(text, tokenizer, model, budget, "prompt" if raw else inp.messages_param)
@@ -197,6 +203,7 @@ class Prompt:
     text: str
     ids: list[int]
     tools: ToolPlan | None = None  # the syntax the reply's tool calls are read in
+    vision: VisionPrompt | None = None  # its images, at their soft tokens in `ids`
 
 
 def tool_plan(host: ModelHost, model_id: str, inp: GenerationParams, template: ChatTemplate) -> ToolPlan | None:
@@ -211,9 +218,10 @@ async def prepare_prompt(host: ModelHost, inp: GenerationParams) -> Prompt:
     engine: Engine = await host.engine(addr.model_id)
     settings = resolve_settings(addr, engine.info.family, host.catalog)
     plan = tool_plan(host, addr.model_id, inp, engine.template)
+    inp, images = await prompt_images(inp, engine.info.vision, addr.model_id, ImagePolicy.of(host.config.server))
     text, ids = await asyncio.to_thread(tokenize, inp, settings, engine.template, engine.tokenizer, addr.model_id,
-                                        engine.info.context_length, plan)
-    return Prompt(engine, addr.model_id, settings, text, ids, plan)
+                                        engine.info.context_length, plan, images)
+    return Prompt(engine, addr.model_id, settings, text, ids, plan, images.bind(ids) if images is not None else None)
 
 
 async def count_prompt_tokens(host: ModelHost, inp: GenerationParams) -> tuple[str, int]:
@@ -248,7 +256,7 @@ def build_request(prompt: Prompt, inp: GenerationParams, request_id: str, cap: O
         sampling=sampling,
         stop=add_stops(add_stops(inp.stop, tool_stops), settings.stop),
         logprobs=inp.logprobs, top_logprobs=min(inp.top_logprobs, top_logprobs_k),
-        thinking=thinking, starts_in_thinking=opened, grammar=inp.grammar or tool_grammar,
+        thinking=thinking, starts_in_thinking=opened, grammar=inp.grammar or tool_grammar, vision=prompt.vision,
     )
 
 

@@ -68,7 +68,7 @@ class ModelList:
         return {
             "id": entry.id, "object": "model", "created": 0, "owned_by": "gmlx", "kind": "chat",
             "resident": entry.id in host.resident, "pinned": entry.pinned,
-            "speculative": _speculative(entry, engine), "vlm": False,  # vision is not built: false until it is
+            "speculative": _speculative(entry, engine), "vlm": entry.mmproj is not None,
             "profile": entry.profile, "default": entry.id == default or len(host.config.models) == 1,
             "discovered": entry.discovered,
             "context_length": self._context_length(entry),

@@ -126,8 +126,11 @@ def test_bad_input_is_a_typed_400(served: Served, raw: bytes, param: str | None)
 
 
 def test_unsupported_features_are_typed(served: Served) -> None:
-    msg = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}
-    _error(served.chat({"messages": [msg]}), 400, "unsupported_feature")
+    msg = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}
+    err = _error(served.chat({"messages": [msg]}), 400, "unsupported_feature")  # a text-only model
+    assert err["param"] == "messages[0].content[0]" and "not a vision model" in err["message"]
+    msg["content"][0]["image_url"]["url"] = "data:,"  # not base64: a bad part whatever the model
+    assert _error(served.chat({"messages": [msg]}), 400, "invalid_request_error")["code"] == "invalid_image_url"
     assert served.chat({"response_format": {"type": "text"}}).status_code == 200
     assert served.engine().submitted[-1].grammar is None
 

@@ -235,8 +235,10 @@ def test_each_app_has_its_own_store() -> None:
     ({"input": 5}, "input", "invalid_request_error"),
     ({"input": [{"role": "wizard", "content": "x"}]}, "input[0].role", "invalid_request_error"),
     ({"input": [{"type": "function_call", "name": "f"}]}, "input[0].call_id", "invalid_request_error"),
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content",
-     "unsupported_feature"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+     "input[0].content[0].image_url", "invalid_request_error"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://example.com/a.png"}]}]},
+     "input[0].content[0]", "unsupported_feature"),  # a text-only model takes no image
     ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0]", "unsupported_feature"),
     ({"text": {"format": {"type": "json_schema", "schema": {"type": "nope"}}}}, "text.format.schema",
      "invalid_request_error"),

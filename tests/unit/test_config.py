@@ -132,8 +132,8 @@ def test_prompt_cache_bound_defaults_parses_and_reaches_engines(tree: Path) -> N
     (("    pinned: true", "    pinned: true\n    kv_quant: {{scheme: kvarn, bits: four}}"),
      "models.smollm2.kv_quant.bits", "expected int"),
     (("    pinned: true", "    pinned: true\n    kv_quant: 8"), "models.smollm2.kv_quant", "expected a mapping"),
-    (("    pinned: true", "    pinned: true\n    mmproj: model.gguf"), "models.smollm2.mmproj",
-     "not implemented yet (vision"),
+    (("    pinned: true", "    pinned: true\n    mmproj: missing-mmproj.gguf"), "models.smollm2.mmproj",
+     "file not found"),
     (("aliases:", "services:\n  embeddings: {{}}\naliases:"), "services.embeddings.model", "missing"),
     (("aliases:", "services:\n  systemone: {{model: x}}\naliases:"), "services.systemone", "DiffusionGemma"),
     (("    pinned: true", "    pinned: true\n    services: {{}}"), "models.smollm2.services", "unknown key"),
@@ -338,7 +338,8 @@ def test_serve_passes_the_header_timeout_protocol_to_uvicorn(tree: Path, monkeyp
 def test_every_server_setting_survives_loading_merging_and_reload(tree: Path) -> None:
     every = FULL.replace("  hf_cache: false", "  hf_cache: true").replace(
         "  memory_budget: 24GiB", "  memory_budget: 24GiB\n  prompt_cache_bytes: 64MiB\n  clamp_max_tokens: true\n"
-        "  allowed_origins: ['https://a.example']\n  allowed_hosts: [gmlx.lan]")
+        "  allowed_origins: ['https://a.example']\n  allowed_hosts: [gmlx.lan]\n  image_fetch: false\n"
+        "  image_fetch_timeout_s: 2.5\n  image_max_bytes: 1MiB")
     cfg = load_config(write(tree, every))
     default = ServerSettings()
     unset = [f.name for f in fields(ServerSettings) if getattr(cfg.server, f.name) == getattr(default, f.name)]

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import logging
-import platform
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import mlx.core as mx
 
-from gmlx_plan.gguf_header import GGUFHeader, read_header
+from gmlx_plan.gguf_header import read_header
 from gmlx_server.engine.loader import LoadedModel, load_gguf_model
 from gmlx_server.engine.vision.mmproj import check_pair, read_projector
 from gmlx_server.engine.vision.prefill import VisionRuntime
@@ -21,19 +20,15 @@ from gmlx_server.engine.vision.tower import load_tower
 log = logging.getLogger("gmlx.engine")
 
 
-def tower_bytes(header: GGUFHeader, on_gpu: bool | None = None) -> int:
-    """What the tower holds once loaded: dense fp32 on the CPU, fp16 on Metal (the load gate's figure)."""
-    gpu = on_gpu if on_gpu is not None else platform.system() == "Darwin"
-    return sum(t.n_elements for t in header.tensors) * (2 if gpu else 4)
-
-
-def load_vision_model(path: str | Path, mmproj: str | Path, **kwargs: Any) -> LoadedModel:
-    """load_gguf_model's model with the projector's tower attached; refuses a projector it cannot run (or that
-    does not fit this text model) before the text weights load."""
+def load_vision_model(path: str | Path, mmproj: str | Path,
+                      load_text: Callable[[str | Path], LoadedModel] = load_gguf_model) -> LoadedModel:
+    """The text model (`load_text`, load_gguf_model with the entry's options) with the projector's tower
+    attached; a projector it cannot run, or that does not fit this text model, is refused before the text
+    weights load."""
     start = time.perf_counter()
     projector = read_projector(mmproj)
     check_pair(projector, read_header(path))
-    loaded = load_gguf_model(path, **kwargs)
+    loaded = load_text(path)
     processor = ImageProcessor(projector, loaded.tokenizer.token_to_id)
     dtype = mx.float16 if mx.default_device() == mx.gpu else mx.float32
     tower, report = load_tower(projector, dtype)

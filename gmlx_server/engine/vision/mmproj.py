@@ -7,6 +7,7 @@ connector). Any other projector type is refused at load with the reason.
 
 from __future__ import annotations
 
+import platform
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,12 @@ def _projector(h: GGUFHeader, kind: str) -> Projector:
         projection_dim=m.integer("projection_dim"), scale_factor=m.integer("projector.scale_factor", default_scale),
         preproc_size=m.integer("preproc_image_size", image_size), weights_bytes=sum(t.nbytes for t in h.tensors),
     )
+
+
+def tower_bytes(path: str | Path, on_gpu: bool | None = None) -> int:
+    """What the tower holds once loaded (the load gate's figure): dense fp32 on the CPU, fp16 on Metal."""
+    gpu = on_gpu if on_gpu is not None else platform.system() == "Darwin"
+    return sum(t.n_elements for t in read_header(path, strings=False).tensors) * (2 if gpu else 4)
 
 
 def check_pair(projector: Projector, text: GGUFHeader) -> None:

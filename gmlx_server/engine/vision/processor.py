@@ -81,7 +81,7 @@ class ImageProcessor:
             out += [img.text, rest]
         return "".join(out)
 
-    def bind(self, ids: list[int], images: Sequence[PreparedImage], bidirectional: bool) -> VisionPrompt:
+    def bind(self, ids: list[int], images: Sequence[PreparedImage]) -> VisionPrompt:
         """Locate each image's soft tokens in the tokenized prompt and give them the image's virtual ids."""
         where = [i for i, t in enumerate(ids) if t == self.image_token_id]
         need = sum(img.tokens for img in images)
@@ -95,7 +95,8 @@ class ImageProcessor:
             for pos, vid in zip(positions, virtual_ids(img.digest, img.tokens), strict=True):
                 ids[pos] = vid
             slots.append(ImageSlots(img.digest, img.pixels, img.pixel_mask, positions))
-        return VisionPrompt(tuple(slots), self.image_token_id, bidirectional)
+        # Gemma 3 attends both ways inside an image (transformers' token_type_ids mask, llama.cpp's non-causal batch)
+        return VisionPrompt(tuple(slots), self.image_token_id, bidirectional=self.projector.family == "gemma3")
 
 
 def _image_processor(p: Projector) -> Any:

@@ -1,0 +1,141 @@
+"""A request's image parts -> decoded images: data URIs taken as sent, http(s) URLs fetched under limits.
+
+Fetching is a server reaching out on a client's word, so it is bounded: http(s) only, redirects followed
+by hand (at most MAX_REDIRECTS, each again http(s)), one deadline for the whole fetch, a byte cap checked
+against Content-Length and while reading, an image content type, and `server.image_fetch: false` to turn
+it off (data URIs still work). Every fetch is logged with its size and time. Each failure is a 400 whose
+`param` names the part and whose message names the URL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urljoin
+
+import httpx
+
+from gmlx_server.errors import InvalidRequest
+from gmlx_server.neutral import ImageRef
+
+if TYPE_CHECKING:
+    from gmlx_server.config import ServerSettings
+
+log = logging.getLogger("gmlx.images")
+MEDIA_TYPES = {"image/png": "PNG", "image/jpeg": "JPEG", "image/gif": "GIF", "image/webp": "WEBP"}
+MAX_REDIRECTS = 3
+MAX_PIXELS = 64_000_000  # a decoded image's width x height: past this, a few KB of PNG could take gigabytes
+
+
+@dataclass(frozen=True)
+class ImagePolicy:
+    fetch: bool = True
+    timeout_s: float = 10.0
+    max_bytes: int = 20 * 1024 * 1024
+
+    @classmethod
+    def of(cls, s: ServerSettings) -> ImagePolicy:
+        return cls(s.image_fetch, s.image_fetch_timeout_s, s.image_max_bytes)
+
+
+def image_error(ref: ImageRef, what: str, code: str) -> InvalidRequest:
+    return InvalidRequest(f"'{ref.param}': {what}", param=ref.param, code=code)
+
+
+def _too_large(ref: ImageRef, size: str, policy: ImagePolicy) -> InvalidRequest:
+    return image_error(ref, f"the image is {size}, over the limit of {policy.max_bytes} bytes "
+                            "(server.image_max_bytes)", "image_too_large")
+
+
+async def image_bytes(ref: ImageRef, policy: ImagePolicy) -> tuple[bytes, str | None]:
+    """The image's bytes and declared media type: inline data, or a fetch."""
+    if ref.data is not None:
+        if len(ref.data) > policy.max_bytes:
+            raise _too_large(ref, f"{len(ref.data)} bytes", policy)
+        return ref.data, ref.media_type
+    assert ref.url is not None
+    if not policy.fetch:
+        raise image_error(ref, f"this server does not fetch image URLs (server.image_fetch: false): {ref.url}; "
+                               "send the image as a base64 data: URI", "image_fetch_disabled")
+    return await fetch(ref, ref.url, policy)
+
+
+async def fetch(ref: ImageRef, url: str, policy: ImagePolicy) -> tuple[bytes, str]:
+    start = time.perf_counter()
+    try:
+        async with asyncio.timeout(policy.timeout_s):
+            data, media, final = await _get(ref, url, policy)
+    except TimeoutError:
+        log.info("image fetch %s: timed out after %.3f s", url, time.perf_counter() - start)
+        raise image_error(ref, f"fetching {url} took longer than {policy.timeout_s:g} s "
+                               "(server.image_fetch_timeout_s)", "image_fetch_failed") from None
+    except httpx.HTTPError as e:
+        log.info("image fetch %s: failed after %.3f s: %s", url, time.perf_counter() - start, e)
+        raise image_error(ref, f"fetching {url} failed: {type(e).__name__}: {e}", "image_fetch_failed") from None
+    log.info("image fetch %s: %d bytes of %s in %.3f s%s", url, len(data), media, time.perf_counter() - start,
+             f" (from {final})" if final != url else "")
+    return data, media
+
+
+async def _get(ref: ImageRef, url: str, policy: ImagePolicy) -> tuple[bytes, str, str]:
+    at = url
+    async with httpx.AsyncClient(follow_redirects=False, timeout=policy.timeout_s, trust_env=False) as client:
+        for _ in range(MAX_REDIRECTS + 1):
+            async with client.stream("GET", at, headers={"Accept": ", ".join(MEDIA_TYPES)}) as r:
+                if r.is_redirect:
+                    at = _redirect(ref, url, at, r.headers.get("location", ""))
+                    continue
+                if r.status_code != 200:
+                    raise image_error(ref, f"fetching {url} answered HTTP {r.status_code}", "image_fetch_failed")
+                media = r.headers.get("content-type", "").split(";")[0].strip().lower()
+                if media not in MEDIA_TYPES:
+                    raise image_error(ref, f"{url} is {media or 'untyped'}, not an image gmlx reads "
+                                           f"({', '.join(MEDIA_TYPES)})", "unsupported_image_type")
+                return await _body(ref, r, policy), media, at
+    raise image_error(ref, f"fetching {url} redirected more than {MAX_REDIRECTS} times", "image_fetch_failed")
+
+
+def _redirect(ref: ImageRef, url: str, at: str, location: str) -> str:
+    nxt = urljoin(at, location)
+    if nxt.split(":", 1)[0].lower() not in ("http", "https"):
+        raise image_error(ref, f"fetching {url} redirected to {nxt}: only http(s) is fetched", "image_fetch_failed")
+    return nxt
+
+
+async def _body(ref: ImageRef, r: httpx.Response, policy: ImagePolicy) -> bytes:
+    length = r.headers.get("content-length", "")
+    if length.isdigit() and int(length) > policy.max_bytes:
+        raise _too_large(ref, f"{int(length)} bytes (Content-Length of {r.url})", policy)
+    buf = bytearray()
+    async for chunk in r.aiter_bytes():
+        buf += chunk
+        if len(buf) > policy.max_bytes:
+            raise _too_large(ref, f"more than {policy.max_bytes} bytes (read from {r.url})", policy)
+    return bytes(buf)
+
+
+def decode(ref: ImageRef, data: bytes, media_type: str | None) -> Any:
+    """The bytes as an RGB PIL image; a 400 naming the part for a type gmlx does not read or bytes that are
+    not an image."""
+    from PIL import Image, UnidentifiedImageError
+
+    if media_type and media_type not in MEDIA_TYPES:
+        raise image_error(ref, f"media type {media_type} is not an image gmlx reads ({', '.join(MEDIA_TYPES)})",
+                          "unsupported_image_type")
+    try:
+        img = Image.open(io.BytesIO(data))
+        if img.format not in MEDIA_TYPES.values():
+            raise image_error(ref, f"the data is a {img.format} image, which gmlx does not read "
+                                   f"({', '.join(MEDIA_TYPES)})", "unsupported_image_type")
+        if img.width * img.height > MAX_PIXELS:
+            raise image_error(ref, f"the image is {img.width}x{img.height} pixels, over the {MAX_PIXELS} a decoded "
+                                   "image may hold", "image_too_large")
+        img.load()
+        return img.convert("RGB")
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+        raise image_error(ref, f"the data is not a decodable image ({type(e).__name__}: {e})",
+                          "invalid_image_data") from None
