@@ -13,7 +13,7 @@ from gmlx_server.launch.clients import CLIENTS, Invocation
 from gmlx_server.launch.server import LaunchError, ServerClient
 from gmlx_top.client import DEFAULT_URL  # the one default address of the client commands
 
-# Agent prompts with their tools measured 6.2K (Codex) to 7.6K (opencode) tokens on SmolLM2's 8K window.
+# First requests with their tools measured on SmolLM2: pi 1.5K tokens, Codex 6.2K, opencode 7.6K, Claude Code 20K.
 SMALL_WINDOW = 16_384
 
 
@@ -65,8 +65,8 @@ def prepare(args: argparse.Namespace, environ: dict[str, str]) -> Invocation:
     inv = client.configure(url, key, target, list(args.passthrough_args), environ)
     if target.context_window <= SMALL_WINDOW:
         inv.notes.append(f"a {target.context_window}-token window leaves an agent little room: its system prompt "
-                         "and tools take 3K to 8K tokens, so the prompt may leave less than the max output; serve "
-                         "with --clamp-max-tokens to lower the cap to what is left instead of the 400")
+                         "and tools take 1.5K to 20K tokens, so the prompt may leave less than the max output; "
+                         "serve with --clamp-max-tokens to lower the cap to what is left instead of the 400")
     return inv
 
 

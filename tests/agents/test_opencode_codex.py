@@ -1,12 +1,16 @@
 """opencode and Codex CLI, each started through `gmlx launch` in its non-interactive mode (`opencode run`,
 `codex exec`), answer a one-line question against a real `gmlx serve` on SmolLM2 (8k window) and Gemma 3
-270M (32k), with the clamp off: launch's config is what makes them fit.
+270M (32k).
 
-Without it opencode asks max_tokens 32000 (over both windows). Codex speaks only the Responses API and
-opens with developer, developer, user, user, which Gemma's template refuses as sent; so does opencode's
-title request (system, user, user): the server's role repair answers both. Codex sends no output cap, so
-each model's profile bounds the answer; Gemma 3 270M is a base model that never ends a turn, so its
-profile also stops at a line break.
+Without launch's config opencode asks max_tokens 32000 (over both windows). On Gemma launch's output cap
+(a quarter of the window) fits beside opencode's prompt, clamp off. On SmolLM2 it cannot: opencode's
+system prompt and tools, written into the prompt by gmlx's tool convention, take 7.6K of the 8K tokens,
+and launch says so; `--max-output 256` fits (and bounds its title request, which SmolLM2 can ramble on).
+
+Codex speaks only the Responses API and opens with developer, developer, user, user, which Gemma's
+template refuses as sent; so does opencode's title request (system, user, user): the server's role repair
+answers both. Codex sends no output cap, so each model's profile bounds the answer; Gemma 3 270M is a base
+model that never ends a turn, so its profile also stops at a line break.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ pytestmark = pytest.mark.slow
 QUESTION = "Say hi in one short sentence."
 REPAIRED = "merged consecutive same-role messages"
 WINDOWS = {"smollm2": 8192, "gemma": 32768}
+OPENCODE_OUTPUT = {"smollm2": 256, "gemma": 32768 // 4}  # on SmolLM2 a quarter does not fit beside 7.6K
 
 
 @pytest.fixture(scope="module")
@@ -60,9 +65,10 @@ def launched(server: LiveServer, tmp_path: Path, client: str, model: str, *args:
 
 @pytest.mark.parametrize("model", ["smollm2", "gemma"])
 def test_opencode_run_answers_through_gmlx_launch(server: LiveServer, tmp_path: Path, model: str) -> None:
-    _, err, log = launched(server, tmp_path, "opencode", model, "run", QUESTION)
-    window = WINDOWS[model]
-    assert f"context {window}, output {window // 4} tokens" in err  # launch's limit, not opencode's 32000
+    output = OPENCODE_OUTPUT[model]
+    _, err, log = launched(server, tmp_path, "opencode", model, "--max-output", str(output), "run", QUESTION)
+    assert f"context {WINDOWS[model]}, output {output} tokens" in err  # launch's limit, not opencode's 32000
+    assert ("window leaves an agent little room" in err) == (model == "smollm2")  # and advises the clamp
     assert (tmp_path / "home" / ".config" / "opencode" / "opencode.json").is_file()
     assert '"POST /v1/chat/completions HTTP/1.1" 200' in log
     assert (REPAIRED in log) == (model == "gemma")  # the title request's order, repaired on Gemma only
