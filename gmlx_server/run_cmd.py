@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any, get_args
 
 from gmlx_server.config import ConfigError, ServerConfig, WeightsLayout, load_config, read_env
 from gmlx_server.errors import GmlxError, ModelNotFound
-from gmlx_server.neutral import GenerationParams
+from gmlx_server.neutral import GenerationParams, ImageRef
+from gmlx_server.protocol.images import from_url, image_part
 from gmlx_server.service.addressing import Address, Catalog, resolve_address
 
 if TYPE_CHECKING:  # the service and engine modules load once the process is prepared for MLX
@@ -44,6 +45,9 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int)
     p.add_argument("--system", help="a system message")
     p.add_argument("--raw", action="store_true", help="complete the text as is, without the chat template")
+    p.add_argument("--image", action="append", default=[], metavar="PATH_OR_URL",
+                   help="an image for a vision model: a file, an http(s) URL or a data: URI (repeatable)")
+    p.add_argument("--mmproj", help="the vision projector GGUF for a GGUF path (a configured id has its own)")
     p.add_argument("--weights", choices=get_args(WeightsLayout), help="override the weight layout")
     p.add_argument("-v", "--verbose", action="store_true", help="show the load log")
     p.set_defaults(func=run_run)
@@ -64,10 +68,21 @@ def _resolve(args: argparse.Namespace) -> tuple[ServerConfig, Address]:
     path, rest = _split_path(args.model) if args.model else (None, "")
     if args.config and path:
         raise ConfigError("command line", "", "give a GGUF path or --config, not both")
-    cfg = load_config(args.config, model=path, env=read_env())
+    cfg = _with_mmproj(load_config(args.config, model=path, env=read_env()), args.mmproj, path)
     cat = Catalog.from_config(cfg)
     model = next(iter(cfg.models)) + (f"@{rest}" if rest else "") if path else rest
     return cfg, resolve_address(model, args.profile, cat)
+
+
+def _with_mmproj(cfg: ServerConfig, mmproj: str | None, path: str | None) -> ServerConfig:
+    if mmproj is None:
+        return cfg
+    if path is None:
+        raise ConfigError("command line", "mmproj", "--mmproj goes with a GGUF path; a configured id has its own")
+    if not Path(mmproj).is_file():
+        raise ConfigError("command line", "mmproj", f"file not found: {mmproj}")
+    (mid, entry), = cfg.models.items()
+    return replace(cfg, models={mid: replace(entry, mmproj=str(Path(mmproj).resolve()))})
 
 
 def _resolve_or_shift(args: argparse.Namespace) -> tuple[ServerConfig, Address]:
@@ -123,7 +138,21 @@ def _params(args: argparse.Namespace, addr: Address, text: str) -> GenerationPar
     if args.raw:
         return GenerationParams(**common, prompt=text)
     system = [{"role": "system", "content": args.system}] if args.system else []
-    return GenerationParams(**common, messages=(*system, {"role": "user", "content": text}))
+    content: str | list[dict[str, Any]] = text
+    if args.image:  # the images first, then the question, as mlx-vlm and llama.cpp's CLIs place them
+        content = [*(image_part(_image_ref(x, f"--image[{i}]")) for i, x in enumerate(args.image)),
+                   {"type": "text", "text": text}]
+    return GenerationParams(**common, messages=(*system, {"role": "user", "content": content}))
+
+
+def _image_ref(arg: str, where: str) -> ImageRef:
+    """A file is read here; a URL or data: URI goes the way a request's image_url does."""
+    if arg.startswith(("http://", "https://", "data:")):
+        return from_url(arg, where, where)
+    try:
+        return ImageRef(where, data=Path(arg).expanduser().read_bytes())
+    except OSError as e:
+        raise ConfigError("command line", "image", f"cannot read {arg}: {e.strerror or e}") from None
 
 
 def _with_weights(cfg: ServerConfig, model_id: str, weights: WeightsLayout | None) -> ServerConfig:
