@@ -7,9 +7,13 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
+from tests.e2e.server import LiveServer, gmlx_serve
 
 CLIENTS = Path(__file__).parent / "node_modules" / ".bin"
 RUN_S = 420  # one client run, prefill of the client's prompt on 2 CPU cores included
@@ -46,3 +50,12 @@ def run(cmd: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedP
 def gmlx_launch(client: str, model: str, url: str, *args: str) -> list[str]:
     """`gmlx launch CLIENT --model MODEL --url URL ARGS...` as this interpreter runs it."""
     return [sys.executable, "-m", "gmlx_server.cli", "launch", client, "--model", model, "--url", url, *args]
+
+
+@contextmanager
+def config_server(d: Path, config: str) -> Iterator[LiveServer]:
+    """`gmlx serve --config` on this YAML text, written to d/gmlx.yaml."""
+    path = d / "gmlx.yaml"
+    path.write_text(config)
+    with gmlx_serve(["--config", str(path)], d) as server:
+        yield server

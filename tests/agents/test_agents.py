@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.agents.harness import CRASH, client_bin, client_env, gmlx_launch, run
+from tests.agents.harness import CRASH, client_bin, client_env, config_server, gmlx_launch, run
 from tests.conftest import gemma_path
 from tests.e2e.server import ROOT, LiveServer, gmlx_serve
 
@@ -43,16 +43,14 @@ def test_pi_through_gmlx_launch_answers_on_smollm2_with_the_clamp_off(tmp_path: 
 @pytest.fixture(scope="module")
 def gemma_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     """One Gemma GGUF under two ids: `gemma` with the clamp on, `gemma-strict` with the oversized-max_tokens 400."""
-    d = tmp_path_factory.mktemp("gemma")
-    config = d / "gmlx.yaml"
-    config.write_text(
+    with config_server(
+        tmp_path_factory.mktemp("gemma"),
         "server: {decode_batch: 1}\n"
         "models:\n"
         f"  gemma: {{path: {gemma_path()}, profile: oneline, clamp_max_tokens: true}}\n"
         f"  gemma-strict: {{path: {gemma_path()}, profile: oneline}}\n"
         "profiles:\n"
-        '  oneline: {stop: ["\\n"], seed: 1}\n')
-    with gmlx_serve(["--config", str(config)], d) as server:
+        '  oneline: {stop: ["\\n"], seed: 1}\n') as server:
         yield server
 
 

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.agents.harness import CRASH, client_bin, client_env, gmlx_launch, run
+from tests.agents.harness import CRASH, client_bin, client_env, config_server, gmlx_launch, run
 from tests.conftest import gemma_path, smollm2_path
-from tests.e2e.server import LiveServer, gmlx_serve
+from tests.e2e.server import LiveServer
 
 pytestmark = pytest.mark.slow
 QUESTION = "Say hi in one short sentence."
@@ -34,17 +34,15 @@ OPENCODE_OUTPUT = {"smollm2": 256, "gemma": 32768 // 4}  # on SmolLM2 a quarter 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    d = tmp_path_factory.mktemp("harnesses")
-    config = d / "gmlx.yaml"
-    config.write_text(
+    with config_server(
+        tmp_path_factory.mktemp("harnesses"),
         "server: {decode_batch: 1}\n"
         "models:\n"
         f"  smollm2: {{path: {smollm2_path()}, profile: short}}\n"
         f"  gemma: {{path: {gemma_path()}, profile: oneline}}\n"
         "profiles:\n"
         "  short: {max_tokens: 48, seed: 1}\n"
-        '  oneline: {stop: ["\\n"], max_tokens: 48, seed: 1}\n')
-    with gmlx_serve(["--config", str(config)], d) as s:
+        '  oneline: {stop: ["\\n"], max_tokens: 48, seed: 1}\n') as s:
         yield s
 
 
