@@ -15,6 +15,7 @@ from gmlx_server.errors import GmlxError
 from gmlx_server.routes.cache import CacheReset, CacheStats
 from gmlx_server.routes.capacity import CapacityPlan, Estimate
 from gmlx_server.routes.common import ApiKeyMiddleware, GmlxRequest, JsonBodyMiddleware
+from gmlx_server.routes.drain import DrainGate
 from gmlx_server.routes.errors import handle_error
 from gmlx_server.routes.generation import ChatCompletions, Completions
 from gmlx_server.routes.guard import RequestGuard
@@ -147,7 +148,7 @@ def create_app(
     services = services if services is not None else ServiceHost(config, host)
     host.services_weights = services.weights  # the chat load gate counts the service models as held
     body = JsonBodyMiddleware(config.env.max_body_bytes, config.env.body_timeout_s)
-    middleware: list[Any] = [Lifespan(host, services), body]
+    middleware: list[Any] = [Lifespan(host, services), DrainGate(host.drain), body]  # a draining host reads no body
     if config.server.api_key:
         middleware.insert(0, ApiKeyMiddleware(config.server.api_key))
     guard = RequestGuard(OriginPolicy(config.server.allowed_origins), HostPolicy(config.server.allowed_hosts))

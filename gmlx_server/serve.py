@@ -13,6 +13,7 @@ from typing import Any
 
 from gmlx_server.config import ConfigError, ServerConfig, load_config, read_env
 from gmlx_server.log_format import LOG_FORMATS, configure_logging
+from gmlx_server.service.drain import DEFAULT_DRAIN_S
 from gmlx_server.startup import prepare_process
 
 log = logging.getLogger("gmlx.serve")
@@ -34,8 +35,18 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="debug adds each request's prompt text to its request line")
     p.add_argument("--log-format", choices=LOG_FORMATS,
                    help="text (default) or json: one JSON object per line (or GMLX_LOG_FORMAT)")
+    p.add_argument("--drain-timeout", type=_seconds, default=DEFAULT_DRAIN_S, metavar="S",
+                   help="on SIGTERM, stop admitting, report not ready and let running requests finish for at most "
+                        f"S seconds, then shed the rest and exit (default {DEFAULT_DRAIN_S:g}; 0: shed at once)")
     p.set_defaults(func=run_serve)
     return p
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 86400:
+        raise argparse.ArgumentTypeError("expected seconds between 0 and 86400")
+    return value
 
 
 def _config(args: argparse.Namespace) -> ServerConfig:
@@ -77,13 +88,18 @@ def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gmlx_server.app import create_app
+    from gmlx_server.graceful import serve_draining
     from gmlx_server.header_timeout import uvicorn_limits
+    from gmlx_server.service.host import ModelHost
 
-    app = create_app(config)  # with the default factory, which also checks each model's GGUF header
+    host = ModelHost(config)  # the default factory, which also checks each model's GGUF header
+    host.drain.deadline_s = args.drain_timeout
+    app = create_app(config, host=host)
     s = config.server
     log.info("listening on http://%s:%d%s", s.host, s.port, " (API key required)" if s.api_key else "")
     # JSON: uvicorn's own lines go through the root handler too, as JSON (its default config would add text handlers).
     logs: dict[str, Any] = {"log_config": None} if log_format == "json" else {}
-    uvicorn.run(app, host=s.host, port=s.port, workers=1, lifespan="on", log_level=args.log_level,
-                timeout_graceful_shutdown=5, **logs, **uvicorn_limits(config.env.header_timeout_s))
+    serve_draining(uvicorn.Config(app, host=s.host, port=s.port, workers=1, lifespan="on", log_level=args.log_level,
+                                  timeout_graceful_shutdown=5, **logs, **uvicorn_limits(config.env.header_timeout_s)),
+                   host)
     return 0

@@ -21,6 +21,7 @@ from gmlx_server.service.addressing import Catalog, resolve_address
 from gmlx_server.service.admission import Admission
 from gmlx_server.service.cache_points import TokenMemo
 from gmlx_server.service.capacity import CapacityService
+from gmlx_server.service.drain import Drain
 from gmlx_server.service.governor import Governor
 from gmlx_server.service.hf_policy import local_entry
 from gmlx_server.service.load_gate import LoadGate
@@ -67,6 +68,7 @@ class ModelHost:
         self.capacity = CapacityService(config)
         self.residency = Residency(clock)
         self.supervisor = Supervisor(clock)
+        self.drain = Drain(clock)  # SIGTERM's graceful stop (gmlx serve begins it; readiness reads it)
         self.gate = LoadGate(self)  # real time: its 3 s wait is wall-clock
         # the service models' weights by name, which the load gate counts as held (create_app sets it)
         self.services_weights: Callable[[], Mapping[str, int]] = dict

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gmlx_server.service.drain import RETRY_AFTER_S
+
 if TYPE_CHECKING:
     from gmlx_server.service.host import ModelHost
 
@@ -12,19 +14,22 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Readiness:
     ready: bool
-    reason: str | None  # one word: model | restarting | pressure | queue | busy
+    reason: str | None  # one word: draining | model | restarting | pressure | queue | busy
     retry_after_s: int | None
     in_flight: int
     waiting: int
 
 
 def readiness_of(host: ModelHost) -> Readiness:
-    """model (the default model's file cannot load), restarting (an engine died and waits out its backoff),
-    pressure (orange/red band), then queue (someone waits), then busy (no free slot)."""
+    """draining (SIGTERM: the host is stopping), model (the default model's file cannot load), restarting
+    (an engine died and waits out its backoff), pressure (orange/red band), then queue (someone waits), then
+    busy (no free slot)."""
     engines = host.resident
     stats = [e.stats() for e in engines.values()]
     waiting = sum(s.waiting for s in stats)
     in_flight = sum(s.in_flight for s in stats)
+    if host.drain.active:
+        return Readiness(False, "draining", RETRY_AFTER_S, in_flight, waiting)
     default = host.default_id()
     if default is not None and host.files.problem(default) is not None:
         return Readiness(False, "model", 30, in_flight, waiting)
