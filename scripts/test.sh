@@ -9,7 +9,7 @@ bash scripts/install_prometheus.sh
 bash scripts/install_haproxy.sh
 bash scripts/install_agents.sh
 export PYTHONDONTWRITEBYTECODE=1
-.venv/bin/ruff check gmlx_server gmlx_plan gmlx_top tests bench grafana
+.venv/bin/ruff check gmlx_server gmlx_plan gmlx_top tests bench grafana deploy
 .venv/bin/mypy
 .venv/bin/lint-imports
 set +e
