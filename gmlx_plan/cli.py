@@ -8,6 +8,8 @@ gmlx_server/cli.py calls add_plan_parser(sub); args.func is run_plan.
             [--device auto|metal|cpu] [--kv-dtype auto|f16|f32] [--max-kv-size N] [--json]
   gmlx plan simulate --model ... --width W --depth D --waves K --output-tokens N --think-s T --spread-s S
             [--decode-tok-s R --prefill-tok-s P | --server URL [--api-key KEY]] [--queue-cap C] [--png FILE]
+  Either with --hosts H: W spread over H identical hosts behind a least-connections balancer (gmlx_plan/fleet.py):
+  each host's share is checked and simulated, and a "fleet" line (JSON: object) says what the fleet admits at once.
 
 Exit status: 0 the plan fits, 1 it does not (the reason is printed), 2 an input error.
 --json prints {"plan": {...}, "capacity": <the /v1/metrics capacity section>, "weights_by_type": {...}}
@@ -35,6 +37,7 @@ from typing import Any
 
 from gmlx_plan.budget import default_budget, parse_memory
 from gmlx_plan.capacity import CapacityTable, build_table, largest_width_at, max_width_at, plan, table_to_json
+from gmlx_plan.fleet import FleetAdmission, shares, simulate_fleet
 from gmlx_plan.geometry import GeometryError
 from gmlx_plan.gguf_header import GGUFFormatError, read_header
 from gmlx_plan.memory import (
@@ -49,7 +52,7 @@ from gmlx_plan.memory import (
 )
 from gmlx_plan.queueing import Rates, default_queue_cap
 from gmlx_plan.report import sim_ascii, sim_png, sim_summary, sim_text, table_text
-from gmlx_plan.simulate import ServerSide, Workload, simulate
+from gmlx_plan.simulate import ServerSide, Workload
 from gmlx_plan.source import (
     DraftSource,
     ModelSource,
@@ -85,6 +88,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-tokens", type=int, help=f"tokens drafted per round (default {DEFAULT_DRAFT_TOKENS})")
     p.add_argument("--max-kv-size", type=int, help="lower the context window")
     p.add_argument("--prefill-chunk", type=int, default=PREFILL_CHUNK, help="prefill chunk tokens")
+    p.add_argument("--hosts", type=int, default=1,
+                   help="identical hosts behind a least-connections balancer (deploy/haproxy): the width is split "
+                        "over them, and the answer says what the fleet admits at once")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
 
 
@@ -165,17 +171,32 @@ def _draft(args: argparse.Namespace, src: ModelSource) -> DraftSource | None:
     return resolve_draft(args.draft, tokens, args.config, load_yaml(args.config) if args.config else None)
 
 
+def _fleet(args: argparse.Namespace, table: CapacityTable, need: int, decode_batch: int, queue_cap: int | None
+           ) -> FleetAdmission:
+    """What the fleet admits: per host, decode slots (fewer when memory holds fewer streams of `need` tokens)
+    and the queue cap (--queue-cap, the server's, or the default for the decode width)."""
+    slots = max(0, min(decode_batch, largest_width_at(table, need)))
+    cap = args.queue_cap if args.queue_cap is not None else queue_cap or default_queue_cap(decode_batch)
+    return FleetAdmission(args.hosts, args.width, slots, cap)
+
+
 def _check(args: argparse.Namespace, m: MemoryModel, table: CapacityTable, by_type: dict[str, int]) -> int:
-    verdict = plan(table, args.width, args.depth)
+    per_host = shares(args.width, args.hosts)[0]  # each host holds its share of the streams
+    verdict = plan(table, per_host, args.depth)
+    fleet = _fleet(args, table, args.depth, table.decode_batch, None) if args.hosts > 1 else None
     exact = max_width_at(m, table.budget_bytes, args.depth) if args.depth <= table.context_length else 0
     if args.json:
         out = {"plan": {"width": args.width, "depth": args.depth, "ok": verdict.ok, "reason": verdict.reason,
                         "width_read": verdict.width_read, "largest_width": exact,
                         "largest_tabulated_width": largest_width_at(table, args.depth)},
                "capacity": table_to_json(table), "weights_by_type": by_type}
+        if fleet is not None:
+            out["fleet"] = fleet.as_json()
         print(json.dumps(out, indent=2))
     else:
-        print(table_text(table, verdict, args.width, args.depth, exact))
+        print(table_text(table, verdict, per_host, args.depth, exact))
+        if fleet is not None:
+            print(fleet.text())
     return 0 if verdict.ok else 1
 
 
@@ -195,12 +216,17 @@ def _simulate(args: argparse.Namespace, table: CapacityTable) -> int:
                         slots=largest_width_at(table, need), geometry_ok=plan(table, 1, need).ok)
     work = Workload(args.waves, args.width, args.depth, args.output_tokens, args.think_s, args.spread_s,
                     args.seed, args.max_retries)
-    result = simulate(work, server, Rates(decode, prefill, args.batch_scaling))
+    result = simulate_fleet(work, server, Rates(decode, prefill, args.batch_scaling), args.hosts)
     summary = sim_summary(result)
+    fleet = _fleet(args, table, need, width, server.queue_cap) if args.hosts > 1 else None
+    if fleet is not None:
+        summary["fleet"] = fleet.as_json()
     png = sim_png(result, args.png) if args.png else None
     if args.json:
         print(json.dumps({"capacity": table_to_json(table), "simulation": summary, "png": png}, indent=2))
         return 0
+    if fleet is not None:
+        print(fleet.text())
     print(f"fan-out: {work.waves} waves x {work.width} subagents, {work.depth}-token prompts, "
           f"{work.output_tokens} output tokens; decode width {width}, queue cap {server.queue_cap}, "
           f"decode {decode:g} tok/s/stream (aggregate x width^{args.batch_scaling:g}), prefill {prefill:g} tok/s")
@@ -213,6 +239,8 @@ def _simulate(args: argparse.Namespace, table: CapacityTable) -> int:
 
 def run_plan(args: argparse.Namespace) -> int:
     try:
+        if args.hosts < 1:
+            raise PlanInputError(f"--hosts {args.hosts}: expected at least 1")
         m, table, by_type = _build(args)
         if args.action == "simulate":
             return _simulate(args, table)

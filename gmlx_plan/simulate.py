@@ -149,7 +149,9 @@ class _Sim:
             self._resolve(r, "rejected_400", at)
             return
         slot_free = self._in_engine() + len(self.waiting) < self.server.width
-        if not slot_free and len(self.waiting) >= self.server.queue_cap:
+        # as the server counts: only the requests beyond the free slots wait (the others are about to start)
+        for_a_slot = len(self.waiting) - max(0, self.server.width - self._in_engine())
+        if not slot_free and for_a_slot >= self.server.queue_cap:
             ra = retry_after_s(self._eta())
             r.retry_afters.append(ra)
             if len(r.retry_afters) > self.work.max_retries:
