@@ -65,20 +65,24 @@ async def image_bytes(ref: ImageRef, policy: ImagePolicy) -> tuple[bytes, str | 
 
 
 async def fetch(ref: ImageRef, url: str, policy: ImagePolicy) -> tuple[bytes, str]:
-    start = time.perf_counter()
+    start, outcome = time.perf_counter(), "failed"
     try:
         async with asyncio.timeout(policy.timeout_s):
             data, media, final = await _get(ref, url, policy)
+        outcome = f"{len(data)} bytes of {media}" + (f" (from {final})" if final != url else "")
+        return data, media
     except TimeoutError:
-        log.info("image fetch %s: timed out after %.3f s", url, time.perf_counter() - start)
+        outcome = "timed out"
         raise image_error(ref, f"fetching {url} took longer than {policy.timeout_s:g} s "
                                "(server.image_fetch_timeout_s)", "image_fetch_failed") from None
     except httpx.HTTPError as e:
-        log.info("image fetch %s: failed after %.3f s: %s", url, time.perf_counter() - start, e)
+        outcome = f"failed ({type(e).__name__}: {e})"
         raise image_error(ref, f"fetching {url} failed: {type(e).__name__}: {e}", "image_fetch_failed") from None
-    log.info("image fetch %s: %d bytes of %s in %.3f s%s", url, len(data), media, time.perf_counter() - start,
-             f" (from {final})" if final != url else "")
-    return data, media
+    except InvalidRequest as e:
+        outcome = f"refused ({e.code})"
+        raise
+    finally:  # every fetch, refused or not, with its size (or failure) and time
+        log.info("image fetch %s: %s in %.3f s", url, outcome, time.perf_counter() - start)
 
 
 async def _get(ref: ImageRef, url: str, policy: ImagePolicy) -> tuple[bytes, str, str]:
