@@ -13,8 +13,11 @@ def add_top_parser(subparsers: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = subparsers.add_parser(
         "top", help="live terminal dashboard of a running gmlx server",
         description="Poll a gmlx server's /v1/metrics: live requests, governor band, queue, rates, resident "
-                    "models. Keys: u unload, k keep, r reset cache (each asks first), q quit.")
-    p.add_argument("url", nargs="?", default=DEFAULT_URL, help=f"server URL (default {DEFAULT_URL})")
+                    "models. Several URLs (the hosts behind a load balancer): one row per host, the selected "
+                    "host's details below. Keys: u unload, k keep, r reset cache (each asks first), n/p next/"
+                    "previous host, q quit.")
+    p.add_argument("urls", nargs="*", default=[DEFAULT_URL], metavar="URL",
+                   help=f"server URL, or several for a fleet (default {DEFAULT_URL})")
     p.add_argument("--api-key", default=None, help="the server's API key (default: GMLX_API_KEY)")
     p.add_argument("--interval", type=_interval, default=1.0, help="seconds between polls (default 1.0)")
     p.set_defaults(func=run_top)
@@ -32,5 +35,5 @@ def run_top(args: argparse.Namespace) -> int:
     from gmlx_top.app import TopApp  # Textual loads only for `gmlx top`, not for every gmlx command
 
     api_key = args.api_key or os.environ.get("GMLX_API_KEY") or None
-    TopApp(HttpClient(args.url, api_key), interval=args.interval).run()
+    TopApp([HttpClient(url, api_key) for url in args.urls], interval=args.interval).run()
     return 0

@@ -18,6 +18,7 @@ STATE_STYLE = {"queued": "yellow", "prefill": "cyan", "decode": "green"}
 REQUEST_COLUMNS = ("id", "model", "state", "pos", "prompt", "gen/max", "tok/s", "ttft", "elapsed", "cache",
                    "spec")
 MODEL_COLUMNS = ("model", "flags", "in flight", "waiting", "weights", "active", "profile")
+HOST_COLUMNS = ("host", "state", "band", "queue", "decoding", "decode tok/s", "prefill tok/s", "rejected", "eta")
 
 
 def section(server: Mapping[str, Any], name: str) -> Mapping[str, Any]:
@@ -111,6 +112,28 @@ def services_line(server: Mapping[str, Any]) -> str:
                          f"{num(row.get('max_concurrent'))} req {num(row.get('requests'))} "
                          f"err {num(row.get('errors'))} rej {num(row.get('rejections'))}")
     return "services: " + "  ".join(parts) if parts else ""
+
+
+def host_cells(url: str, connection: str, server: Mapping[str, Any]) -> tuple[str, ...]:
+    """One host of a fleet: where, whether it answers, its band, queue, decode slots, rates and rejections."""
+    q, c, r = section(server, "queue"), section(server, "concurrency"), section(server, "rates")
+    band = section(server, "governor").get("band")
+    return (url.removeprefix("http://"), connection, str(band or DASH), f"{num(q.get('waiting'))}/{num(q.get('cap'))}",
+            f"{num(c.get('in_flight'))}/{num(c.get('decode_batch'))}", num(r.get("decode_tok_s")),
+            num(r.get("prefill_tok_s_recent")), num(q.get("rejections")), num(q.get("eta_s"), 1, "s"))
+
+
+def fleet_line(servers: list[tuple[str, Mapping[str, Any]]]) -> str:
+    """The fleet's totals over the hosts that answer: (connection, snapshot) per host."""
+    live = [s for state, s in servers if state == "connected"]
+
+    def total(name: str, key: str) -> float:
+        values: list[Any] = [section(s, name).get(key) for s in live]
+        return float(sum(v for v in values if _is_num(v)))
+
+    return (f"fleet: {len(live)}/{len(servers)} hosts up  decoding {total('concurrency', 'in_flight'):g}/"
+            f"{total('concurrency', 'decode_batch'):g}  waiting {total('queue', 'waiting'):g}  "
+            f"decode {total('rates', 'decode_tok_s'):.1f} tok/s  rejected {total('queue', 'rejections'):g}")
 
 
 def memory_line(server: Mapping[str, Any]) -> str:

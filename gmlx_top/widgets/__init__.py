@@ -2,6 +2,6 @@
 
 from gmlx_top.widgets.confirm import ConfirmScreen
 from gmlx_top.widgets.panels import CapacityPanel, RatePanel, StatusBar
-from gmlx_top.widgets.tables import ModelTable, RequestTable
+from gmlx_top.widgets.tables import HostTable, ModelTable, RequestTable
 
-__all__ = ["CapacityPanel", "ConfirmScreen", "ModelTable", "RatePanel", "RequestTable", "StatusBar"]
+__all__ = ["CapacityPanel", "ConfirmScreen", "HostTable", "ModelTable", "RatePanel", "RequestTable", "StatusBar"]

@@ -8,7 +8,18 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import DataTable
 
-from gmlx_top.view import MODEL_COLUMNS, REQUEST_COLUMNS, STATE_STYLE, model_cells, request_cells
+from gmlx_top.view import (
+    BAND_STYLE,
+    HOST_COLUMNS,
+    MODEL_COLUMNS,
+    REQUEST_COLUMNS,
+    STATE_STYLE,
+    host_cells,
+    model_cells,
+    request_cells,
+)
+
+CONNECTION_STYLE = {"connected": "green", "connecting": "yellow"}
 
 
 class RequestTable(DataTable[Any]):
@@ -52,3 +63,24 @@ class ModelTable(DataTable[Any]):
     def selected(self) -> Mapping[str, Any] | None:
         model_id = self.selected_id()
         return self.rows_by_id.get(model_id) if model_id else None
+
+
+class HostTable(DataTable[Any]):
+    """`gmlx top URL URL...`: one row per host; the row under the cursor is the host shown below."""
+
+    def on_mount(self) -> None:
+        self.cursor_type = "row"
+        self.columns_keys = self.add_columns(*HOST_COLUMNS)
+
+    def show(self, hosts: Sequence[tuple[str, str, Mapping[str, Any]]]) -> None:
+        """(url, connection, snapshot) per host. Cells are updated in place, so a poll never moves the cursor
+        (moving it is the user's way of picking a host)."""
+        for i, (url, connection, server) in enumerate(hosts):
+            cells: list[Any] = list(host_cells(url, connection, server))
+            cells[1] = Text(cells[1], style=CONNECTION_STYLE.get(connection, "red"))
+            cells[2] = Text(f" {cells[2]} ", style=BAND_STYLE.get(cells[2], ""))
+            if i < self.row_count:
+                for column, value in zip(self.columns_keys, cells, strict=True):
+                    self.update_cell(str(i), column, value)
+            else:
+                self.add_row(*cells, key=str(i))

@@ -17,9 +17,10 @@ def _parse(*argv: str) -> argparse.Namespace:
 
 def test_defaults_and_flags() -> None:
     args = _parse()
-    assert (args.url, args.api_key, args.interval, args.func) == ("http://127.0.0.1:8080", None, 1.0, run_top)
+    assert (args.urls, args.api_key, args.interval, args.func) == (["http://127.0.0.1:8080"], None, 1.0, run_top)
     args = _parse("box:9000", "--api-key", "k", "--interval", "0.25")
-    assert (args.url, args.api_key, args.interval) == ("box:9000", "k", 0.25)
+    assert (args.urls, args.api_key, args.interval) == (["box:9000"], "k", 0.25)
+    assert _parse("h1:8080", "h2:8080", "h3:8080").urls == ["h1:8080", "h2:8080", "h3:8080"]  # a fleet
 
 
 @pytest.mark.parametrize("bad", ["0", "-1", "nan-ish"])
