@@ -7,6 +7,7 @@ import importlib.util
 from dataclasses import fields, replace
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -237,15 +238,15 @@ def test_serve_runs_uvicorn_with_the_engine_factory(tree: Path, monkeypatch: pyt
                                                     caplog: pytest.LogCaptureFixture) -> None:
     import sys
 
-    import uvicorn
+    from gmlx_server import graceful
 
-    calls: list[dict[str, object]] = []
+    calls: list[Any] = []
     factory_module = SimpleNamespace(create_engine=lambda entry, env: None)
     monkeypatch.setitem(sys.modules, "gmlx_server.engine.factory", factory_module)
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.append({"app": app, **kw}))
+    monkeypatch.setattr(graceful, "serve_draining", lambda config, host: calls.append(config))  # no real server
     with caplog.at_level("INFO", logger="gmlx.serve"):
         assert run_serve(_serve_args(str(tree / "model.gguf"), "--port", "8123", "--api-key", "k")) == 0
-    assert calls[0]["port"] == 8123 and calls[0]["workers"] == 1 and calls[0]["host"] == "127.0.0.1"
+    assert calls[0].port == 8123 and calls[0].workers == 1 and calls[0].host == "127.0.0.1"
     assert any(str(tree / "model.gguf") in r.getMessage() for r in caplog.records)
 
 
@@ -320,16 +321,15 @@ def test_reload_keeps_the_started_origins_and_hosts(tree: Path) -> None:
 def test_serve_passes_the_header_timeout_protocol_to_uvicorn(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
-    import uvicorn
-
+    from gmlx_server import graceful
     from gmlx_server.header_timeout import HeaderTimeoutProtocol
 
-    calls: list[dict[str, object]] = []
+    calls: list[Any] = []
     monkeypatch.setitem(sys.modules, "gmlx_server.engine.factory", SimpleNamespace(create_engine=None))
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.append(kw))
+    monkeypatch.setattr(graceful, "serve_draining", lambda config, host: calls.append(config))  # no real server
     monkeypatch.setenv("GMLX_HEADER_TIMEOUT_S", "4")
     assert run_serve(_serve_args(str(tree / "model.gguf"))) == 0
-    proto = calls[0]["http"]
+    proto = calls[0].http
     assert isinstance(proto, type) and issubclass(proto, HeaderTimeoutProtocol) and proto.header_timeout_s == 4.0
 
 
