@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from gmlx_server.config.assistants import check_assistant_refs, parse_assistants, parse_mcp_servers
 from gmlx_server.config.checker import KINDS, Checker
 from gmlx_server.config.draft import DRAFT_KEYS, RawDrafts, raw_draft, resolve_drafts
 from gmlx_server.config.services import check_service_refs, parse_services
@@ -47,7 +48,7 @@ SAMPLING_KINDS = {
     "frequency_context_size": "int", "xtc_probability": "number", "xtc_threshold": "number", "seed": "int",
 }
 _PROFILE_KEYS = frozenset({"intent", "system", "chat_template_kwargs", "max_tokens", "stop", *SAMPLING_KINDS})
-_TOP_KEYS = frozenset({"server", "models", "profiles", "aliases", "services"})
+_TOP_KEYS = frozenset({"server", "models", "profiles", "aliases", "services", "mcp_servers", "assistants"})
 
 
 def _refuse_unbuilt(c: Checker, data: Mapping[str, Any], key: str, unbuilt: Mapping[str, str]) -> None:
@@ -222,7 +223,10 @@ def parse(source: str, text: str, hf_cache: Path | None = None) -> ServerConfig:
     models = resolve_drafts(c, models, drafts, base)
     services = MappingProxyType(parse_services(c, top.get("services"), base))
     cfg = ServerConfig(server, MappingProxyType(models), MappingProxyType(profiles),
-                       MappingProxyType(dict(aliases)), services, source=source)
+                       MappingProxyType(dict(aliases)), services, source=source,
+                       mcp_servers=MappingProxyType(parse_mcp_servers(c, top.get("mcp_servers"), base)),
+                       assistants=MappingProxyType(parse_assistants(c, top.get("assistants"))))
     _check_refs(c, cfg)
     check_service_refs(c, cfg)
+    check_assistant_refs(c, cfg)
     return cfg

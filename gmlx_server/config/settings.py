@@ -15,6 +15,7 @@ from gmlx_plan.memory import DEFAULT_DRAFT_TOKENS as DEFAULT_DRAFT_TOKENS  # mod
 from gmlx_plan.memory import MAX_DRAFT_TOKENS as MAX_DRAFT_TOKENS
 from gmlx_plan.memory import KVQuant as KVQuant  # one definition: the planner budgets what the engine builds
 from gmlx_plan.memory import KVQuantError as KVQuantError
+from gmlx_server.config.assistant_entries import Assistant, McpServer
 
 BUILTIN_INTENTS = ("chat", "coding", "creative", "precise")
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024  # room for base64 images in vision messages
@@ -156,5 +157,7 @@ class ServerConfig:
     profiles: Mapping[str, Profile] = field(default_factory=dict)
     aliases: Mapping[str, str] = field(default_factory=dict)
     services: Mapping[str, ServiceEntry] = field(default_factory=dict)  # by kind
+    mcp_servers: Mapping[str, McpServer] = field(default_factory=dict)  # by name (assistants' tools)
+    assistants: Mapping[str, Assistant] = field(default_factory=dict)  # by id
     env: RuntimeEnv = field(default_factory=RuntimeEnv)
     source: str | None = None  # the YAML file; None in single-model mode

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from gmlx_server.config import env, parse, services
+from gmlx_server.config import assistants, env, parse, services
 from gmlx_server.config.draft import DRAFT_KEYS
 from gmlx_server.config.parse import parse as parse_config
 from tests.conftest import smollm2_path
@@ -19,7 +19,8 @@ README = (ROOT / "README.md").read_text()
 def accepted_keys() -> set[str]:
     return (set(parse._SERVER_KINDS) | set(parse._MODEL_KINDS) | set(parse._KV_QUANT_KINDS) | parse._PROFILE_KEYS
             | parse._TOP_KEYS | set(parse._UNBUILT_MODEL_KEYS) | DRAFT_KEYS | {"kv_quant"} | set(services.KINDS)
-            | set(services._COMMON) | {"aliases"} | {k for kind in services.OPTIONS.values() for k in kind})
+            | set(services._COMMON) | {"aliases"} | {k for kind in services.OPTIONS.values() for k in kind}
+            | assistants.KEYS)
 
 
 def test_every_key_and_variable_is_in_the_reference() -> None:
