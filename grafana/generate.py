@@ -3,9 +3,10 @@
     .venv/bin/python grafana/generate.py          # rewrite the JSON files
     .venv/bin/python grafana/generate.py --check  # exit 1 when the committed JSON is stale
 
-Every query filters on the `instance` variable (one Prometheus, several gmlx servers) and per-model
-queries on `model`. The panels' PromQL is run against a real Prometheus scraping a real `gmlx serve` by
-tests/e2e/test_prometheus.py.
+Every query filters on the `instance` variable (one Prometheus, several gmlx servers: each target's
+host:port) and per-model queries on `model`. The overview's Now row sums over the selected servers (the
+fleet's totals) and its Fleet row draws one series per host beside the total. The panels' PromQL is run
+against a real Prometheus scraping two real `gmlx serve` hosts by tests/e2e/test_prometheus.py.
 """
 
 from __future__ import annotations
@@ -206,7 +207,63 @@ def overview_rows() -> list[Row]:
                Target(m("gmlx_capacity_weights_bytes"), "weights"),
                Target(m("gmlx_capacity_prefill_transient_bytes"), "prefill transient"), unit="bytes"),
     ])
-    return [now, throughput, latency, queue, governor, capacity, prompt_cache_row(), speculative_row()]
+    return [now, fleet_row(), throughput, latency, queue, governor, capacity, prompt_cache_row(), services_row(),
+            speculative_row()]
+
+
+def fleet_row() -> Row:
+    """Several hosts behind a balancer (deploy/haproxy): one series per host (`instance`) and the fleet's total."""
+    def per_host(name: str) -> str:
+        return f"sum by (instance) ({m(name)})"
+
+    return Row("Fleet (one series per host, and the total)", [
+        stat("Hosts reporting", Target(f"count({m('gmlx_concurrency_decode_batch')})"),
+             description="gmlx servers this Prometheus scrapes (the Server variable's selection)."),
+        stat("Fleet decode slots", Target(f"sum({m('gmlx_concurrency_decode_batch')})")),
+        stat("Fleet queue cap", Target(f"sum({m('gmlx_queue_cap')})"),
+             description="Requests the fleet queues before every host refuses: slots + queue caps is what it "
+                         "takes at once (gmlx plan --hosts)."),
+        stat("Fleet rejections/s", Target(rate("gmlx_queue_rejections_total")), unit="reqps"),
+        stat("Busiest host's drain", Target(f"max({m('gmlx_queue_eta_s')})"), unit="s"),
+        stat("Least headroom", Target(f"min({m('gmlx_memory_headroom_bytes')})"), unit="bytes"),
+        series("Decode tok/s per host", Target(per_host("gmlx_rates_decode_tok_s"), "{{instance}}"),
+               Target(f"sum({m('gmlx_rates_decode_tok_s')})", "fleet")),
+        series("Decoding and waiting per host", Target(per_host("gmlx_concurrency_in_flight"), "{{instance}} decoding"),
+               Target(per_host("gmlx_queue_waiting"), "{{instance}} waiting")),
+        series("Requests finished/s per host", Target(rate("gmlx_requests_finished_total", "instance"), "{{instance}}"),
+               Target(rate("gmlx_requests_finished_total"), "fleet"), unit="reqps",
+               description="How evenly the balancer spreads the work."),
+        series("Time to first token p90 per host",
+               Target(f"histogram_quantile(0.9, sum by (le, instance) "
+                      f"(rate({m('gmlx_time_to_first_token_seconds_bucket')}{RATE})))", "{{instance}}"),
+               unit="s", width=12),
+        series("Rejections/s per host", Target(rate("gmlx_queue_rejections_total", "instance"), "{{instance}}"),
+               unit="reqps", width=12, description="503s a host answered; the balancer retries them on another "
+                                                   "host, so a client sees one only when every host refused."),
+    ])
+
+
+def services_row() -> Row:
+    """Embeddings, rerank and speech (gmlx_service_*): requests, latency and errors per service."""
+    def by_service(name: str) -> str:
+        return f"sum by (service) ({m(name)})"
+
+    latency = [Target(f"histogram_quantile({q}, sum by (le, service) (rate({m('gmlx_service_latency_seconds_bucket')}"
+                      f"{RATE})))", f"{{{{service}}}} p{int(q * 100)}") for q in (0.5, 0.9, 0.99)]
+    return Row("Services (embeddings, rerank, speech)", [
+        series("Service requests/s", Target(rate("gmlx_service_requests_total", "service"), "{{service}}"),
+               unit="reqps", description="Requests each service admitted or refused."),
+        series("Service latency", *latency, unit="s"),
+        series("Service errors and rejections/s",
+               Target(rate("gmlx_service_errors_total", "service"), "{{service}} failed"),
+               Target(rate("gmlx_service_rejections_total", "service"), "{{service}} refused at its cap"),
+               unit="reqps"),
+        series("Service requests in flight", Target(by_service("gmlx_service_in_flight"), "{{service}}")),
+        series("Service bytes/s", Target(rate("gmlx_service_bytes_in_total", "service"), "{{service}} in"),
+               Target(rate("gmlx_service_bytes_out_total", "service"), "{{service}} out"), unit="Bps"),
+        table("Service models", Target(m("gmlx_service_ready"), instant=True),
+              {"instance": "server", "service": "service", "model": "model", "state": "state", "Value": "ready"}),
+    ])
 
 
 def accept_rate(model: bool = True) -> str:

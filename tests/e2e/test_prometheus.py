@@ -1,6 +1,8 @@
-"""Every Grafana panel's PromQL against a real Prometheus scraping a real `gmlx serve` (default model).
+"""Every Grafana panel's PromQL against a real Prometheus scraping two real `gmlx serve` hosts (SmolLM2; the
+first also runs an LLM rerank service, so the service panels have series; two hosts, so the Fleet row has
+an `instance` each).
 
-Prometheus runs with grafana/prometheus.yml (the committed scrape config), pointed at the test server
+Prometheus runs with grafana/prometheus.yml (the committed scrape config), pointed at the test servers
 and scraping every second, bound to 127.0.0.1 on a free port. After a few requests (some refused at a
 queue cap of 1, so the rejection series exist), each panel query must return at least one series and
 name only metrics the server exports. scripts/install_prometheus.sh installs Debian's `prometheus`.
@@ -24,6 +26,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.conftest import smollm2_path
 from tests.e2e.server import LiveServer, free_port, gmlx_serve
 from tests.top.promql import GRAFANA, exported, metric_names, queries, unknown
 
@@ -35,11 +38,11 @@ BODY = {"model": "smollm2", "messages": [{"role": "user", "content": "Say hello.
 SERIES_DEADLINE_S = 90.0
 
 
-def _config(server: LiveServer, path: Path) -> Path:
+def _config(servers: list[LiveServer], path: Path) -> Path:
     config = yaml.safe_load((GRAFANA / "prometheus.yml").read_text())
     config["global"].update(scrape_interval="1s", scrape_timeout="1s", evaluation_interval="1s")
     job = config["scrape_configs"][0]
-    job["static_configs"] = [{"targets": [server.base_url.removeprefix("http://")]}]
+    job["static_configs"] = [{"targets": [s.base_url.removeprefix("http://") for s in servers]}]
     path.write_text(yaml.safe_dump(config))
     return path
 
@@ -92,11 +95,15 @@ async def _burst(base: str, n: int) -> list[int]:
     return [r.status_code for r in responses]
 
 
-def _drive(server: LiveServer) -> None:
-    """One request to load the model, then a burst against a queue cap of 1: some finish, some get 503."""
+def _drive(server: LiveServer, other: LiveServer) -> None:
+    """One request to load the model, then a burst against a queue cap of 1: some finish, some get 503. A rerank
+    (the LLM rerank service) for the service panels; one request on the other host, a second `instance`."""
     httpx.post(server.v1 + "/chat/completions", json=BODY, timeout=300).raise_for_status()
     codes = asyncio.run(asyncio.wait_for(_burst(server.base_url, 6), timeout=300))
     assert 200 in codes and 503 in codes, codes
+    rerank = {"query": "a colour", "documents": ["red", "a chair"]}
+    httpx.post(server.v1 + "/rerank", json=rerank, timeout=300).raise_for_status()
+    httpx.post(other.v1 + "/chat/completions", json=BODY, timeout=300).raise_for_status()
 
 
 def _exported(server: LiveServer) -> set[str]:
@@ -119,13 +126,21 @@ def test_every_dashboard_query_returns_series_from_a_real_prometheus(tmp_path: P
     panels = queries()
     assert len(panels) > 30
     env = {"GMLX_QUEUE_DEPTH_CAP": "1", "GMLX_DECODE_BATCH": "1"}
-    with gmlx_serve([], tmp_path, env=env) as server, \
-            prometheus(_config(server, tmp_path / "prometheus.yml"), tmp_path / "tsdb") as prom:
-        _wait(lambda: [s for s in query(prom, 'up{job="gmlx"}') if s["value"][1] == "1"], 60, "gmlx scraped",
-              lambda: httpx.get(prom + "/api/v1/targets", timeout=5).text)
-        _drive(server)
+    config = tmp_path / "gmlx.yaml"  # SmolLM2 also scores an LLM rerank service, so gmlx_service_* exist
+    config.write_text(f"models:\n  smollm2:\n    path: {smollm2_path()}\n"
+                      "services:\n  rerank: {method: llm, model: smollm2}\n")
+    with gmlx_serve(["--config", str(config)], tmp_path, env=env) as server, gmlx_serve([], tmp_path) as other, \
+            prometheus(_config([server, other], tmp_path / "prometheus.yml"), tmp_path / "tsdb") as prom:
+        _wait(lambda: len([s for s in query(prom, 'up{job="gmlx"}') if s["value"][1] == "1"]) == 2, 60,
+              "gmlx scraped", lambda: httpx.get(prom + "/api/v1/targets", timeout=5).text)
+        _drive(server, other)
         names = _exported(server)
         never = sorted({f"{where}: {n}" for where, expr in panels for n in metric_names(expr) if unknown(n, names)})
         assert not never, "panels name metrics the server never exports:\n" + "\n".join(never)
         empty = _empty_queries(prom, panels)
         assert not empty, "panel queries with no series:\n" + "\n".join(f"{w}: {e}" for w, e in empty)
+        fleet = dict(panels)  # the Fleet row: both hosts, one series each
+        assert query(prom, fleet["gmlx-overview / Hosts reporting / A"])[0]["value"][1] == "2"
+        per_host = query(prom, fleet["gmlx-overview / Decode tok/s per host / A"])
+        hosts = {u.base_url.removeprefix("http://") for u in (server, other)}
+        assert {s["metric"]["instance"] for s in per_host} == hosts

@@ -42,7 +42,11 @@ def _rendered_names() -> set[str]:
     t.latency.observe(2.0)
     t.record_reject("queue_full")
     cache = PromptCache(1 << 20).stats()  # a resident model's prompt cache, as /v1/cache/stats reports it
-    text = render(make_registry(lambda: recorded("busy"), t, lambda: {"smollm2": cache})).decode()
+    snapshot = recorded("busy")
+    snapshot["server"]["services"] = {"rerank": {  # one service that answered a request (gmlx_service_*)
+        "id": "judge", "state": "ready", "in_flight": 0, "requests": 1, "errors": 0, "rejections": 0,
+        "bytes_in": 100, "bytes_out": 80, "latency_s_sum": 0.2, "latency_buckets": [[0.25, 1], ["+Inf", 1]]}}
+    text = render(make_registry(lambda: snapshot, t, lambda: {"smollm2": cache})).decode()
     return exported(text_string_to_metric_families(text))
 
 
