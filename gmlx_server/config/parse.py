@@ -102,6 +102,8 @@ def _model(c: Checker, mid: str, raw: Any, base: Path, drafts: RawDrafts) -> Mod
     if kw["path"] is None:
         raise c.fail(f"{key}.path", "missing (a GGUF file, hf:org/repo/file.gguf or a local MLX dir)")
     kw["path"] = c.path(kw["path"], f"{key}.path", base, repo_ok=True)
+    if Path(kw["path"]).is_dir():
+        _refuse_for_dir(c, key, kw, draft is not None)
     if kw["mmproj"] is not None:
         kw["mmproj"] = c.path(kw["mmproj"], f"{key}.mmproj", base)
         if draft is not None:
@@ -122,6 +124,16 @@ def _model(c: Checker, mid: str, raw: Any, base: Path, drafts: RawDrafts) -> Mod
         raise c.fail(f"{key}.backend", f"expected one of {', '.join(BACKENDS)}, got {kw['backend']!r}")
     kw["pinned"] = bool(kw["pinned"])
     return ModelEntry(id=mid, **kw)
+
+
+def _refuse_for_dir(c: Checker, key: str, kw: Mapping[str, Any], draft: bool) -> None:
+    """A model directory loads through mlx-vlm's loader, which takes none of the GGUF path's options."""
+    given = {"mmproj": kw["mmproj"] is not None, "kv_quant": kw["kv_quant"] is not None, "draft": draft,
+             "weights": kw["weights"] not in (None, "auto")}
+    for name, present in given.items():
+        if present:
+            raise c.fail(f"{key}.{name}", "not for a model directory (mlx-vlm's loader brings its own weights and "
+                                          "vision tower); it applies to GGUF files")
 
 
 def _kv_quant(c: Checker, raw: Any, key: str) -> KVQuant | None:

@@ -7,9 +7,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from gmlx_server.config.settings import DEFAULT_PROMPT_CACHE_BYTES
+from gmlx_server.engine.dir_files import is_model_dir
 from gmlx_server.engine.drafter import Drafter, load_drafter
 from gmlx_server.engine.loader import LoadedModel, load_gguf_model
 from gmlx_server.engine.mlx_engine import MLXEngine
+from gmlx_server.engine.model_dir import load_model_dir
 from gmlx_server.engine.types import Engine
 from gmlx_server.engine.vision.load import load_vision_model
 
@@ -27,6 +29,8 @@ def create_engine(entry: ModelEntry, env: RuntimeEnv) -> Engine:
 
 def create_mlx_engine(entry: ModelEntry, env: RuntimeEnv) -> MLXEngine:
     def load() -> LoadedModel:
+        if is_model_dir(entry.path):  # config.json + safetensors: mlx-vlm's own loader, text or vision
+            return load_model_dir(entry.path, entry.id, entry.max_kv_size, entry.chat_template)
         text = functools.partial(load_gguf_model, model_id=entry.id, layout=entry.weights,
                                  max_kv_size=entry.max_kv_size, chat_template=entry.chat_template,
                                  kv_quant=entry.kv_quant, native_kernels=env.native_kernels)

@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from gmlx_plan.families import family_of
 from gmlx_plan.geometry import DEFAULT_CONTEXT
 from gmlx_plan.gguf_header import read_header
 from gmlx_server.engine.arch import arch_spec
 from gmlx_server.engine.chat_template import JinjaChatTemplate
+from gmlx_server.engine.dir_files import is_model_dir, trained_context
+from gmlx_server.engine.dir_tokenizer import DirTokenizer, dir_template, read_json
 from gmlx_server.engine.tokenizer import GGUFTokenizer
 from gmlx_server.engine.types import ChatTemplate, Engine, Tokenizer
+from gmlx_server.engine.vision.dir_vision import projector_from_dir, vision_family
 from gmlx_server.engine.vision.mmproj import read_projector
 from gmlx_server.engine.vision.processor import ImageProcessor
 from gmlx_server.neutral import GenerationParams
@@ -37,8 +42,22 @@ class PromptTools:
     vision: ImageProcessor | None = None  # a vision model's image preprocessing, built from its projector's header
 
 
+def _dir_tools(path: str, chat_template: str | None, max_kv_size: int | None) -> PromptTools:
+    """A model directory's tokenizer, template and image processor, from its files."""
+    config = read_json(Path(path) / "config.json")
+    family = family_of(str(config.get("model_type", ""))).name
+    trained = trained_context(path) or DEFAULT_CONTEXT
+    tokenizer = DirTokenizer(path)
+    vision = vision_family(config)
+    images = ImageProcessor(projector_from_dir(path, config, vision), tokenizer.token_to_id) if vision else None
+    return PromptTools(family, min(trained, max_kv_size) if max_kv_size else trained, tokenizer,
+                       dir_template(path, family, chat_template), images)
+
+
 def _header_tools(path: str, chat_template: str | None, max_kv_size: int | None,
                   mmproj: str | None = None) -> PromptTools:
+    if is_model_dir(path):
+        return _dir_tools(path, chat_template, max_kv_size)
     header = read_header(path)
     family = arch_spec(header).family
     trained = int(header.arch_value("context_length", DEFAULT_CONTEXT))

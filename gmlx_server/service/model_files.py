@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from gmlx_plan.gguf_header import GGUFFormatError, read_header
 from gmlx_server.config import ModelEntry
 from gmlx_server.engine.arch import UnsupportedArchitecture, arch_spec
+from gmlx_server.engine.dir_files import dir_problem, is_model_dir
 from gmlx_server.errors import GmlxError
 
 log = logging.getLogger("gmlx.host")
@@ -42,6 +43,8 @@ def file_key(path: str) -> FileKey:
 
 def file_problem(path: str) -> str | None:
     """What keeps the engine from loading `path`, from its header alone ("PATH: reason"); None if nothing."""
+    if is_model_dir(path):
+        return dir_problem(path)
     try:
         header = read_header(path, strings=False)  # the vocabulary's strings are not needed to judge it
         arch_spec(header)

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gmlx_plan.capacity import kv_quant_json
 from gmlx_plan.gguf_header import GGUFFormatError, read_header
+from gmlx_server.engine.dir_files import is_model_dir, trained_context
+from gmlx_server.engine.dir_tokenizer import read_json
+from gmlx_server.engine.vision.dir_vision import vision_family
 
 if TYPE_CHECKING:
     from gmlx_server.config import ModelEntry
@@ -22,10 +26,12 @@ class ModelList:
     def __init__(self, host: ModelHost) -> None:
         self.host = host
         self._context: dict[str, int | None] = {}  # model id -> trained context length (GGUF header)
+        self._vision: dict[str, bool] = {}  # model directories with a vision tower (their config.json)
 
     def forget(self, model_id: str) -> None:
         """A reload changed or removed the entry: read its header again when next listed."""
         self._context.pop(model_id, None)
+        self._vision.pop(model_id, None)
 
     async def rows(self) -> list[dict[str, Any]]:
         host = self.host
@@ -42,7 +48,9 @@ class ModelList:
     def _trained_context(self, entry: ModelEntry) -> int | None:
         if entry.id not in self._context:
             value: int | None = None
-            if entry.path.lower().endswith(".gguf"):
+            if is_model_dir(entry.path):
+                value = trained_context(entry.path)
+            elif entry.path.lower().endswith(".gguf"):
                 try:
                     raw = read_header(entry.path).arch_value("context_length")
                     value = int(raw) if raw is not None else None
@@ -68,13 +76,21 @@ class ModelList:
         return {
             "id": entry.id, "object": "model", "created": 0, "owned_by": "gmlx", "kind": "chat",
             "resident": entry.id in host.resident, "pinned": entry.pinned,
-            "speculative": _speculative(entry, engine), "vlm": entry.mmproj is not None,
+            "speculative": _speculative(entry, engine), "vlm": self._vlm(entry, engine),
             "profile": entry.profile, "default": entry.id == default or len(host.config.models) == 1,
             "discovered": entry.discovered,
             "context_length": self._context_length(entry),
             "max_context_at_width_1": host.capacity.max_context_at_width_1(entry.id),
             "load_error": host.files.problem(entry.id),  # why its file cannot load; null when none is known
         } | kv
+
+    def _vlm(self, entry: ModelEntry, engine: Engine | None) -> bool:
+        """A projector configured, a resident engine with images, or a directory whose config has a tower."""
+        if entry.mmproj is not None or (engine is not None and engine.info.vision is not None):
+            return True
+        if is_model_dir(entry.path) and entry.id not in self._vision:
+            self._vision[entry.id] = vision_family(read_json(Path(entry.path) / "config.json")) is not None
+        return self._vision.get(entry.id, False)
 
     def _alias_row(self, name: str, target: str, default: str | None) -> dict[str, Any]:
         models = self.host.config.models

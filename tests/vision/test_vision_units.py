@@ -176,3 +176,17 @@ def test_decoding_and_inline_limits() -> None:
     with pytest.raises(InvalidRequest) as e:
         asyncio.run(image_bytes(ImageRef("p", url="http://127.0.0.1:9/a.png"), ImagePolicy(fetch=False)))
     assert e.value.code == "image_fetch_disabled"
+
+
+@pytest.mark.parametrize("extra, key", [("mmproj: {mmproj}", "mmproj"), ("kv_quant: {{scheme: uniform, bits: 8}}",
+                                                                          "kv_quant"), ("weights: dense", "weights")])
+def test_a_model_directory_refuses_gguf_options(tmp_path: Path, extra: str, key: str) -> None:
+    from gmlx_server.config import ConfigError
+    from gmlx_server.config.parse import parse
+
+    mmproj = _clip(tmp_path / "p.gguf")
+    (tmp_path / "model").mkdir()
+    text = f"models:\n  m:\n    path: {tmp_path / 'model'}\n    " + extra.format(mmproj=mmproj) + "\n"
+    with pytest.raises(ConfigError) as e:
+        parse(str(tmp_path / "gmlx.yaml"), text)
+    assert e.value.key == f"models.m.{key}" and "model directory" in e.value.what

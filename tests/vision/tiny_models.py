@@ -29,7 +29,7 @@ import pytest
 
 CACHE = Path(os.environ.get("GMLX_TEST_MODELS", Path.home() / ".cache" / "gmlx-test-models"))
 LLAMA_CPP_PYTHON = "0.3.36"  # its sdist vendors llama.cpp with the converter for both families
-VERSION = "v1"  # bump when a model below changes
+VERSION = "v3"  # bump when a model below changes
 SEED = 1234
 
 GEMMA_SPECIALS = ["<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>", "<image_soft_token>"]
@@ -67,6 +67,21 @@ def tiny_vlm(family: str) -> TinyVLM:
     if not (root / "done").exists():
         _build(family, root)
     return TinyVLM(family, root / "hf", root / f"{family}-tiny-f16.gguf", root / f"mmproj-{family}-tiny-f16.gguf")
+
+
+def tiny_text_dir() -> Path:
+    """A tiny random llama text model as a Hugging Face directory (config.json, safetensors, tokenizer): the
+    model-directory path's text-only case."""
+    pytest.importorskip("torch", reason="building the tiny models needs torch (scripts/setup.sh --test)")
+    root = CACHE / f"vision-{VERSION}" / "llama-text"
+    if not (root / "done").exists():
+        staging = root.with_name(root.name + ".partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        _build_llama_text(staging / "hf")
+        (staging / "done").write_text(VERSION)
+        shutil.rmtree(root, ignore_errors=True)
+        staging.rename(root)
+    return root / "hf"
 
 
 def converter() -> Path:
@@ -133,6 +148,21 @@ def _sentencepiece(out: Path, specials: list[str], gemma: bool) -> None:
     out.write_bytes(buf.getvalue())
 
 
+def _published_rope(hf: Path) -> None:
+    """config.json's text_config with the RoPE keys published checkpoints carry (transformers 5 writes only
+    rope_parameters, which mlx-vlm's configs do not read)."""
+    path = hf / "config.json"
+    cfg = json.loads(path.read_text())
+    text = cfg.get("text_config", cfg)
+    rope = text.get("rope_parameters", {})
+    if "full_attention" in rope:  # Gemma 3: a global and a local base
+        text["rope_theta"] = rope["full_attention"]["rope_theta"]
+        text["rope_local_base_freq"] = rope["sliding_attention"]["rope_theta"]
+    else:
+        text["rope_theta"] = rope["rope_theta"]
+    path.write_text(json.dumps(cfg, indent=2))
+
+
 def _added_tokens_decoder(hf: Path) -> None:
     """tokenizer_config.json's added_tokens_decoder, as published checkpoints carry it (transformers 5 keeps
     the added tokens in tokenizer.json only): llama.cpp's SentencePiece path reads their types from it."""
@@ -192,7 +222,8 @@ def _build_gemma3(hf: Path) -> None:
     cfg = Gemma3Config(
         text_config={"vocab_size": len(tok), "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 6,
                      "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "sliding_window": 512,
-                     "max_position_embeddings": 4096, "rope_theta": 1_000_000.0, "query_pre_attn_scalar": 16},
+                     "max_position_embeddings": 4096, "rope_theta": 1_000_000.0, "query_pre_attn_scalar": 16,
+                     "mm_tokens_per_image": 4},  # where mlx-vlm's loader reads it (published models: the default 256)
         vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
                        "image_size": 32, "patch_size": 8, "layer_norm_eps": 1e-6, "vision_use_head": False},
         mm_tokens_per_image=4, image_token_index=ids["<image_soft_token>"], boi_token_index=ids["<start_of_image>"],
@@ -201,6 +232,7 @@ def _build_gemma3(hf: Path) -> None:
     model = Gemma3ForConditionalGeneration(cfg).to(torch.float32).eval()
     _fp16_exact(model, 0.25, [1, ids["<end_of_turn>"]])
     _save_published(model, hf, {"vision_tower.": "vision_tower.vision_model."})
+    _published_rope(hf)
     images = Gemma3ImageProcessorPil(size={"height": 32, "width": 32}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
     Gemma3Processor(image_processor=images, tokenizer=tok, chat_template=GEMMA_TEMPLATE,
                     image_seq_length=4).save_pretrained(hf)
@@ -231,8 +263,31 @@ def _build_idefics3(hf: Path) -> None:
     model = Idefics3ForConditionalGeneration(cfg).to(torch.float32).eval()
     _fp16_exact(model, 0.25, [2, tok.convert_tokens_to_ids("<end_of_utterance>")])
     model.save_pretrained(hf)
+    _published_rope(hf)
     images = Idefics3ImageProcessorPil(size={"longest_edge": 64}, max_image_size={"longest_edge": 32},
                                       image_mean=[0.5] * 3, image_std=[0.5] * 3, do_image_splitting=True)
     Idefics3Processor(image_processor=images, tokenizer=tok, chat_template=IDEFICS3_TEMPLATE,
                       image_seq_len=4).save_pretrained(hf)
     _added_tokens_decoder(hf)
+
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def _build_llama_text(hf: Path) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, LlamaTokenizer
+
+    hf.mkdir(parents=True)
+    _sentencepiece(hf / "tokenizer.model", ["<|im_start|>", "<|im_end|>"], gemma=False)
+    tok = LlamaTokenizer.from_pretrained(hf, legacy=False, add_bos_token=False)
+    tok.chat_template = CHATML
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                      rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+    model = LlamaForCausalLM(cfg).to(torch.float32).eval()
+    _fp16_exact(model, 0.25, [2, tok.convert_tokens_to_ids("<|im_end|>")])
+    model.save_pretrained(hf)
+    tok.save_pretrained(hf)
+    _published_rope(hf)

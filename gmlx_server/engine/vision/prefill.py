@@ -69,7 +69,8 @@ class _Prefill:
         clean = mx.where(ids >= VIRTUAL_BASE, self.vision.image_token_id, ids)
         if not slots:
             return self.model(clean, cache=cache)
-        embeds = self.model.model.embed_tokens(clean)
+        inner = getattr(self.model, "model", self.model)  # mlx-vlm's Idefics3 text model embeds by itself
+        embeds = inner.embed_tokens(clean)
         rel, feats = self._merge(slots, start, n)
         if self.runtime.family == "gemma3":
             # Gemma's text model multiplies every input row by sqrt(hidden) (rounded to bf16): undo it for images.

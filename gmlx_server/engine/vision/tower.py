@@ -30,13 +30,15 @@ _BLK = re.compile(r"^v\.blk\.(\d+)\.([a-z_0-9]+)\.(weight|bias)$")
 
 
 class VisionTower(nn.Module):
-    """Images (N, C, H, W) -> soft-token features (N, tokens_per_tile, text hidden size)."""
+    """Images (N, C, H, W) -> soft-token features (N, tokens_per_tile, text hidden size). `modules`: a loaded
+    mlx-vlm model's own (vision tower, projector), else new ones for the projector file's weights."""
 
-    def __init__(self, p: Projector) -> None:
+    def __init__(self, p: Projector, modules: tuple[nn.Module, nn.Module] | None = None) -> None:
         super().__init__()
         self.family = p.family
         self.patch_size = p.patch_size
-        self.vision, self.projector, self._encoder_prefix = _modules(p)
+        self._encoder_prefix = "vision_model." if p.family == "gemma3" else ""
+        self.vision, self.projector = modules or _modules(p)
         for layer in self._siglip().encoder.layers:
             layer.mlp.activation_fn = nn.GELU(approx="tanh")
         self._siglip().post_layernorm.eps = p.eps
@@ -62,7 +64,7 @@ class VisionTower(nn.Module):
         return self._siglip().embeddings.patch_embedding.weight.dtype
 
 
-def _modules(p: Projector) -> tuple[nn.Module, nn.Module, str]:
+def _modules(p: Projector) -> tuple[nn.Module, nn.Module]:
     vc = {"hidden_size": p.hidden_size, "intermediate_size": p.intermediate_size, "num_hidden_layers": p.layers,
           "num_attention_heads": p.heads, "patch_size": p.patch_size, "image_size": p.image_size,
           "layer_norm_eps": p.eps, "num_channels": 3}
@@ -75,7 +77,7 @@ def _modules(p: Projector) -> tuple[nn.Module, nn.Module, str]:
         tokens = (p.patches_per_side // p.scale_factor) ** 2
         text = SimpleNamespace(hidden_size=p.projection_dim, mm_tokens_per_image=tokens)
         cfg = SimpleNamespace(vision_config=vision_config, text_config=text)
-        return GemmaTower(vision_config), Gemma3MultiModalProjector(cfg), "vision_model."
+        return GemmaTower(vision_config), Gemma3MultiModalProjector(cfg)
     from mlx_vlm.models.idefics3.config import VisionConfig as IdeficsVision
     from mlx_vlm.models.idefics3.idefics3 import Idefics3Connector
     from mlx_vlm.models.idefics3.vision import VisionModel as IdeficsTower
@@ -83,7 +85,7 @@ def _modules(p: Projector) -> tuple[nn.Module, nn.Module, str]:
     vision_config = IdeficsVision(model_type="idefics3_vision", **vc)
     cfg = SimpleNamespace(vision_config=vision_config, text_config=SimpleNamespace(hidden_size=p.projection_dim),
                           scale_factor=p.scale_factor)
-    return IdeficsTower(vision_config), Idefics3Connector(cfg), ""
+    return IdeficsTower(vision_config), Idefics3Connector(cfg)
 
 
 def param_name(family: str, gguf_name: str, encoder_prefix: str) -> str | None:
