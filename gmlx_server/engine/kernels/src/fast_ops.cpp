@@ -6,27 +6,11 @@
 
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
+#include "strided.h"
 
 namespace gk {
 
 namespace {
-
-// A's elements in row-major order: its own buffer when contiguous, else gathered into `scratch`.
-template <typename T>
-const T* row_major(const mx::array& a, std::vector<T>& scratch) {
-  if (a.flags().row_contiguous) return a.data<T>();
-  scratch.resize(a.size());
-  const T* src = a.data<T>();
-  const int nd = a.ndim();
-  std::vector<int64_t> idx(nd, 0);
-  for (size_t i = 0; i < a.size(); ++i) {
-    int64_t at = 0;
-    for (int d = 0; d < nd; ++d) at += idx[d] * a.strides()[d];
-    scratch[i] = src[at];
-    for (int d = nd - 1; d >= 0 && ++idx[d] == a.shape(d); --d) idx[d] = 0;
-  }
-  return scratch.data();
-}
 
 void require_f32(const mx::array& x, const char* op) {
   if (x.dtype() != mx::float32) throw std::invalid_argument(std::string(op) + ": float32 input only");

@@ -7,32 +7,11 @@
 #include "kernels.h"
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
+#include "strided.h"
 
 namespace gk {
 
 namespace {
-
-// A's elements in row-major order: its own buffer when already contiguous, else a gathered copy.
-template <typename T>
-const T* row_major(const mx::array& a, std::vector<T>& scratch) {
-  if (a.flags().row_contiguous) return a.data<T>();
-  scratch.resize(a.size());
-  const T* src = a.data<T>();
-  const auto& shape = a.shape();
-  const auto& strides = a.strides();
-  const int nd = static_cast<int>(shape.size());
-  std::vector<int64_t> idx(nd, 0);
-  for (size_t i = 0; i < a.size(); ++i) {
-    int64_t off = 0;
-    for (int d = 0; d < nd; ++d) off += idx[d] * strides[d];
-    scratch[i] = src[off];
-    for (int d = nd - 1; d >= 0; --d) {
-      if (++idx[d] < shape[d]) break;
-      idx[d] = 0;
-    }
-  }
-  return scratch.data();
-}
 
 void check_rows(const mx::array& w, int type, int k, const char* op) {
   const int64_t rb = row_bytes(type, k);
