@@ -11,7 +11,6 @@ preloads OpenBLAS), against the exact product.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -28,7 +27,7 @@ from hypothesis import strategies as st
 
 from gmlx_server.config import read_env
 from gmlx_server.engine.arch import make_cache
-from gmlx_server.engine.kernels import NATIVE_TYPES, probe
+from gmlx_server.engine.kernels import NATIVE_TYPES
 from gmlx_server.engine.loader import LoadedModel, load_gguf_model
 from tests.conftest import smollm2_path
 
@@ -42,16 +41,6 @@ FP16_FIELDS: dict[str, tuple[tuple[int, ...], float]] = {
     "Q4_0": ((0,), 0.1), "Q4_1": ((0, 2), 0.1), "Q5_0": ((0,), 0.1), "Q5_1": ((0, 2), 0.1), "Q8_0": ((0,), 0.01),
     "Q4_K": ((0, 2), 0.02), "Q5_K": ((0, 2), 0.02), "Q6_K": ((208,), 0.02),
 }
-
-
-@pytest.fixture(scope="module")
-def ext() -> ModuleType:
-    status = probe()
-    if status.ext is None:
-        if shutil.which("c++") is None or shutil.which("cmake") is None:
-            pytest.skip(f"no compiler to build the kernels: {status.reason}")
-        pytest.fail(f"the kernels should be built here: {status.reason}")
-    return status.ext
 
 
 @pytest.fixture(scope="module")
