@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from types import ModuleType
 import httpx
 
 from tests.e2e.server import ROOT, free_port
+from tests.e2e.server import _stop as stop_process
 
 HAPROXY = shutil.which("haproxy") or next((p for p in ("/usr/sbin/haproxy",) if os.access(p, os.X_OK)), None)
 SKIP_REASON = "no haproxy binary: run scripts/install_haproxy.sh (as root)"
@@ -94,12 +94,7 @@ def haproxy(hosts: Sequence[object], tmp: Path, inter_ms: int = 300, up: bool = 
             time.sleep(0.1)
         yield proxy
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop_process(proc)  # SIGINT: HAProxy stops at once
 
 
 def host_of(response: httpx.Response) -> str:

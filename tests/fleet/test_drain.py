@@ -108,11 +108,17 @@ class Stream(threading.Thread):
         self.first.set()
 
 
+def _streaming(run: Running) -> Stream:
+    """A stream on `run`, once its first token is in."""
+    stream = Stream(run.url)
+    stream.start()
+    assert stream.first.wait(10)
+    return stream
+
+
 def test_sigterm_drains_a_running_stream_then_exits() -> None:
     with draining_server(FakeBehavior(pieces=("tok",) * 20, token_s=0.1), deadline_s=30) as run:
-        stream = Stream(run.url)
-        stream.start()
-        assert stream.first.wait(10)
+        stream = _streaming(run)
         run.server.handle_exit(signal.SIGTERM, None)
         ready = httpx.get(run.url + "/health", params={"ready": "1"}, timeout=5)
         assert ready.status_code == 503 and ready.json()["reason"] == "draining"
@@ -135,23 +141,17 @@ def test_past_the_deadline_the_server_stops_anyway() -> None:
     """The fake engine cannot shed (the real one's typed error event is tests/fleet/test_fleet.py's): uvicorn's
     grace then cuts the stream."""
     with draining_server(FakeBehavior(pieces=("tok",) * 200, token_s=0.1), deadline_s=0.5) as run:
-        stream = Stream(run.url)
-        stream.start()
-        assert stream.first.wait(10)
-        t0 = time.monotonic()
+        stream = _streaming(run)
         run.server.handle_exit(signal.SIGTERM, None)
-        run.thread.join(20)
-        assert not run.thread.is_alive()
+        run.thread.join(15)
+        assert not run.thread.is_alive()  # the 20 s stream did not hold the stop
         stream.join(10)
         assert not stream.is_alive() and "data: [DONE]" not in stream.lines  # cut, not finished
-        assert time.monotonic() - t0 < 20  # the 20 s stream did not hold the stop
 
 
 def test_a_second_sigterm_stops_at_once() -> None:
     with draining_server(FakeBehavior(pieces=("tok",) * 200, token_s=0.1), deadline_s=60) as run:
-        stream = Stream(run.url)
-        stream.start()
-        assert stream.first.wait(10)
+        _streaming(run)
         run.server.handle_exit(signal.SIGTERM, None)
         assert not run.server.should_exit
         run.server.handle_exit(signal.SIGTERM, None)
