@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import falcon
 import falcon.asgi
 import falcon.inspect
 
+from gmlx_server.assistants import Assistants
 from gmlx_server.config import ServerConfig
 from gmlx_server.errors import GmlxError
 from gmlx_server.routes.cache import CacheReset, CacheStats
@@ -49,8 +51,9 @@ SWEEP_PERIOD_S = 1.0  # the idle sweep's tick; a shorter idle_timeout_s ticks at
 class Lifespan:
     """Runs the memory governor and the idle sweep while the app lives; closes every engine at shutdown."""
 
-    def __init__(self, host: ModelHost, services: ServiceHost | None = None) -> None:
-        self.host, self.services = host, services
+    def __init__(self, host: ModelHost, services: ServiceHost | None = None,
+                 assistants: Assistants | None = None) -> None:
+        self.host, self.services, self.assistants = host, services, assistants
         self._tasks: list[asyncio.Task[None]] = []
 
     async def process_startup(self, scope: dict[str, Any], event: dict[str, Any]) -> None:
@@ -58,6 +61,8 @@ class Lifespan:
                        asyncio.create_task(self._supervise())]
         if self.services is not None:
             self.services.start()  # hf: service models download in the background; load: start ones load
+        if self.assistants is not None:
+            await self.assistants.start()  # their MCP servers: a tool no server lists stops the start here
 
     async def _sweep(self) -> None:
         while True:
@@ -89,13 +94,15 @@ class Lifespan:
             task.cancel()
         if self.services is not None:
             self.services.close()
+        if self.assistants is not None:
+            await self.assistants.close()
         self.host.close()
 
 
-def _metrics(host: ModelHost, config: ServerConfig, services: ServiceHost) -> Metrics:
+def _metrics(host: ModelHost, config: ServerConfig, services: ServiceHost, assistants: Assistants) -> Metrics:
     snaps = Snapshotter(lambda: host.resident, host.telemetry, host.admission, host.governor,
                         config.server.decode_batch, host.capacity_section, lambda m: host.config.models.get(m),
-                        host.marks, extra={"services": services.section})
+                        host.marks, extra={"services": services.section, "assistants": assistants.section})
     return Metrics(snaps, make_registry(snaps.snapshot, host.telemetry, lambda: resident_cache_stats(host.resident)))
 
 
@@ -107,27 +114,37 @@ def _service_routes(services: ServiceHost) -> list[tuple[str, object]]:
             ("/v1/audio/speech", Speech(services)), ("/v1/systemone", systemone), ("/systemone", systemone)]
 
 
-def _routes(host: ModelHost, config: ServerConfig, services: ServiceHost) -> list[tuple[str, object]]:
-    models = Models(host, services.rows)
-    metrics = _metrics(host, config, services)
+def _follow(services: ServiceHost, assistants: Assistants) -> Callable[[ServerConfig], None]:
+    """What a reload that went through tells the services and the assistants."""
+    def then(config: ServerConfig) -> None:
+        services.reconfigure(config)
+        assistants.commit(config)
+
+    return then
+
+
+def _routes(host: ModelHost, config: ServerConfig, services: ServiceHost,
+            assistants: Assistants) -> list[tuple[str, object]]:
+    models = Models(host, services.rows, assistants.rows)
+    metrics = _metrics(host, config, services, assistants)
     estimator = Estimator(host)
     return [
-        ("/v1/chat/completions", ChatCompletions(host, estimator)),
+        ("/v1/chat/completions", ChatCompletions(host, estimator, assistants)),
         ("/v1/completions", Completions(host)),
-        ("/v1/messages", Messages(host)),
+        ("/v1/messages", Messages(host, assistants)),
         ("/v1/messages/count_tokens", CountTokens(host)),
-        ("/v1/responses", Responses(host, ResponseStore())),  # previous_response_id lives per app
+        ("/v1/responses", Responses(host, ResponseStore(), assistants)),  # previous_response_id lives per app
         ("/v1/models", models),
         ("/models", models),
-        ("/v1/models/{model_id:path}", Model(host, services.rows)),
+        ("/v1/models/{model_id:path}", Model(host, services.rows, assistants.rows)),
         ("/health", Health(host, key_required=bool(config.server.api_key))),
         ("/v1/estimate", Estimate(estimator)),
         ("/v1/capacity/plan", CapacityPlan(estimator)),
         ("/v1/metrics", metrics),
         ("/metrics", metrics),
-        ("/unload", Unload(host)),
+        ("/unload", Unload(host, assistants)),
         ("/v1/keep", Keep(host)),
-        ("/v1/reload", Reload(host, services.reconfigure)),
+        ("/v1/reload", Reload(host, _follow(services, assistants), assistants.stage)),
         ("/v1/cache/stats", CacheStats(host)),
         ("/v1/cache/reset", CacheReset(host)),
         ("/openapi.json", OpenApi()),
@@ -141,21 +158,25 @@ def create_app(
     *,
     host: ModelHost | None = None,
     services: ServiceHost | None = None,
+    assistants: Assistants | None = None,
 ) -> GmlxApp:
     """The ASGI app. Engines are created lazily, on a model's first request, by `engine_factory`
-    (default: gmlx_server.engine.factory.create_engine). Pass `host` (or `services`) to share or inspect it."""
+    (default: gmlx_server.engine.factory.create_engine). Pass `host` (or `services`, `assistants`) to share or
+    inspect it."""
     host = host if host is not None else ModelHost(config, engine_factory)
     services = services if services is not None else ServiceHost(config, host)
+    assistants = assistants if assistants is not None else Assistants(config, host.telemetry)
     host.services_weights = services.weights  # the chat load gate counts the service models as held
     body = JsonBodyMiddleware(config.env.max_body_bytes, config.env.body_timeout_s)
-    middleware: list[Any] = [Lifespan(host, services), DrainGate(host.drain), body]  # a draining host reads no body
+    lifespan = Lifespan(host, services, assistants)
+    middleware: list[Any] = [lifespan, DrainGate(host.drain), body]  # a draining host reads no body
     if config.server.api_key:
         middleware.insert(0, ApiKeyMiddleware(config.server.api_key))
     guard = RequestGuard(OriginPolicy(config.server.allowed_origins), HostPolicy(config.server.allowed_hosts))
     middleware.insert(0, guard)  # first: a preflight carries no key, a refused page gets no further
     middleware.insert(0, RequestLogMiddleware())  # before it: a refused generation request is logged too
     app = falcon.asgi.App(middleware=middleware, request_type=GmlxRequest)
-    for path, resource in _routes(host, config, services):
+    for path, resource in _routes(host, config, services, assistants):
         app.add_route(path, resource)
     for exc in (Exception, falcon.HTTPError, GmlxError):
         app.add_error_handler(exc, handle_error)

@@ -208,7 +208,7 @@ def overview_rows() -> list[Row]:
                Target(m("gmlx_capacity_prefill_transient_bytes"), "prefill transient"), unit="bytes"),
     ])
     return [now, fleet_row(), throughput, latency, queue, governor, capacity, prompt_cache_row(), services_row(),
-            speculative_row()]
+            speculative_row(), assistants_row()]
 
 
 def fleet_row() -> Row:
@@ -263,6 +263,29 @@ def services_row() -> Row:
                Target(rate("gmlx_service_bytes_out_total", "service"), "{{service}} out"), unit="Bps"),
         table("Service models", Target(m("gmlx_service_ready"), instant=True),
               {"instance": "server", "service": "service", "model": "model", "state": "state", "Value": "ready"}),
+    ])
+
+
+def assistants_row() -> Row:
+    """Assistant ids (gmlx_assistant_*): the MCP tool calls the server ran, their latency, the servers' health."""
+    latency = [Target(f"histogram_quantile({q}, sum by (le, assistant, tool) "
+                      f"(rate({m('gmlx_assistant_tool_call_seconds_bucket')}{RATE})))",
+                      f"{{{{assistant}}}}/{{{{tool}}}} p{int(q * 100)}") for q in (0.5, 0.99)]
+    return Row("Assistants (MCP tools)", [
+        series("Tool calls/s by outcome",
+               Target(rate("gmlx_assistant_tool_calls_total", "assistant, outcome"), "{{assistant}} {{outcome}}"),
+               unit="reqps", stack=True,
+               description="Calls an assistant's loop ran: ok, tool_error, tool_timeout, tool_unavailable (its MCP "
+                           "server down), tool_not_allowed (outside the allowlist, sent nowhere)."),
+        series("Tool call latency", *latency, unit="s"),
+        series("Requests in a tool loop", Target(f"sum by (assistant) ({m('gmlx_assistant_loops')})",
+                                                 "{{assistant}}")),
+        series("MCP servers up", Target(f"min by (assistant, server) ({m('gmlx_assistant_mcp_up')})",
+                                        "{{assistant}}/{{server}}"), width=12),
+        series("MCP server restarts", Target(f"sum by (assistant, server) "
+                                             f"(increase({m('gmlx_assistant_mcp_restarts_total')}{RATE}))",
+                                             "{{assistant}}/{{server}}"), width=12,
+               description="A stdio server that died is started again after a backoff that doubles (0.5 s to 30 s)."),
     ])
 
 

@@ -7,6 +7,7 @@ import uuid
 
 import falcon.asgi
 
+from gmlx_server.assistants import Assistants, start_reply, with_trace
 from gmlx_server.neutral import GenerationParams
 from gmlx_server.protocol.openai import parse_chat, parse_completion
 from gmlx_server.protocol.openai_out import OpenAIEncoder, ResponseMeta
@@ -16,26 +17,26 @@ from gmlx_server.routes.events import send
 from gmlx_server.routes.parsing import parse_body
 from gmlx_server.routes.request_log import request_record
 from gmlx_server.service.estimate import Estimator
-from gmlx_server.service.generate import start_generation
 from gmlx_server.service.host import ModelHost
 
 
 async def respond(req: GmlxRequest, resp: falcon.asgi.Response, host: ModelHost, params: GenerationParams,
-                  kind: str) -> None:
+                  kind: str, assistants: Assistants | None = None) -> None:
     chat = kind == "chat"
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-    started = await start_generation(host, params, rid, request_record(req))
+    started = await start_reply(host, assistants, params, rid, request_record(req))  # assistants: chat only
     meta = ResponseMeta(rid, started.model_id, int(time.time()), started.prompt_tokens,
                         "chat" if chat else "completion", params.include_usage, params.timings_per_token,
                         params.logprobs)
     encoder = with_tool_calls(OpenAIEncoder(meta, started.tokenizer), params, started.tools)
+    encoder = with_trace(encoder, started, "chat", {"id": rid, "created": meta.created, "model": meta.model})
     report_clamp(resp, started.requested_max_tokens, started.max_tokens)
     await send(req, resp, started.handle, encoder, params.stream, host.env.sse_keepalive_s)
 
 
 class ChatCompletions:
-    def __init__(self, host: ModelHost, estimator: Estimator) -> None:
-        self.host, self.estimator = host, estimator
+    def __init__(self, host: ModelHost, estimator: Estimator, assistants: Assistants | None = None) -> None:
+        self.host, self.estimator, self.assistants = host, estimator, assistants
 
     async def on_post(self, req: GmlxRequest, resp: falcon.asgi.Response) -> None:
         body = body_of(req)
@@ -43,7 +44,7 @@ class ChatCompletions:
         if isinstance(body, dict) and body.get("dry_run") is True:
             resp.media = await self.estimator.estimate(params)  # the same estimate as POST /v1/estimate
             return
-        await respond(req, resp, self.host, params, "chat")
+        await respond(req, resp, self.host, params, "chat", self.assistants)
 
 
 class Completions:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import falcon.asgi
 
+from gmlx_server.assistants import Assistants, start_reply, with_trace
 from gmlx_server.protocol.anthropic import parse_messages
 from gmlx_server.protocol.anthropic_out import AnthropicEncoder, MessageMeta
 from gmlx_server.protocol.neutral import new_id
@@ -13,20 +14,21 @@ from gmlx_server.routes.common import GmlxRequest, report_clamp
 from gmlx_server.routes.events import send
 from gmlx_server.routes.parsing import parse_body
 from gmlx_server.routes.request_log import request_record
-from gmlx_server.service.generate import count_prompt_tokens, start_generation
+from gmlx_server.service.generate import count_prompt_tokens
 from gmlx_server.service.host import ModelHost
 
 
 class Messages:
-    def __init__(self, host: ModelHost) -> None:
-        self.host = host
+    def __init__(self, host: ModelHost, assistants: Assistants | None = None) -> None:
+        self.host, self.assistants = host, assistants
 
     async def on_post(self, req: GmlxRequest, resp: falcon.asgi.Response) -> None:
         params = await parse_body(req, parse_messages)
         message_id = new_id("msg_")
-        started = await start_generation(self.host, params, message_id, request_record(req))
+        started = await start_reply(self.host, self.assistants, params, message_id, request_record(req))
         encoder = with_tool_calls(AnthropicEncoder(MessageMeta(message_id, started.model_id, started.prompt_tokens)),
                                   params, started.tools)
+        encoder = with_trace(encoder, started, "anthropic")
         report_clamp(resp, started.requested_max_tokens, started.max_tokens)
         await send(req, resp, started.handle, encoder, params.stream, self.host.env.sse_keepalive_s)
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import falcon.asgi
 
+from gmlx_server.assistants import Assistants
 from gmlx_server.config import ServerConfig
 from gmlx_server.errors import InvalidRequest
 from gmlx_server.routes.common import GmlxRequest, body_of
@@ -42,13 +43,20 @@ def _flag(body: dict[str, Any], name: str) -> bool:
 
 
 class Unload:
-    """{"model": id} unloads that model (pinned too; 409 while it streams); no model: every idle one."""
+    """{"model": id} unloads that model (pinned too; 409 while it streams); no model: every idle one. An
+    assistant id stops its MCP servers; its next request starts them again."""
 
-    def __init__(self, host: ModelHost) -> None:
-        self.host = host
+    def __init__(self, host: ModelHost, assistants: Assistants | None = None) -> None:
+        self.host, self.assistants = host, assistants
 
     async def on_post(self, req: GmlxRequest, resp: falcon.asgi.Response) -> None:
-        model = _model(self.host, _body(req))
+        body = _body(req)
+        name = body.get("model")
+        if self.assistants is not None and isinstance(name, str) and self.assistants.entry(name) is not None:
+            resp.media = {"status": "ok", "unloaded": [name] if await self.assistants.unload(name) else [],
+                          "busy": []}
+            return
+        model = _model(self.host, body)
         if model is None:
             unloaded, busy = await self.host.unload_idle()
         else:
@@ -69,11 +77,13 @@ class Keep:
 
 
 class Reload:
-    def __init__(self, host: ModelHost, then: Callable[[ServerConfig], None] | None = None) -> None:
+    def __init__(self, host: ModelHost, then: Callable[[ServerConfig], None] | None = None,
+                 check: Callable[[ServerConfig], Awaitable[None]] | None = None) -> None:
         self.host, self.then = host, then  # `then` gets the new config (the services follow it)
+        self.check = check  # sees the new config first and may refuse it (the assistants start their servers)
 
     async def on_post(self, req: GmlxRequest, resp: falcon.asgi.Response) -> None:
-        result = await reload(self.host)
+        result = await reload(self.host, self.check)
         if result.get("status") == "reloaded" and self.then is not None:
             self.then(self.host.config)
         resp.media = result

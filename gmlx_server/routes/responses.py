@@ -6,6 +6,7 @@ import time
 
 import falcon.asgi
 
+from gmlx_server.assistants import Assistants, start_reply, with_trace
 from gmlx_server.protocol.neutral import new_id
 from gmlx_server.protocol.responses import parse_responses
 from gmlx_server.protocol.responses_out import ResponsesEncoder, ResponsesMeta
@@ -15,13 +16,12 @@ from gmlx_server.routes.events import send
 from gmlx_server.routes.parsing import parse_body
 from gmlx_server.routes.request_log import request_record
 from gmlx_server.service.conversations import ResponseStore
-from gmlx_server.service.generate import start_generation
 from gmlx_server.service.host import ModelHost
 
 
 class Responses:
-    def __init__(self, host: ModelHost, store: ResponseStore) -> None:
-        self.host, self.store = host, store
+    def __init__(self, host: ModelHost, store: ResponseStore, assistants: Assistants | None = None) -> None:
+        self.host, self.store, self.assistants = host, store, assistants
 
     async def on_post(self, req: GmlxRequest, resp: falcon.asgi.Response) -> None:
         request = await parse_body(req, parse_responses)
@@ -29,7 +29,7 @@ class Responses:
         history = self.store.get(prev) if prev is not None else ()
         params = request.with_history(history)
         response_id = new_id("resp_")
-        started = await start_generation(self.host, params, response_id, request_record(req))
+        started = await start_reply(self.host, self.assistants, params, response_id, request_record(req))
         meta = ResponsesMeta(response_id, started.model_id, int(time.time()), started.prompt_tokens, request.echo)
         encoder = ResponsesEncoder(meta)
         report_clamp(resp, started.requested_max_tokens, started.max_tokens)
@@ -38,5 +38,5 @@ class Responses:
             if request.store:
                 self.store.put(response_id, [*history, *request.input_messages, *encoder.output_messages()])
 
-        await send(req, resp, started.handle, with_tool_calls(encoder, params, started.tools), params.stream,
-                   self.host.env.sse_keepalive_s, remember)
+        traced = with_trace(with_tool_calls(encoder, params, started.tools), started, "responses")
+        await send(req, resp, started.handle, traced, params.stream, self.host.env.sse_keepalive_s, remember)

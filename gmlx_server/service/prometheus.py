@@ -186,6 +186,34 @@ def _services(server: Mapping[str, Any]) -> Iterator[Metric]:
     yield from (*counters.values(), in_flight, ready, latency)
 
 
+def _assistants(server: Mapping[str, Any]) -> Iterator[Metric]:
+    """Per assistant: its tool calls by tool and outcome with their latency, its MCP servers, its live loops."""
+    rows = server.get("assistants")
+    if not isinstance(rows, Mapping) or not rows:
+        return  # no assistant configured: no families
+    tool, link = ["assistant", "tool"], ["assistant", "server"]
+    calls = CounterMetricFamily("gmlx_assistant_tool_calls", f"tool calls an assistant ran, by outcome "
+                                f"({', '.join(_TOOL_OUTCOMES)})", labels=[*tool, "outcome"])
+    latency = HistogramMetricFamily("gmlx_assistant_tool_call_seconds", "one tool call, sent to result", labels=tool)
+    up = GaugeMetricFamily("gmlx_assistant_mcp_up", "1 while the MCP server is connected", labels=link)
+    restarts = CounterMetricFamily("gmlx_assistant_mcp_restarts", "times the MCP server was started again", labels=link)
+    loops = GaugeMetricFamily("gmlx_assistant_loops", "requests in the assistant's tool loop now", labels=["assistant"])
+    for aid, row in rows.items():
+        for name, stats in (row.get("tools") or {}).items():
+            for outcome in _TOOL_OUTCOMES:  # zeros too: every allowed tool has its series from the start
+                calls.add_metric([aid, name, outcome], float((stats.get("outcomes") or {}).get(outcome, 0)))
+            buckets = [(str(b) if b == "+Inf" else repr(float(b)), float(n)) for b, n in stats["latency_buckets"]]
+            latency.add_metric([aid, name], buckets, float(stats.get("latency_s_sum") or 0.0))
+        for name, state in (row.get("servers") or {}).items():
+            up.add_metric([aid, name], 1.0 if state.get("state") == "ready" else 0.0)
+            restarts.add_metric([aid, name], float(state.get("restarts") or 0))
+        loops.add_metric([aid], float(len(row.get("active") or [])))
+    yield from (calls, latency, up, restarts, loops)
+
+
+_TOOL_OUTCOMES = ("ok", "tool_error", "tool_timeout", "tool_unavailable", "tool_not_allowed")
+
+
 class SnapshotCollector(Collector):
     def __init__(self, snapshot: Callable[[], Mapping[str, Any]], telemetry: Telemetry,
                  caches: CacheStats | None = None) -> None:
@@ -193,7 +221,7 @@ class SnapshotCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         server = self._snapshot().get("server", {})
-        for part in (_flat_sections, _governor, _requests, _resident, _capacity, _services):
+        for part in (_flat_sections, _governor, _requests, _resident, _capacity, _services, _assistants):
             yield from part(server)
         yield from _telemetry(self._telemetry)
         yield from _prompt_cache(self._caches() if self._caches is not None else {})

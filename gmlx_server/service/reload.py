@@ -7,7 +7,7 @@ cannot load (models found in models_dir are exempt: a download in progress must 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -73,16 +73,19 @@ def check_new_files(old: ServerConfig, new: ServerConfig) -> None:
                                 f"loaded: {problem}", param=f"models.{model_id}.path", code="model_file_invalid")
 
 
-async def reload(host: ModelHost) -> dict[str, Any]:
-    """{"status": "unsupported"} outside config mode; else the re-registered models (400 on a broken file)."""
+async def reload(host: ModelHost, check: Callable[[ServerConfig], Awaitable[None]] | None = None) -> dict[str, Any]:
+    """{"status": "unsupported"} outside config mode; else the re-registered models (400 on a broken file, or
+    when `check`, which sees the new config before anything changes, raises a ConfigError)."""
     if host.config.source is None:
         return {"status": "unsupported"}
     try:
         config = await asyncio.to_thread(reload_config, host.config)
+        if host.files.check_headers:
+            await asyncio.to_thread(check_new_files, host.config, config)
+        if check is not None:
+            await check(config)
     except ConfigError as e:
         raise InvalidConfig(f"reload failed, the running config is kept: {e}", param=e.key or None) from e
-    if host.files.check_headers:
-        await asyncio.to_thread(check_new_files, host.config, config)
     changes = await host.reconfigure(config)
     loaded = [m for m in changes.unchanged if m in host.resident]
     return {"status": "reloaded", "source": config.source, **asdict(changes), "kept_loaded": loaded}

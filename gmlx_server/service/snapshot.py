@@ -65,7 +65,7 @@ class Snapshotter:
         builders: dict[str, Callable[[], Any]] = {
             "concurrency": lambda: self._concurrency(stats),
             "queue": lambda: self._queue(stats),
-            "requests": lambda: _requests(stats),
+            "requests": lambda: _requests(stats, self.telemetry.assistant_steps),
             "resident_models": lambda: self._resident(engines, stats),
             "governor": self._governor,
             "memory": self._memory,
@@ -153,7 +153,7 @@ class Snapshotter:
         return {**totals, "by_model": by_model}
 
 
-def _requests(stats: Mapping[str, EngineStats]) -> list[dict[str, Any]]:
+def _requests(stats: Mapping[str, EngineStats], steps: Mapping[str, Any]) -> list[dict[str, Any]]:
     rows = [(m, r) for m, s in stats.items() for r in s.rows]
     rows.sort(key=lambda mr: mr[1].state != "queued")  # queued rows first
     position: dict[str, int] = {}
@@ -168,7 +168,8 @@ def _requests(stats: Mapping[str, EngineStats]) -> list[dict[str, Any]]:
                     "ttft_s": round(r.ttft_s, 3) if r.ttft_s is not None else None,
                     "decode_tok_s": round(r.decode_tok_s, 2) if r.decode_tok_s is not None else None,
                     "cache": {"tier": r.cache_tier, "warm_tokens": r.warm_tokens},
-                    "speculative": speculative_json(r.speculative)})
+                    "speculative": speculative_json(r.speculative),
+                    "assistant": steps.get(r.request_id)})  # an assistant's loop: its id and step, else null
     return out
 
 

@@ -10,6 +10,7 @@ import time
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from gmlx_server.engine.types import RequestHandle, SpeculativeStats, TokenEvent
 
@@ -82,6 +83,7 @@ class Telemetry:
         self.rejections: Counter[str] = Counter()
         self.last_reject_reason: str | None = None
         self.sheds = 0
+        self.assistant_steps: dict[str, dict[str, Any]] = {}  # request id -> its assistant loop's step (rows)
 
     def model(self, model_id: str) -> ModelRates:
         return self.models.setdefault(model_id, ModelRates())

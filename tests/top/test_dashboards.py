@@ -46,6 +46,10 @@ def _rendered_names() -> set[str]:
     snapshot["server"]["services"] = {"rerank": {  # one service that answered a request (gmlx_service_*)
         "id": "judge", "state": "ready", "in_flight": 0, "requests": 1, "errors": 0, "rejections": 0,
         "bytes_in": 100, "bytes_out": 80, "latency_s_sum": 0.2, "latency_buckets": [[0.25, 1], ["+Inf", 1]]}}
+    snapshot["server"]["assistants"] = {"helper": {  # one assistant whose tool answered once (gmlx_assistant_*)
+        "model": "smollm2", "servers": {"docs": {"transport": "stdio", "state": "ready", "restarts": 0}},
+        "tools": {"search": {"outcomes": {"ok": 1}, "latency_s_sum": 0.1, "latency_buckets": [[0.25, 1], ["+Inf", 1]]}},
+        "active": []}}
     text = render(make_registry(lambda: snapshot, t, lambda: {"smollm2": cache})).decode()
     return exported(text_string_to_metric_families(text))
 

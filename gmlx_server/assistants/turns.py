@@ -1,0 +1,71 @@
+"""One model turn of an assistant's loop, read as it streams: the text a client may see, and the calls.
+
+The reply runs through the parser of the turn's tool-call syntax (the same parsers that turn calls into
+OpenAI tool_calls and Anthropic tool_use blocks), so a call's markup never reaches the client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gmlx_server.engine.tool_syntax import ToolUse
+from gmlx_server.protocol.tools import TextDelta, ToolCallEnd, ToolCallStart, ToolEvent, format_of
+
+
+@dataclass(frozen=True)
+class Call:
+    call_id: str
+    name: str
+    arguments: Mapping[str, Any]
+
+
+class TurnReader:
+    """feed() the turn's text deltas, finish() at its final event; both return the text to show."""
+
+    def __init__(self, use: ToolUse | None, tools: Sequence[Mapping[str, Any]] | None) -> None:
+        self.use = use
+        self.parser = format_of(use.syntax).streaming(tools) if use is not None else None
+        self.calls: list[Call] = []
+        self.shown: list[str] = []
+        self._open: dict[int, ToolCallStart] = {}
+
+    def feed(self, text: str) -> str:
+        return self._take(self.parser.feed(text)) if self.parser is not None else self._show(text)
+
+    def finish(self) -> str:
+        if self.parser is None:
+            return ""
+        text = self._take(self.parser.finish())
+        if self.use is not None and self.use.report is not None:  # gmlx_tool_calls_total, as for any reply
+            self.use.report(self.parser.calls, self.parser.failed)
+        return text
+
+    @property
+    def format_stops(self) -> tuple[str, ...]:
+        """Stop strings the syntax added: ours, not the client's (the answer reports no stop_sequence)."""
+        return self.use.syntax.stop if self.use is not None else ()
+
+    def _take(self, events: list[ToolEvent]) -> str:
+        out = []
+        for e in events:
+            if isinstance(e, TextDelta):
+                out.append(e.text)
+            elif isinstance(e, ToolCallStart):
+                self._open[e.index] = e
+            elif isinstance(e, ToolCallEnd):
+                start = self._open.pop(e.index)
+                self.calls.append(Call(f"call_{start.id}", start.name, e.arguments))
+        return self._show("".join(out))
+
+    def _show(self, text: str) -> str:
+        if text:
+            self.shown.append(text)
+        return text
+
+    def assistant_message(self) -> dict[str, Any]:
+        """The turn as the template's history: its text and its calls (arguments as objects)."""
+        calls = [{"id": c.call_id, "type": "function", "function": {"name": c.name, "arguments": dict(c.arguments)}}
+                 for c in self.calls]
+        return {"role": "assistant", "content": "".join(self.shown), "tool_calls": calls}
