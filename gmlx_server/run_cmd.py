@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, get_args
 from gmlx_server.config import ConfigError, ServerConfig, WeightsLayout, load_config, read_env
 from gmlx_server.errors import GmlxError, ModelNotFound
 from gmlx_server.neutral import GenerationParams, ImageRef
-from gmlx_server.protocol.images import from_url, image_part
 from gmlx_server.service.addressing import Address, Catalog, resolve_address
 
 if TYPE_CHECKING:  # the service and engine modules load once the process is prepared for MLX
@@ -140,6 +139,8 @@ def _params(args: argparse.Namespace, addr: Address, text: str) -> GenerationPar
     system = [{"role": "system", "content": args.system}] if args.system else []
     content: str | list[dict[str, Any]] = text
     if args.image:  # the images first, then the question, as mlx-vlm and llama.cpp's CLIs place them
+        from gmlx_server.protocol.images import image_part  # numpy (and its BLAS): not for `gmlx top`'s import
+
         content = [*(image_part(_image_ref(x, f"--image[{i}]")) for i, x in enumerate(args.image)),
                    {"type": "text", "text": text}]
     return GenerationParams(**common, messages=(*system, {"role": "user", "content": content}))
@@ -148,6 +149,8 @@ def _params(args: argparse.Namespace, addr: Address, text: str) -> GenerationPar
 def _image_ref(arg: str, where: str) -> ImageRef:
     """A file is read here; a URL or data: URI goes the way a request's image_url does."""
     if arg.startswith(("http://", "https://", "data:")):
+        from gmlx_server.protocol.images import from_url
+
         return from_url(arg, where, where)
     try:
         return ImageRef(where, data=Path(arg).expanduser().read_bytes())
