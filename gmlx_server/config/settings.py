@@ -1,7 +1,7 @@
 """The server's settings as frozen dataclasses: the bottom of the server's import graph (the stdlib and the
 planner's pure types only).
 
-What each field means for an operator is in README's Configuration section; how the layers use them
+What each field means for an operator is in docs/configuration.md (every key and variable); how the layers use them
 is in docs/architecture.md ("Where configuration lives").
 """
 
@@ -44,7 +44,7 @@ class ConfigError(Exception):
 
 @dataclass(frozen=True)
 class RuntimeEnv:
-    """Environment switches, read once at start (see README for each default)."""
+    """Environment switches, read once at start (docs/configuration.md lists each with its default)."""
 
     config_path: str | None = None  # GMLX_CONFIG: the YAML for the ASGI entry point
     model_path: str | None = None  # GMLX_MODEL: a single GGUF for the ASGI entry point
