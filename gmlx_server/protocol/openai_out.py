@@ -38,7 +38,7 @@ def event_error(ev: TokenEvent) -> GmlxError | None:
     if ev.finish_reason == "error":
         return EngineFailure(f"generation failed: {ev.error or 'engine error'}")
     if ev.finish_reason == "shed":
-        return Shed()
+        return Shed(ev.error) if ev.error else Shed()  # the governor's or the shutdown's own reason
     return None
 
 

@@ -45,10 +45,10 @@ class LiveServer:
 
 @contextmanager
 def gmlx_serve(args: Sequence[str], log_dir: Path, env: dict[str, str] | None = None,
-               timeout_s: float = 180.0, cwd: Path = ROOT) -> Iterator[LiveServer]:
-    """Start `gmlx serve ARGS --port P` (the gmlx_server found from `cwd`), wait for /health, yield, then stop
-    it (SIGINT, then kill)."""
-    port = free_port()
+               timeout_s: float = 180.0, cwd: Path = ROOT, port: int | None = None) -> Iterator[LiveServer]:
+    """Start `gmlx serve ARGS --port P` (the gmlx_server found from `cwd`; P free, or `port` to restart a host on
+    its address), wait for /health, yield, then stop it (SIGINT, then kill)."""
+    port = port or free_port()
     log_path = log_dir / f"gmlx-serve-{port}.log"
     full_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "gmlx_server.cli", "serve", *args, "--host", "127.0.0.1", "--port", str(port)]
