@@ -1,0 +1,133 @@
+"""1, 2 and 3 `gmlx serve` hosts behind HAProxy (deploy/haproxy) under the same offered load, side by side.
+
+    .venv/bin/python bench/fleet.py [--rate 1.0] [--seconds 30] [--output 32] [--decode-batch 4]
+
+Starts three hosts (the embedded SmolLM2) on loopback, then for each fleet size puts HAProxy in front of
+the first N of them and sends the same open-loop load: one short streamed chat every 1/rate seconds for
+`seconds` (EOS banned, `output` tokens each), whatever is still running. Prints per size: requests,
+completed, refused (503), aggregate generated tokens/s (all tokens over the wall time from the first send
+to the last end) and TTFT p50/p99 as clients saw it through the proxy. All hosts share this machine's
+cores, so here more hosts add queue room and isolation, not compute: see README "Running several hosts".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import httpx
+
+from tests.fleet.haproxy import haproxy, hosts_of
+from tests.fleet.live import EOS_BAN, Host
+
+
+@dataclass
+class Result:
+    status: int = 0
+    ttft_s: float | None = None
+    tokens: int = 0
+    end: float = 0.0
+
+
+def _body(i: int, output: int) -> dict[str, object]:
+    return {"model": "smollm2", "messages": [{"role": "user", "content": f"Request {i}: tell me about harbours."}],
+            "max_tokens": output, "temperature": 0, "logit_bias": EOS_BAN, "stream": True,
+            "stream_options": {"include_usage": True}}
+
+
+def one(url: str, i: int, output: int) -> Result:
+    out, t0 = Result(), time.perf_counter()
+    try:
+        with httpx.stream("POST", url + "/v1/chat/completions", json=_body(i, output), timeout=900) as r:
+            out.status = r.status_code
+            for line in r.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                chunk = json.loads(line.removeprefix("data: "))
+                if out.ttft_s is None and any((c.get("delta") or {}).get("content") for c in chunk["choices"]):
+                    out.ttft_s = time.perf_counter() - t0
+                if chunk.get("usage"):  # the last chunk (stream_options.include_usage)
+                    out.tokens = int(chunk["usage"]["completion_tokens"])
+    except httpx.HTTPError:
+        out.status = -1
+    out.end = time.perf_counter()
+    return out
+
+
+def rank(values: list[float], p: float) -> float | None:
+    """Nearest-rank percentile."""
+    if not values:
+        return None
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, math.ceil(p * len(s)) - 1))]
+
+
+def offered(url: str, rate: float, seconds: float, output: int) -> tuple[list[Result], float]:
+    """Open loop: request i leaves at i / rate s, whatever is still running. (results, wall seconds)."""
+    n = max(1, round(rate * seconds))
+    start = time.perf_counter()
+    futures: list[Future[Result]] = []
+    with ThreadPoolExecutor(n) as pool:
+        for i in range(n):
+            time.sleep(max(0.0, start + i / rate - time.perf_counter()))
+            futures.append(pool.submit(one, url, i, output))
+        results = [f.result() for f in futures]
+    return results, max(r.end for r in results) - start
+
+
+def warm(hs: list[Host], output: int) -> None:
+    for h in hs:  # each host loads its model and meets the prompt once
+        one(h.url, 0, output)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rate", type=float, default=1.0, help="requests per second offered")
+    ap.add_argument("--seconds", type=float, default=30.0)
+    ap.add_argument("--output", type=int, default=32)
+    ap.add_argument("--decode-batch", type=int, default=4)
+    args = ap.parse_args()
+    env = {"GMLX_DECODE_BATCH": str(args.decode_batch), "GMLX_QUEUE_DEPTH_CAP": str(2 * args.decode_batch)}
+    with tempfile.TemporaryDirectory() as tmp:
+        hs = [Host(f"gmlx{i + 1}", Path(tmp), env=env) for i in range(3)]
+        try:
+            starts = [threading.Thread(target=h.start) for h in hs]
+            for t in starts:
+                t.start()
+            for t in starts:
+                t.join()
+            warm(hs, args.output)
+            rows = []
+            for n in (1, 2, 3):
+                with haproxy(hosts_of([h.url for h in hs[:n]]), Path(tmp)) as proxy:
+                    results, wall = offered(proxy.url, args.rate, args.seconds, args.output)
+                ok = [r for r in results if r.status == 200 and r.tokens]
+                ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
+                rows.append((n, len(results), len(ok), sum(r.status == 503 for r in results),
+                             sum(r.tokens for r in ok) / wall, rank(ttfts, 0.5), rank(ttfts, 0.99)))
+        finally:
+            for h in hs:
+                h.stop()
+    print(f"offered: {args.rate:g} req/s for {args.seconds:g} s, {args.output} tokens each; decode width "
+          f"{args.decode_batch} per host, queue cap {2 * args.decode_batch}")
+    print(f"{'hosts':>5} {'requests':>8} {'done':>5} {'503':>4} {'tok/s':>7} {'TTFT p50':>9} {'TTFT p99':>9}")
+    for n, reqs, done, refused, tok_s, p50, p99 in rows:
+        print(f"{n:>5} {reqs:>8} {done:>5} {refused:>4} {tok_s:>7.1f} {_s(p50):>9} {_s(p99):>9}")
+
+
+def _s(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}s"
+
+
+if __name__ == "__main__":
+    main()
