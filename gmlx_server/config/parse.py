@@ -103,7 +103,7 @@ def _model(c: Checker, mid: str, raw: Any, base: Path, drafts: RawDrafts) -> Mod
         raise c.fail(f"{key}.path", "missing (a GGUF file, hf:org/repo/file.gguf or a local MLX dir)")
     kw["path"] = c.path(kw["path"], f"{key}.path", base, repo_ok=True)
     if Path(kw["path"]).is_dir():
-        _refuse_for_dir(c, key, kw, draft is not None)
+        _refuse_for_dir(c, key, kw)  # (a draft is refused by its own check, which names the path)
     if kw["mmproj"] is not None:
         kw["mmproj"] = c.path(kw["mmproj"], f"{key}.mmproj", base)
         if draft is not None:
@@ -126,9 +126,9 @@ def _model(c: Checker, mid: str, raw: Any, base: Path, drafts: RawDrafts) -> Mod
     return ModelEntry(id=mid, **kw)
 
 
-def _refuse_for_dir(c: Checker, key: str, kw: Mapping[str, Any], draft: bool) -> None:
+def _refuse_for_dir(c: Checker, key: str, kw: Mapping[str, Any]) -> None:
     """A model directory loads through mlx-vlm's loader, which takes none of the GGUF path's options."""
-    given = {"mmproj": kw["mmproj"] is not None, "kv_quant": kw["kv_quant"] is not None, "draft": draft,
+    given = {"mmproj": kw["mmproj"] is not None, "kv_quant": kw["kv_quant"] is not None,
              "weights": kw["weights"] not in (None, "auto")}
     for name, present in given.items():
         if present:

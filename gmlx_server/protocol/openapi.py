@@ -68,8 +68,12 @@ def _thinking() -> dict[str, Schema]:
             "thinking_budget": {"type": "integer", "minimum": -1}}
 
 
+DETAIL = {"enum": ["auto", "low", "high"]}
+
+
 def _chat_message() -> Schema:
-    part = obj(("type",), type={"enum": ["text"]}, text=STRING)
+    image = one_of(STRING, obj(("url",), url=STRING, detail=DETAIL))  # an http(s) URL or a base64 data: URI
+    part = obj(("type",), type={"enum": ["text", "image_url"]}, text=STRING, image_url=image)
     call = obj(("function",), id=STRING, type={"enum": ["function"]},
                function=obj(name=STRING, arguments=one_of(STRING, OBJECT)))
     return obj(("role",), role={"enum": ["system", "developer", "user", "assistant", "tool", "function"]},
@@ -100,8 +104,9 @@ def _completion() -> Schema:
 
 
 def _anthropic_block() -> Schema:
-    kinds = ["text", "tool_use", "tool_result", "thinking", "redacted_thinking"]
-    return obj(("type",), type={"enum": kinds}, text=STRING, id=STRING, name=STRING, input=OBJECT,
+    kinds = ["text", "image", "tool_use", "tool_result", "thinking", "redacted_thinking"]
+    source = obj(("type",), type={"enum": ["base64", "url"]}, media_type=STRING, data=STRING, url=STRING)
+    return obj(("type",), type={"enum": kinds}, text=STRING, source=source, id=STRING, name=STRING, input=OBJECT,
                tool_use_id=STRING, content=one_of(STRING, array(obj(("type", "text"), type={"enum": ["text"]},
                                                                      text=STRING))),
                is_error=BOOL, thinking=STRING)
@@ -125,8 +130,8 @@ def _messages() -> Schema:
 
 
 def _responses() -> Schema:
-    part = obj(("type",), type={"enum": ["input_text", "output_text", "text", "refusal"]}, text=STRING,
-               refusal=STRING)
+    part = obj(("type",), type={"enum": ["input_text", "output_text", "text", "refusal", "input_image"]}, text=STRING,
+               refusal=STRING, image_url=STRING, detail=DETAIL)
     content = one_of(STRING, array(part))
     item = obj(type={"enum": ["message", "function_call", "function_call_output", "reasoning"]},
                role={"enum": ["user", "assistant", "system", "developer"]}, content=content,

@@ -44,11 +44,12 @@ class ImageProcessor:
     def __init__(self, projector: Projector, token_id: Callable[[str], int | None]) -> None:
         self.projector = projector
         self.placeholder, self.image_token, specials = TOKENS[projector.family]
-        missing = [t for t in (self.image_token, *specials) if token_id(t) is None]
+        ids = {t: token_id(t) for t in (self.image_token, *specials)}
+        missing = [t for t, i in ids.items() if i is None]
         if missing:
             raise UnsupportedProjector(f"{projector.path}: the text model's vocabulary lacks {', '.join(missing)}, "
                                        f"which a {projector.family} prompt needs")
-        self.image_token_id = int(token_id(self.image_token))  # type: ignore[arg-type]
+        self.image_token_id = int(ids[self.image_token] or 0)
         self._images = _image_processor(projector)
 
     def prepare(self, image: Any) -> PreparedImage:
