@@ -190,3 +190,18 @@ def test_a_model_directory_refuses_gguf_options(tmp_path: Path, extra: str, key:
     with pytest.raises(ConfigError) as e:
         parse(str(tmp_path / "gmlx.yaml"), text)
     assert e.value.key == f"models.m.{key}" and "model directory" in e.value.what
+
+
+def test_the_projector_counts_in_the_load_gates_weights(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from gmlx_server.config import ModelEntry
+    from gmlx_server.engine.vision.mmproj import tower_bytes
+    from gmlx_server.service.capacity import memory_model
+    from tests.conftest import smollm2_path
+
+    text = ModelEntry(id="m", path=smollm2_path())
+    mmproj = _clip(tmp_path / "p.gguf")
+    with_tower = memory_model(replace(text, mmproj=str(mmproj)))
+    assert with_tower.weights_bytes == memory_model(text).weights_bytes + tower_bytes(mmproj) > 0
+    assert tower_bytes(mmproj, on_gpu=False) == 4 * 4 and tower_bytes(mmproj, on_gpu=True) == 2 * 4
