@@ -13,6 +13,9 @@ if [ -x node_modules/.bin/claude ] && [ -x node_modules/.bin/pi ] && [ -x node_m
     && [ -x node_modules/.bin/codex ] && [ node_modules/.package-lock.json -nt package-lock.json ]; then
   exit 0
 fi
-npm ci --no-audit --no-fund --loglevel=error
+# npm ci wants every platform's optional package of a client in the lock; a registry mirror that lacks some
+# (opencode's darwin/windows/musl builds) leaves them out, so fall back to an install that follows the lock
+# for what it holds (the clients themselves are pinned exactly in package.json).
+npm ci --no-audit --no-fund --loglevel=error 2>/dev/null || npm install --no-audit --no-fund --loglevel=error
 echo "install_agents: $(node_modules/.bin/claude --version 2>&1), pi $(node_modules/.bin/pi --version 2>&1)," \
   "opencode $(node_modules/.bin/opencode --version 2>&1), $(node_modules/.bin/codex --version 2>&1)"
