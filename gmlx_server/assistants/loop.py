@@ -97,6 +97,7 @@ class ToolLoop:
         self.budget = params.max_tokens  # the whole answer's output cap, across turns
         self.inp = replace(params, model=box.entry.model, tools=box.model_tools() or None,
                            messages=with_system(box.entry.system, params.messages))
+        self.choice = params.tool_choice  # later turns: the client's auto or none
         self.trace = Trace()
         self.step = 1
         self.generated = 0
@@ -105,8 +106,14 @@ class ToolLoop:
         self._turn: Started | None = None
         self._task: asyncio.Future[ToolOutcome] | None = None
 
+    def _first_turn(self) -> GenerationParams:
+        """The config's `tool_choice: required` holds the first turn to a call, unless the client said none."""
+        if self.entry.tool_choice == "required" and self.choice != "none":
+            return replace(self.inp, tool_choice="required")
+        return self.inp
+
     async def start(self) -> AssistantStarted:
-        self._turn = first = await start_generation(self.host, self.inp, self.request_id, self.record)
+        self._turn = first = await start_generation(self.host, self._first_turn(), self.request_id, self.record)
         self._mark("model")
         return AssistantStarted(LoopHandle(self), self.entry.id, first.profile, first.prompt_tokens,
                                 first.max_tokens, first.tokenizer, None, first.requested_max_tokens, self.trace)

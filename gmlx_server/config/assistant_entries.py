@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 McpTransport = Literal["stdio", "http"]
+FirstTurn = Literal["auto", "required"]
 DEFAULT_MAX_STEPS = 8
 DEFAULT_TOOL_TIMEOUT_S = 30.0
 DEFAULT_MAX_RESULT_CHARS = 16_000
@@ -44,6 +45,7 @@ class Assistant:
     max_steps: int = DEFAULT_MAX_STEPS  # tool rounds one request may run before the answer says it stopped
     tool_timeout_s: float = DEFAULT_TOOL_TIMEOUT_S  # one tool call, from sending it to its result
     max_result_chars: int = DEFAULT_MAX_RESULT_CHARS  # a tool result the model sees is cut to this
+    tool_choice: FirstTurn = "auto"  # required: each request's first turn must call a tool (later turns: auto)
 
     @property
     def servers(self) -> tuple[str, ...]:

@@ -22,7 +22,8 @@ from gmlx_server.config.checker import Checker
 from gmlx_server.config.settings import BUILTIN_INTENTS, ServerConfig
 
 SERVER_KEYS = frozenset({"command", "args", "env", "cwd", "url", "headers"})
-ASSISTANT_KEYS = frozenset({"model", "system", "tools", "max_steps", "tool_timeout_s", "max_result_chars"})
+ASSISTANT_KEYS = frozenset({"model", "system", "tools", "max_steps", "tool_timeout_s", "max_result_chars",
+                            "tool_choice"})
 KEYS = SERVER_KEYS | ASSISTANT_KEYS | {"mcp_servers", "assistants"}  # the reference test lists these
 
 
@@ -97,8 +98,11 @@ def _assistant(c: Checker, aid: str, raw: Any) -> Assistant:
     for name, value in (("max_steps", max_steps), ("tool_timeout_s", timeout), ("max_result_chars", cap)):
         if value <= 0:
             raise c.fail(f"{key}.{name}", f"must be more than 0, got {value}")
+    choice = c.value(data, key, "tool_choice", "str", "auto")
+    if choice not in ("auto", "required"):
+        raise c.fail(f"{key}.tool_choice", f"expected auto or required, got {choice!r}")
     return Assistant(aid, model, _allowlists(c, data.get("tools"), f"{key}.tools"),
-                     c.value(data, key, "system", "str"), max_steps, timeout, cap)
+                     c.value(data, key, "system", "str"), max_steps, timeout, cap, choice)
 
 
 def _allowlists(c: Checker, raw: Any, key: str) -> tuple[tuple[str, tuple[str, ...]], ...]:

@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from gmlx_server.engine.types import EngineStats, RequestRow
-from tests.assistants.conftest import KEY, Live
+from tests.assistants.conftest import HELPER_TOOLS, KEY, Live, config_text
 from tests.assistants.tools_server import calls, started_pids
 
 ANSWER = "Answer: The capital of Zubrowka is Lutz."
@@ -141,12 +141,19 @@ def test_the_step_limit_ends_the_answer_and_says_so(live: Live) -> None:
 def test_a_dead_server_is_restarted(live: Live) -> None:
     pid = started_pids(live.call_log)[-1]
     os.kill(pid, signal.SIGKILL)
-    body = ask(live, "twice").json()  # the first call may meet the dead server; the loop carries on
-    assert body["tool_trace"][-1]["ok"] is True and "Fredville" in body["choices"][0]["message"]["content"]
+    r = ask(live, "capital?")  # while it is down (or just back): a typed result, never a 500
+    step = r.json()["tool_trace"][0]
+    assert r.status_code == 200 and (step["ok"] or step["error"]["type"] == "tool_unavailable")
+    deadline = time.monotonic() + 60
+    while (caps := metrics(live)["assistants"]["helper"]["servers"]["caps"])["state"] != "ready" or not caps[
+            "restarts"]:
+        assert time.monotonic() < deadline, caps
+        time.sleep(0.1)
+    body = ask(live, "twice").json()
+    assert [s["ok"] for s in body["tool_trace"]] == [True, True] and "Fredville" in body["choices"][0]["message"][
+        "content"]
     new = started_pids(live.call_log)[-1]
     assert new != pid and calls(live.call_log)[-1]["pid"] == new
-    caps = metrics(live)["assistants"]["helper"]["servers"]["caps"]
-    assert caps["state"] == "ready" and caps["restarts"] >= 1
     assert f"mcp helper/caps: gmlx-test-tools {new} starting" in live.mcp_log.lines  # its stderr, tagged
 
 
@@ -242,3 +249,29 @@ def test_unload_stops_the_servers_and_the_next_request_starts_them(live: Live) -
         os.kill(pid, 0)  # the process is gone, not just forgotten
     assert "Lutz" in ask(live, "capital?").json()["choices"][0]["message"]["content"]
     assert started_pids(live.call_log)[-1] != pid
+
+
+# --- reload (last: it edits the module's config file, and puts it back) -------------------------------
+
+def reload(live: Live, helper_tools: list[str]) -> httpx.Response:
+    live.config_path.write_text(config_text(live.call_log, live.web_url, helper_tools))
+    return httpx.post(f"{live.url}/v1/reload", headers=live.headers, timeout=60)
+
+
+def test_a_reload_that_changes_an_allowlist_takes_effect_without_a_restart(live: Live) -> None:
+    pid = started_pids(live.call_log)[-1]
+    try:
+        assert reload(live, [*HELPER_TOOLS, "add"]).json()["status"] == "reloaded"
+        body = ask(live, "disallowed").json()  # the scenario calls add, which is now allowed
+        assert body["tool_trace"][0]["ok"] is True and body["choices"][0]["message"]["content"] == "Answer: 3"
+        assert calls(live.call_log)[-1] == {"pid": pid, "tool": "add", "arguments": {"a": 1, "b": 2}}
+        rows = {r["id"]: r for r in httpx.get(f"{live.url}/v1/models", headers=live.headers).json()["data"]}
+        assert rows["helper"]["tools"]["caps"][-1] == "add"
+        bad = reload(live, ["lookup_capital", "nope"])  # checked against the server before anything changes
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "assistants.helper.tools.caps"
+        assert "does not list 'nope'" in bad.json()["error"]["message"]
+        assert ask(live, "disallowed").json()["tool_trace"][0]["ok"] is True  # the running config is kept
+        assert started_pids(live.call_log)[-1] == pid  # one server process throughout: the link was kept
+    finally:
+        assert reload(live, HELPER_TOOLS).status_code == 200
+    assert ask(live, "disallowed").json()["tool_trace"][0]["error"]["type"] == "tool_not_allowed"
