@@ -223,9 +223,10 @@ Sgemm global_sgemm() {
   return fn;
 }
 
-// From this many activation rows on, dequantizing panels of W into sgemm beats the int8 dot products
-// (bench/kernel_speed.py: ~2x at 64 rows, int8 ~2x ahead at 4).
-constexpr int64_t kSgemmRows = 16;
+// From this many activation rows on, dequantizing panels of W into sgemm beats the fp32 tiles (which
+// decode every block again per 4 activation rows): tiles 1.6-2.4x ahead at 16 rows, even at 64 (Q4
+// formats ahead, Q5_0/Q6_K behind), sgemm 1.1-2.4x ahead at 512.
+constexpr int64_t kSgemmRows = 48;
 constexpr int64_t kPanelRows = 256;
 
 void matmul_sgemm(Sgemm sgemm, int type, const uint8_t* w, int64_t rb, int64_t n, int64_t k, const float* x,

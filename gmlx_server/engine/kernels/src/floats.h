@@ -34,71 +34,53 @@ inline uint32_t u32_at(const uint8_t* p) {
   return v;
 }
 
-// The maps of one row, half by half: a[2 * group + h], b[2 * group + h] for h = 0 (elements 0..15), 1.
-inline void put(float* a, float* b, int64_t i, float av, float bv) {
-  a[2 * i] = a[2 * i + 1] = av;
-  b[2 * i] = b[2 * i + 1] = bv;
-}
-
-// Each format: HAS_B (b is not always 0), BITS (codes < 2^BITS, but Q8_0's signed), scales() fills a
-// row's maps, codes() is elements e..e+L-1 of group g of a block as 32-bit integer lanes.
+// Each format: HAS_B (b is not always 0), BITS (codes < 2^BITS, but Q8_0's signed), MAPS per block
+// (one per group; Q6_K one per 16 elements), scales() fills a row's maps a[j], b[j] (w = a * code + b),
+// codes() is elements e..e+L-1 of group g of a block as 32-bit integer lanes.
 struct DQ4_0 {
-  static constexpr int QK = 32, BYTES = 18, GROUPS = 1;
+  static constexpr int QK = 32, BYTES = 18, GROUPS = 1, MAPS = 1, BITS = 4;
   static constexpr bool HAS_B = true;
-  static constexpr int BITS = 4;  // code width
   static void scales(const uint8_t* p, int64_t nb, float* a, float* b) {
-    for (int64_t i = 0; i < nb; ++i, p += BYTES) put(a, b, i, f16_at(p), -8.0f * f16_at(p));
+    f16_cols(p, BYTES, nb, a, nullptr);
+    for (int64_t i = 0; i < nb; ++i) b[i] = -8.0f * a[i];
   }
   static VI codes(const uint8_t* p, int, int e) { return nibble32<BITS>(p + 2, e); }
 };
 
 struct DQ4_1 {
-  static constexpr int QK = 32, BYTES = 20, GROUPS = 1;
+  static constexpr int QK = 32, BYTES = 20, GROUPS = 1, MAPS = 1, BITS = 4;
   static constexpr bool HAS_B = true;
-  static constexpr int BITS = 4;  // code width
-  static void scales(const uint8_t* p, int64_t nb, float* a, float* b) {
-    for (int64_t i = 0; i < nb; ++i, p += BYTES) put(a, b, i, f16_at(p), f16_at(p + 2));
-  }
+  static void scales(const uint8_t* p, int64_t nb, float* a, float* b) { f16_cols(p, BYTES, nb, a, b); }
   static VI codes(const uint8_t* p, int, int e) { return nibble32<BITS>(p + 4, e); }
 };
 
 struct DQ5_0 {
-  static constexpr int QK = 32, BYTES = 22, GROUPS = 1;
+  static constexpr int QK = 32, BYTES = 22, GROUPS = 1, MAPS = 1, BITS = 5;
   static constexpr bool HAS_B = true;
-  static constexpr int BITS = 5;  // code width
   static void scales(const uint8_t* p, int64_t nb, float* a, float* b) {
-    for (int64_t i = 0; i < nb; ++i, p += BYTES) put(a, b, i, f16_at(p), -16.0f * f16_at(p));
+    f16_cols(p, BYTES, nb, a, nullptr);
+    for (int64_t i = 0; i < nb; ++i) b[i] = -16.0f * a[i];
   }
-  static VI codes(const uint8_t* p, int, int e) { return bor(nibble32<BITS>(p + 6, e), bit4(u32_at(p + 2) >> e)); }
+  static VI codes(const uint8_t* p, int, int e) { return or_bit4(nibble32<BITS>(p + 6, e), u32_at(p + 2) >> e); }
 };
 
 struct DQ5_1 {
-  static constexpr int QK = 32, BYTES = 24, GROUPS = 1;
+  static constexpr int QK = 32, BYTES = 24, GROUPS = 1, MAPS = 1, BITS = 5;
   static constexpr bool HAS_B = true;
-  static constexpr int BITS = 5;  // code width
-  static void scales(const uint8_t* p, int64_t nb, float* a, float* b) {
-    for (int64_t i = 0; i < nb; ++i, p += BYTES) put(a, b, i, f16_at(p), f16_at(p + 2));
-  }
-  static VI codes(const uint8_t* p, int, int e) { return bor(nibble32<BITS>(p + 8, e), bit4(u32_at(p + 4) >> e)); }
+  static void scales(const uint8_t* p, int64_t nb, float* a, float* b) { f16_cols(p, BYTES, nb, a, b); }
+  static VI codes(const uint8_t* p, int, int e) { return or_bit4(nibble32<BITS>(p + 8, e), u32_at(p + 4) >> e); }
 };
 
 struct DQ8_0 {
-  static constexpr int QK = 32, BYTES = 34, GROUPS = 1;
+  static constexpr int QK = 32, BYTES = 34, GROUPS = 1, MAPS = 1, BITS = 8;
   static constexpr bool HAS_B = false;
-  static constexpr int BITS = 8;  // code width
-  static void scales(const uint8_t* p, int64_t nb, float* a, float* b) {
-    for (int64_t i = 0; i < nb; ++i, p += BYTES) put(a, b, i, f16_at(p), 0.0f);
-  }
+  static void scales(const uint8_t* p, int64_t nb, float* a, float*) { f16_cols(p, BYTES, nb, a, nullptr); }
   static VI codes(const uint8_t* p, int, int e) { return i8(p + 2 + e); }
 };
 
 // Q4_K / Q5_K: 8 sub-blocks of 32 with 6-bit (scale, min) pairs.
 inline void k_scales(const uint8_t* p, int64_t nb, int bytes, float* a, float* b) {
-  for (int64_t i = 0; i < nb; ++i, p += bytes) {
-    float sa[8], sb[8];
-    k_scale_min(p + 4, f16_at(p), f16_at(p + 2), sa, sb);
-    for (int g = 0; g < 8; ++g) put(a, b, 8 * i + g, sa[g], sb[g]);
-  }
+  for (int64_t i = 0; i < nb; ++i, p += bytes) k_scale_min_vec(p + 4, f16_at(p), f16_at(p + 2), a + 8 * i, b + 8 * i);
 }
 
 // K-quant 4-bit codes: 32-byte chunk c holds sub-block 2c (low nibbles) and 2c + 1 (high nibbles).
@@ -109,21 +91,19 @@ inline VI k_nibble(const uint8_t* qs, int g, int e) {
 }
 
 struct DQ4_K {
-  static constexpr int QK = 256, BYTES = 144, GROUPS = 8;
+  static constexpr int QK = 256, BYTES = 144, GROUPS = 8, MAPS = 8, BITS = 4;
   static constexpr bool HAS_B = true;
-  static constexpr int BITS = 4;  // code width
   static void scales(const uint8_t* p, int64_t nb, float* a, float* b) { k_scales(p, nb, BYTES, a, b); }
   static VI codes(const uint8_t* p, int g, int e) { return k_nibble<BITS>(p + 16, g, e); }
 };
 
 struct DQ5_K {
-  static constexpr int QK = 256, BYTES = 176, GROUPS = 8;
+  static constexpr int QK = 256, BYTES = 176, GROUPS = 8, MAPS = 8, BITS = 5;
   static constexpr bool HAS_B = true;
-  static constexpr int BITS = 5;  // code width
   static void scales(const uint8_t* p, int64_t nb, float* a, float* b) { k_scales(p, nb, BYTES, a, b); }
   // bit g of qh[i] is bit 4 of element i of sub-block g
   static VI codes(const uint8_t* p, int g, int e) {
-    return bor(k_nibble<BITS>(p + 48, g, e), bit4(bitplane(p + 16, g) >> e));
+    return or_bit4(k_nibble<BITS>(p + 48, g, e), bitplane(p + 16, g) >> e);
   }
 };
 
@@ -131,15 +111,15 @@ struct DQ5_K {
 // the block (128 elements) is four groups k: low (k < 2) or high nibbles of ql[h*64 + 32*(k&1)], and
 // bits 2k..2k+1 of qh[h*32 + i] as bits 4..5.
 struct DQ6_K {
-  static constexpr int QK = 256, BYTES = 210, GROUPS = 8;
+  static constexpr int QK = 256, BYTES = 210, GROUPS = 8, MAPS = 16, BITS = 6;
   static constexpr bool HAS_B = true;
-  static constexpr int BITS = 6;  // code width
   static void scales(const uint8_t* p, int64_t nb, float* a, float* b) {
     for (int64_t i = 0; i < nb; ++i, p += BYTES) {
-      const float d = f16_at(p + 208);
-      for (int j = 0; j < 16; ++j) {
-        a[16 * i + j] = d * static_cast<float>(static_cast<int8_t>(p[192 + j]));
-        b[16 * i + j] = -32.0f * a[16 * i + j];
+      const VF d = set1(f16_at(p + 208));
+      for (int j = 0; j < 16; j += L) {
+        const VF v = mul(cvt(i8(p + 192 + j)), d);
+        storef(a + 16 * i + j, v);
+        storef(b + 16 * i + j, mul(v, set1(-32.0f)));
       }
     }
   }
@@ -170,7 +150,7 @@ inline bool with_floats(int type, Fn&& f) {
 // Elements e..e+L-1 of group g of block `blk`, whose maps start at a, b.
 template <class F>
 inline VF decode(const uint8_t* blk, int g, int e, const float* a, const float* b) {
-  const int s = 2 * g + (F::BITS == 6 ? e >> 4 : 0);  // only Q6_K's halves scale differently
+  const int s = F::MAPS == 16 ? 2 * g + (e >> 4) : F::MAPS == 8 ? g : 0;
 #if defined(GK_LUT)
   // the group's 16 or 32 possible values, built once per group (the two chunks share them)
   if constexpr (F::BITS == 4) return lut16(F::codes(blk, g, e), fmadd(iota(0), set1(a[s]), set1(b[s])));
@@ -181,26 +161,28 @@ inline VF decode(const uint8_t* blk, int g, int e, const float* a, const float* 
   return mul(cvt(F::codes(blk, g, e)), set1(a[s]));
 }
 
-// y[i + r * ldy] = dot(weight row i, activation row r) for NW weight rows (row_bytes apart, maps
-// `stride` floats apart) x NR activation rows (ldx floats apart): a decoded chunk serves NR rows.
+// y[i + r * ldy] = dot(weight row i, activation row r) for NW weight rows (row_bytes apart; row i's maps
+// at a + i * ms, b + i * ms) x NR activation rows packed chunk by chunk (xp[(c * NR + r) * L + j] is
+// element c * L + j of row r).
 template <class F, int NW, int NR>
-inline void tile_f(const uint8_t* w, int64_t row_bytes, int64_t nblocks, const float* a, const float* b,
-                   int64_t stride, const float* x, int64_t ldx, float* y, int64_t ldy) {
+inline void tile_f(const uint8_t* w, int64_t row_bytes, int64_t nblocks, const float* a, const float* b, int64_t ms,
+                   const float* xp, float* y, int64_t ldy) {
   VF acc[NW][NR];
   for (int i = 0; i < NW; ++i)
     for (int r = 0; r < NR; ++r) acc[i][r] = zero();
-  for (int64_t blk = 0; blk < nblocks; ++blk) {
-    const float* xb = x + blk * F::QK;
-    const int64_t s0 = blk * F::GROUPS * 2;
+  for (int64_t blk = 0; blk < nblocks; ++blk, w += F::BYTES, xp += F::QK * NR, a += F::MAPS, b += F::MAPS) {
 #pragma GCC unroll 8
     for (int g = 0; g < F::GROUPS; ++g) {
 #pragma GCC unroll 4
       for (int e = 0; e < 32; e += L) {
-#pragma GCC unroll 4
-        for (int i = 0; i < NW; ++i) {
-          const VF v = decode<F>(w + i * row_bytes + blk * F::BYTES, g, e, a + i * stride + s0, b + i * stride + s0);
-#pragma GCC unroll 4
-          for (int r = 0; r < NR; ++r) acc[i][r] = fmadd(v, loadf(xb + r * ldx + g * 32 + e), acc[i][r]);
+        VF v[NW];
+#pragma GCC unroll 16
+        for (int i = 0; i < NW; ++i) v[i] = decode<F>(w + i * row_bytes, g, e, a + i * ms, b + i * ms);
+#pragma GCC unroll 16
+        for (int r = 0; r < NR; ++r) {
+          const VF xr = loadf(xp + ((g * 32 + e) / L * NR + r) * L);  // loaded once for the NW rows
+#pragma GCC unroll 16
+          for (int i = 0; i < NW; ++i) acc[i][r] = fmadd(v[i], xr, acc[i][r]);
         }
       }
     }
@@ -209,55 +191,94 @@ inline void tile_f(const uint8_t* w, int64_t row_bytes, int64_t nblocks, const f
     for (int r = 0; r < NR; ++r) y[i + r * ldy] = vsum(acc[i][r]);
 }
 
+// Tiles of 4 weight rows x 4 activation rows on AVX-512 (16 accumulators; wider tiles measured slower:
+// register spills, and x reloaded per weight row), 2 x 4 with 16 registers.
 #if defined(__AVX512F__)
-constexpr int kTileW = 4;  // 32 vector registers: 16 accumulators
+constexpr int kTileW = 4;
 #else
-constexpr int kTileW = 2;  // 16 registers: 8 accumulators
+constexpr int kTileW = 2;
 #endif
+constexpr int kTileR = 4;
+constexpr int64_t kRowBlock = 96;  // activation rows packed at a time (L2)
+constexpr int64_t kPanel = 32;     // weight rows whose maps are decoded at a time (L1)
 
-// NW weight rows against all m_rows activation rows, their maps decoded once into thread-local scratch.
+// Rows [0, nr) of x (ldx floats apart) packed for tile_f<_, _, nr>.
+inline void pack(const float* x, int64_t ldx, int64_t nr, int64_t k, float* out) {
+  for (int64_t c = 0; c < k / L; ++c)
+    for (int64_t r = 0; r < nr; ++r) std::memcpy(out + (c * nr + r) * L, x + r * ldx + c * L, sizeof(float) * L);
+}
+
+// The activation tiles of a row block: 4 rows at a time, then 2, 1.
+inline int64_t next_tile(int64_t left) { return left >= kTileR ? kTileR : left >= 2 ? 2 : 1; }
+
 template <class F, int NW>
-inline void tile_rows_f(const uint8_t* w, int64_t row_bytes, int64_t nblocks, const float* x, int64_t m_rows,
-                        int64_t k, float* y, int64_t ldy) {
-  const int64_t stride = nblocks * F::GROUPS * 2;
+inline void tile_any(int64_t nr, const uint8_t* w, int64_t row_bytes, int64_t nblocks, const float* a, const float* b,
+                     int64_t ms, const float* xp, float* y, int64_t ldy) {
+  if (nr == kTileR) return tile_f<F, NW, kTileR>(w, row_bytes, nblocks, a, b, ms, xp, y, ldy);
+  if (nr == 2) return tile_f<F, NW, 2>(w, row_bytes, nblocks, a, b, ms, xp, y, ldy);
+  tile_f<F, NW, 1>(w, row_bytes, nblocks, a, b, ms, xp, y, ldy);
+}
+
+// A panel of weight rows [0, rows) against a packed block of mb activation rows: the rows' maps first
+// (row j's a then b, ms floats apart), then every activation tile against every weight tile.
+template <class F, int NW>
+inline void panel_f(const uint8_t* w, int64_t row_bytes, int64_t nblocks, int64_t rows, const float* xp, int64_t mb,
+                    int64_t k, float* y, int64_t ldy) {
+  const int64_t nm = nblocks * F::MAPS, ms = 2 * nm, tiles = rows / NW;
   thread_local std::vector<float> maps;
-  if (static_cast<int64_t>(maps.size()) < 2 * NW * stride) maps.resize(2 * NW * stride);
-  float *a = maps.data(), *b = a + NW * stride;
-  for (int i = 0; i < NW; ++i) F::scales(w + i * row_bytes, nblocks, a + i * stride, b + i * stride);
-  int64_t m = 0;
-  for (; m + 4 <= m_rows; m += 4)
-    tile_f<F, NW, 4>(w, row_bytes, nblocks, a, b, stride, x + m * k, k, y + m * ldy, ldy);
-  if (m + 2 <= m_rows) tile_f<F, NW, 2>(w, row_bytes, nblocks, a, b, stride, x + m * k, k, y + m * ldy, ldy), m += 2;
-  if (m < m_rows) tile_f<F, NW, 1>(w, row_bytes, nblocks, a, b, stride, x + m * k, k, y + m * ldy, ldy);
+  if (static_cast<int64_t>(maps.size()) < rows * ms) maps.resize(rows * ms);
+  float* const base = maps.data();
+  for (int64_t j = 0; j < rows; ++j) F::scales(w + j * row_bytes, nblocks, base + j * ms, base + j * ms + nm);
+  for (int64_t m = 0, nr; m < mb; m += nr, xp += nr * k) {
+    nr = next_tile(mb - m);
+    float* ym = y + m * ldy;
+    for (int64_t t = 0; t < tiles; ++t) {
+      const float* a = base + t * NW * ms;
+      tile_any<F, NW>(nr, w + t * NW * row_bytes, row_bytes, nblocks, a, a + nm, ms, xp, ym + t * NW, ldy);
+    }
+    for (int64_t j = tiles * NW; j < rows; ++j)
+      tile_any<F, 1>(nr, w + j * row_bytes, row_bytes, nblocks, base + j * ms, base + j * ms + nm, ms, xp, ym + j, ldy);
+  }
 }
 
 // Weight rows [n0, n1) against all m_rows activation rows (x is (m_rows, k)); y is (m_rows, ldy).
+template <class F>
+inline void rows_of(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const float* x, int64_t m_rows,
+                    int64_t k, float* y, int64_t ldy) {
+  const int64_t nblocks = row_bytes / F::BYTES;
+  thread_local std::vector<float> packed;
+  for (int64_t m0 = 0; m0 < m_rows; m0 += kRowBlock) {
+    const int64_t mb = m_rows - m0 < kRowBlock ? m_rows - m0 : kRowBlock;
+    if (static_cast<int64_t>(packed.size()) < mb * k) packed.resize(mb * k);
+    for (int64_t m = 0, nr; m < mb; m += nr) {
+      nr = next_tile(mb - m);
+      pack(x + (m0 + m) * k, k, nr, k, packed.data() + m * k);
+    }
+    for (int64_t n = n0; n < n1; n += kPanel) {
+      const int64_t rows = n1 - n < kPanel ? n1 - n : kPanel;
+      panel_f<F, kTileW>(w + n * row_bytes, row_bytes, nblocks, rows, packed.data(), mb, k, y + m0 * ldy + n, ldy);
+    }
+  }
+}
+
 inline void rows_f(int type, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const float* x,
                    int64_t m_rows, int64_t k, float* y, int64_t ldy) {
-  with_floats(type, [&]<class F>() {
-    const int64_t nblocks = row_bytes / F::BYTES;
-    int64_t n = n0;
-    for (; n + kTileW <= n1; n += kTileW)
-      tile_rows_f<F, kTileW>(w + n * row_bytes, row_bytes, nblocks, x, m_rows, k, y + n, ldy);
-    for (; n < n1; ++n) tile_rows_f<F, 1>(w + n * row_bytes, row_bytes, nblocks, x, m_rows, k, y + n, ldy);
-  });
+  with_floats(type, [&]<class F>() { rows_of<F>(w, row_bytes, n0, n1, x, m_rows, k, y, ldy); });
 }
 
 // One row of k elements to floats.
 inline void dequant_row(int type, const uint8_t* w, int64_t k, float* out) {
   with_floats(type, [&]<class F>() {
-    const int64_t nblocks = k / F::QK, stride = nblocks * F::GROUPS * 2;
+    const int64_t nblocks = k / F::QK, nm = nblocks * F::MAPS;
     thread_local std::vector<float> maps;
-    if (static_cast<int64_t>(maps.size()) < 2 * stride) maps.resize(2 * stride);
-    float *a = maps.data(), *b = a + stride;
-    F::scales(w, nblocks, a, b);
-    for (int64_t blk = 0; blk < nblocks; ++blk) {
+    if (static_cast<int64_t>(maps.size()) < 2 * nm) maps.resize(2 * nm);
+    const float *a = maps.data(), *b = a + nm;
+    F::scales(w, nblocks, maps.data(), maps.data() + nm);
+    for (int64_t blk = 0; blk < nblocks; ++blk, w += F::BYTES, a += F::MAPS, b += F::MAPS, out += F::QK) {
 #pragma GCC unroll 8
       for (int g = 0; g < F::GROUPS; ++g)
 #pragma GCC unroll 4
-        for (int e = 0; e < 32; e += L)
-          storef(out + blk * F::QK + g * 32 + e,
-                 decode<F>(w + blk * F::BYTES, g, e, a + blk * F::GROUPS * 2, b + blk * F::GROUPS * 2));
+        for (int e = 0; e < 32; e += L) storef(out + g * 32 + e, decode<F>(w, g, e, a, b));
     }
   });
 }

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "formats.h"
+
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -23,8 +25,10 @@ inline VI band(VI a, int m) { return _mm512_and_si512(a, _mm512_set1_epi32(m)); 
 inline VI bor(VI a, VI b) { return _mm512_or_si512(a, b); }
 inline VI shr(VI a, int s) { return _mm512_srli_epi32(a, s); }
 inline VI shl(VI a, int s) { return _mm512_slli_epi32(a, s); }
-// lane j: 16 when bit j of `bits` is set (a 5th code bit), else 0
-inline VI bit4(uint32_t bits) { return _mm512_maskz_mov_epi32(static_cast<__mmask16>(bits), _mm512_set1_epi32(16)); }
+// v with 16 added in lane j when bit j of `bits` is set (a 5th code bit): one masked OR
+inline VI or_bit4(VI v, uint32_t bits) {
+  return _mm512_mask_or_epi32(v, static_cast<__mmask16>(bits), v, _mm512_set1_epi32(16));
+}
 inline VF cvt(VI a) { return _mm512_cvtepi32_ps(a); }
 inline VF fmadd(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }
 inline VF mul(VF a, VF b) { return _mm512_mul_ps(a, b); }
@@ -50,10 +54,10 @@ inline VI band(VI a, int m) { return _mm256_and_si256(a, _mm256_set1_epi32(m)); 
 inline VI bor(VI a, VI b) { return _mm256_or_si256(a, b); }
 inline VI shr(VI a, int s) { return _mm256_srli_epi32(a, s); }
 inline VI shl(VI a, int s) { return _mm256_slli_epi32(a, s); }
-inline VI bit4(uint32_t bits) {
-  const VI v = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>((bits & 0xFF) << 4)),
+inline VI or_bit4(VI v, uint32_t bits) {
+  const VI b = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>((bits & 0xFF) << 4)),
                                  _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-  return band(v, 16);
+  return bor(v, band(b, 16));
 }
 inline VF cvt(VI a) { return _mm256_cvtepi32_ps(a); }
 inline VF fmadd(VF a, VF b, VF c) { return _mm256_fmadd_ps(a, b, c); }
@@ -85,9 +89,8 @@ inline VI band(VI a, int m) { return a & m; }
 inline VI bor(VI a, VI b) { return a | b; }
 inline VI shr(VI a, int s) { return a >> s; }  // codes are non-negative
 inline VI shl(VI a, int s) { return a << s; }
-inline VI bit4(uint32_t bits) {
-  VI v;
-  for (int j = 0; j < L; ++j) v[j] = static_cast<int32_t>(((bits >> j) & 1) << 4);
+inline VI or_bit4(VI v, uint32_t bits) {
+  for (int j = 0; j < L; ++j) v[j] |= static_cast<int32_t>(((bits >> j) & 1) << 4);
   return v;
 }
 inline VF cvt(VI a) { return __builtin_convertvector(a, VF); }
@@ -104,6 +107,49 @@ inline void storef(float* p, VF v) { std::memcpy(p, &v, sizeof(v)); }
 inline float vsum(VF v) {
   return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
 }
+#endif
+
+// The fp16 values at p + i * stride (and at + 2 into hi, unless null) for i < n, as floats.
+inline void f16_cols_scalar(const uint8_t* p, int64_t stride, int64_t n, float* lo, float* hi) {
+  for (int64_t i = 0; i < n; ++i, p += stride) {
+    lo[i] = f16_at(p);
+    if (hi != nullptr) hi[i] = f16_at(p + 2);
+  }
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+inline void f16_cols(const uint8_t* p, int64_t stride, int64_t n, float* lo, float* hi) {
+  const __m512i off = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                         _mm512_set1_epi32(static_cast<int>(stride)));
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {  // one gather takes 16 blocks' first 4 bytes: both fp16 fields
+    const __m512i v = _mm512_i32gather_epi32(off, p + i * stride, 1);
+    _mm512_storeu_ps(lo + i, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)));
+    if (hi != nullptr) _mm512_storeu_ps(hi + i, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(v, 16))));
+  }
+  f16_cols_scalar(p + i * stride, stride, n - i, lo + i, hi != nullptr ? hi + i : nullptr);
+}
+
+// A K-quant block's 8 (scale, min) pairs (formats.h k_scale_min) in one pass over 16 lanes: lane j < 8
+// is scale j, lane 8 + j min j; each is the low bits of one byte, with bits 4..5 from another for j >= 4.
+inline void k_scale_min_vec(const uint8_t* s, float d, float dmin, float* a, float* b) {
+  const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
+  const __m512i lo = _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11), bytes);
+  const __m512i hi = _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 0, 0, 0, 0, 1, 2, 3, 0, 0, 0, 0, 4, 5, 6, 7), bytes);
+  const __m512i low_bits = _mm512_and_si512(
+      _mm512_srlv_epi32(lo, _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4)),
+      _mm512_setr_epi32(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15));
+  const __m512i top = _mm512_maskz_and_epi32(0xF0F0, _mm512_srli_epi32(hi, 2), _mm512_set1_epi32(0x30));
+  const __m512 scale = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(d), _mm512_set1_ps(-dmin));
+  const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_or_si512(low_bits, top)), scale);
+  _mm256_storeu_ps(a, _mm512_castps512_ps256(v));
+  _mm256_storeu_ps(b, _mm512_extractf32x8_ps(v, 1));
+}
+#else
+inline void f16_cols(const uint8_t* p, int64_t stride, int64_t n, float* lo, float* hi) {
+  f16_cols_scalar(p, stride, n, lo, hi);
+}
+inline void k_scale_min_vec(const uint8_t* s, float d, float dmin, float* a, float* b) { k_scale_min(s, d, dmin, a, b); }
 #endif
 
 // Bit `bit` of each of 32 bytes, as a 32-bit mask (element i -> bit i).
