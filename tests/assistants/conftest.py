@@ -21,7 +21,7 @@ from gmlx_server.engine.types import GenerationRequest
 from tests.assistants.tools_server import http_server, stdio_entry
 from tests.conftest import smollm2_path
 from tests.fakes import HERMES_TEXT, FakeBehavior, FakeFactory
-from tests.routes.conftest import ThreadedServer
+from tests.routes.conftest import Lines, ThreadedServer
 
 KEY = "assistant-key"
 Call = tuple[str, dict[str, Any]]
@@ -67,15 +67,6 @@ def config_text(call_log: Path, url: str, helper_tools: list[str]) -> str:
 HELPER_TOOLS = ["lookup_capital", "fail_always", "sleep_forever"]
 
 
-class Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
 @dataclass
 class Live:
     url: str
@@ -96,6 +87,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     tmp = tmp_path_factory.mktemp("assistants")
     call_log, http_log = tmp / "stdio-calls.jsonl", tmp / "http-calls.jsonl"
     lines = Lines()
+    lines.setLevel(logging.INFO)  # the servers' stderr lines are INFO
     logging.getLogger("gmlx.mcp").addHandler(lines)
     logging.getLogger("gmlx.mcp").setLevel(logging.INFO)
     with http_server(http_log, tmp) as web_url:

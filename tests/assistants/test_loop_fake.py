@@ -223,6 +223,26 @@ def test_an_engine_row_names_its_assistant_and_step(live: Live) -> None:
     assert rows and rows[0]["assistant"]["assistant"] == "helper" and rows[0]["model"] == "m1"
 
 
+def test_a_client_that_leaves_cancels_the_running_tool_call(live: Live) -> None:
+    payload = {"model": "helper", "stream": True, "messages": [{"role": "user", "content": "sleepy"}]}
+    active: list[dict[str, Any]] = []
+    with httpx.stream("POST", f"{live.url}/v1/chat/completions", json=payload, headers=live.headers,
+                      timeout=60) as r:
+        lines = r.iter_lines()  # kept: a dropped iterator closes the connection
+        next(lines)  # the stream has begun; the loop is in its tool call
+        deadline = time.monotonic() + 10
+        while not (active := metrics(live)["assistants"]["helper"]["active"]):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+    deadline = time.monotonic() + 10
+    while metrics(live)["assistants"]["helper"]["active"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    turns = [q for q in live.factory.engines["m1"].submitted if q.request_id == active[0]["id"]]
+    assert len(turns) == 1  # the loop ended with the client: the call was cancelled, no second turn began
+    assert "Lutz" in ask(live, "capital?").json()["choices"][0]["message"]["content"]  # the server still serves
+
+
 # --- refusals and the key -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("body", "param"), [
