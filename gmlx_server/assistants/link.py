@@ -28,6 +28,7 @@ log = logging.getLogger("gmlx.mcp")
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 30.0
 HEALTHY_S = 30.0  # a connection that lived this long was healthy: the next restart waits BACKOFF_START_S again
+CONNECT_S = 30.0  # to start (or reach) a server and list its tools; past it the attempt failed
 LinkState = Literal["stopped", "starting", "ready", "restarting", "closed"]
 
 
@@ -149,8 +150,13 @@ class McpLink:
 
     async def _serve_once(self) -> None:
         """One connection: connect, list, then hold it until it dies or the link closes."""
-        async with self._connect() as (client, pump):
-            self.tools = await _listing(client)
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                async with asyncio.timeout(CONNECT_S):
+                    client, pump = await stack.enter_async_context(self._connect())
+                    self.tools = await _listing(client)
+            except TimeoutError:
+                raise LinkFailed(f"no answer within {CONNECT_S:g} s") from None
             self._client, self.last_error = client, None
             self._dead.clear()
             self.state = "ready"

@@ -114,7 +114,6 @@ class ToolLoop:
 
     async def start(self) -> AssistantStarted:
         self._turn = first = await start_generation(self.host, self._first_turn(), self.request_id, self.record)
-        self._mark("model")
         return AssistantStarted(LoopHandle(self), self.entry.id, first.profile, first.prompt_tokens,
                                 first.max_tokens, first.tokenizer, None, first.requested_max_tokens, self.trace)
 
@@ -130,6 +129,7 @@ class ToolLoop:
                                                    "max_steps": self.entry.max_steps, "state": state, "tool": tool}
 
     async def events(self) -> AsyncIterator[TokenEvent]:
+        self._mark("model")  # here, not at start: the row goes when this generator ends
         try:
             while self._turn is not None:
                 reader = TurnReader(self._turn.tools, self.inp.tools)

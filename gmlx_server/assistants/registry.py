@@ -79,7 +79,9 @@ class Assistants:
 
     def commit(self, config: ServerConfig) -> None:
         """The reload went through: serve the staged assistants, stop links nothing uses any more."""
-        staged = self._staged[1] if self._staged is not None and self._staged[0] is config else {}
+        done = self._staged[0] if self._staged is not None else None
+        same = done is not None and (done.assistants, done.mcp_servers) == (config.assistants, config.mcp_servers)
+        staged = self._staged[1] if self._staged is not None and same else {}
         self._staged = None
         old, self._boxes, self.config = self._boxes, staged, config
         self._stop(_links(old.values()) - _links(staged.values()))
