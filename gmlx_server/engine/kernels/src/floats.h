@@ -202,6 +202,12 @@ constexpr int kTileR = 4;
 constexpr int64_t kRowBlock = 96;  // activation rows packed at a time (L2)
 constexpr int64_t kPanel = 32;     // weight rows whose maps are decoded at a time (L1)
 
+// Asks for the next panel's bytes while this one computes: a panel is read twice (its maps, then its
+// tiles), and waiting on memory in the first pass would leave the second idle.
+inline void prefetch(const uint8_t* p, int64_t bytes) {
+  for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(p + i, 0, 3);
+}
+
 // Rows [0, nr) of x (ldx floats apart) packed for tile_f<_, _, nr>.
 inline void pack(const float* x, int64_t ldx, int64_t nr, int64_t k, float* out) {
   for (int64_t c = 0; c < k / L; ++c)
@@ -256,6 +262,7 @@ inline void rows_of(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1,
     }
     for (int64_t n = n0; n < n1; n += kPanel) {
       const int64_t rows = n1 - n < kPanel ? n1 - n : kPanel;
+      prefetch(w + (n + rows) * row_bytes, (n1 - n - rows < kPanel ? n1 - n - rows : kPanel) * row_bytes);
       panel_f<F, kTileW>(w + n * row_bytes, row_bytes, nblocks, rows, packed.data(), mb, k, y + m0 * ldy + n, ldy);
     }
   }
