@@ -44,19 +44,11 @@ class _Plan:
     error: str | None = None
 
 
-def _bulk(seq: RequestRun) -> bool:
-    """Greedy with nothing per row to compute (processors, logprobs): its token comes from one batched argmax."""
-    req = seq.req
-    return seq.sampler.params.greedy and seq.sampler.plain and not (req.logprobs or req.top_logprobs)
-
-
 def _plan(seq: RequestRun, logits: mx.array, argmax: mx.array | None) -> _Plan:
     """A row's sampling failure is that row's alone."""
     try:
         forced = seq.forced_next()
-        if forced is not None:
-            return _Plan(None, forced)
-        return _Plan(Draw(argmax, logits) if argmax is not None else seq.draw(logits))
+        return _Plan(None, forced) if forced is not None else _Plan(seq.draw(logits, argmax))
     except Exception as e:
         log.exception("sampling failed for %s", seq.req.request_id)
         return _Plan(error=describe(e))
@@ -99,10 +91,9 @@ class BatchDecoder:
         self.last_tokens = 1
         tokens = mx.array([[s.next_input] for s in self.rows], dtype=mx.int32)
         logits = self.model(tokens, cache=self._cache).logits[:, -1, :]
-        bulk = [_bulk(s) for s in self.rows]
-        top = mx.argmax(logits, axis=-1) if any(bulk) else None
-        plans = [_plan(s, logits[i: i + 1], top[i: i + 1] if top is not None and b else None)
-                 for i, (s, b) in enumerate(zip(self.rows, bulk, strict=True))]
+        top = mx.argmax(logits, axis=-1) if any(s.bulk_greedy for s in self.rows) else None
+        plans = [_plan(s, logits[i: i + 1], top[i: i + 1] if top is not None else None)
+                 for i, s in enumerate(self.rows)]
         self._evaluate(plans)
         done = [_accept(s, p) for s, p in zip(self.rows, plans, strict=True)]
         self._drop([i for i, d in enumerate(done) if d])

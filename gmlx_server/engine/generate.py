@@ -184,9 +184,18 @@ class RequestRun:
         self.constraint = GrammarConstraint(self.req.grammar, self._grammar_tokenizer())
         self.sampler.constrain(self.constraint)
 
-    def draw(self, logits: mx.array) -> Draw:
+    def draw(self, logits: mx.array, top: mx.array | None = None) -> Draw:
+        """This step's token; `top`, the batch's argmax for this row, serves a greedy row that needs nothing else."""
+        if top is not None and self.bulk_greedy:
+            return Draw(top, logits)
         hist = mx.array(self.history, dtype=mx.int32) if self.history is not None else None
         return self.sampler(logits, hist)
+
+    @property
+    def bulk_greedy(self) -> bool:
+        """Greedy with nothing per row to compute (processors, logprobs): one argmax over the batch serves it."""
+        req = self.req
+        return self.sampler.params.greedy and self.sampler.plain and not (req.logprobs or req.top_logprobs)
 
     def accept(self, draw: Draw | None, forced: int | None = None) -> bool:
         """Take this step's token (sampled, or forced by the thinking budget); emit; True when finished."""
