@@ -41,7 +41,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
         f"  smollm2: {{path: {smollm2_path()}, profile: short}}\n"
         f"  gemma: {{path: {gemma_path()}, profile: oneline}}\n"
         "profiles:\n"
-        "  short: {max_tokens: 48, seed: 1}\n"
+        "  short: {max_tokens: 96, seed: 1}\n"  # Codex's prompt varies (date, paths): room for a longer reply
         '  oneline: {stop: ["\\n"], max_tokens: 48, seed: 1}\n') as s:
         yield s
 
