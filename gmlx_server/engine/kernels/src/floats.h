@@ -131,20 +131,9 @@ struct DQ6_K {
   }
 };
 
-// Calls f.template operator()<Format>() for the runtime type; false for a type with no kernel.
 template <class Fn>
 inline bool with_floats(int type, Fn&& f) {
-  switch (type) {
-    case Q4_0: f.template operator()<DQ4_0>(); return true;
-    case Q4_1: f.template operator()<DQ4_1>(); return true;
-    case Q5_0: f.template operator()<DQ5_0>(); return true;
-    case Q5_1: f.template operator()<DQ5_1>(); return true;
-    case Q8_0: f.template operator()<DQ8_0>(); return true;
-    case Q4_K: f.template operator()<DQ4_K>(); return true;
-    case Q5_K: f.template operator()<DQ5_K>(); return true;
-    case Q6_K: f.template operator()<DQ6_K>(); return true;
-    default: return false;
-  }
+  return by_type<DQ4_0, DQ4_1, DQ5_0, DQ5_1, DQ8_0, DQ4_K, DQ5_K, DQ6_K>(type, f);
 }
 
 // Elements e..e+L-1 of group g of block `blk`, whose maps start at a, b.

@@ -235,20 +235,26 @@ struct FQ6_K {
   };
 };
 
-// Calls f.template operator()<Format>() for the runtime type; false for a type with no kernel.
-template <class Fn>
-inline bool with_format(int type, Fn&& f) {
+// Calls f.template operator()<T>() with the T of the list (in QType order: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+// Q4_K, Q5_K, Q6_K) for the runtime type; false for a type with no kernel.
+template <class T40, class T41, class T50, class T51, class T80, class T4K, class T5K, class T6K, class Fn>
+inline bool by_type(int type, Fn&& f) {
   switch (type) {
-    case Q4_0: f.template operator()<FQ4_0>(); return true;
-    case Q4_1: f.template operator()<FQ4_1>(); return true;
-    case Q5_0: f.template operator()<FQ5_0>(); return true;
-    case Q5_1: f.template operator()<FQ5_1>(); return true;
-    case Q8_0: f.template operator()<FQ8_0>(); return true;
-    case Q4_K: f.template operator()<FQ4_K>(); return true;
-    case Q5_K: f.template operator()<FQ5_K>(); return true;
-    case Q6_K: f.template operator()<FQ6_K>(); return true;
+    case Q4_0: f.template operator()<T40>(); return true;
+    case Q4_1: f.template operator()<T41>(); return true;
+    case Q5_0: f.template operator()<T50>(); return true;
+    case Q5_1: f.template operator()<T51>(); return true;
+    case Q8_0: f.template operator()<T80>(); return true;
+    case Q4_K: f.template operator()<T4K>(); return true;
+    case Q5_K: f.template operator()<T5K>(); return true;
+    case Q6_K: f.template operator()<T6K>(); return true;
     default: return false;
   }
+}
+
+template <class Fn>
+inline bool with_format(int type, Fn&& f) {
+  return by_type<FQ4_0, FQ4_1, FQ5_0, FQ5_1, FQ8_0, FQ4_K, FQ5_K, FQ6_K>(type, f);
 }
 
 // Bytes of one row of `k` elements, or -1 when `type` has no kernel or k does not fill whole blocks.
