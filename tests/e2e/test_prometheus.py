@@ -11,6 +11,7 @@ name only metrics the server exports. scripts/install_prometheus.sh installs Deb
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -26,6 +27,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.assistants.tools_server import stdio_entry
 from tests.conftest import smollm2_path
 from tests.e2e.server import LiveServer, free_port, gmlx_serve
 from tests.top.promql import GRAFANA, exported, metric_names, queries, unknown
@@ -104,6 +106,8 @@ def _drive(server: LiveServer, other: LiveServer) -> None:
     rerank = {"query": "a colour", "documents": ["red", "a chair"]}
     httpx.post(server.v1 + "/rerank", json=rerank, timeout=300).raise_for_status()
     httpx.post(other.v1 + "/chat/completions", json=BODY, timeout=300).raise_for_status()
+    ask = {"model": "capitals", "max_tokens": 48, "messages": [{"role": "user", "content": "Capital of France?"}]}
+    httpx.post(server.v1 + "/chat/completions", json=ask, timeout=300).raise_for_status()
 
 
 def _exported(server: LiveServer) -> set[str]:
@@ -128,7 +132,10 @@ def test_every_dashboard_query_returns_series_from_a_real_prometheus(tmp_path: P
     env = {"GMLX_QUEUE_DEPTH_CAP": "1", "GMLX_DECODE_BATCH": "1"}
     config = tmp_path / "gmlx.yaml"  # SmolLM2 also scores an LLM rerank service, so gmlx_service_* exist
     config.write_text(f"models:\n  smollm2:\n    path: {smollm2_path()}\n"
-                      "services:\n  rerank: {method: llm, model: smollm2}\n")
+                      "services:\n  rerank: {method: llm, model: smollm2}\n"
+                      f"mcp_servers:\n  caps: {json.dumps(stdio_entry(tmp_path / 'calls.jsonl'))}\n"
+                      "assistants:\n  capitals: {model: smollm2, tools: {caps: [lookup_capital]}, "
+                      "tool_choice: required}\n")  # an assistant's tool call, for the assistant panels
     with gmlx_serve(["--config", str(config)], tmp_path, env=env) as server, gmlx_serve([], tmp_path) as other, \
             prometheus(_config([server, other], tmp_path / "prometheus.yml"), tmp_path / "tsdb") as prom:
         _wait(lambda: len([s for s in query(prom, 'up{job="gmlx"}') if s["value"][1] == "1"]) == 2, 60,
