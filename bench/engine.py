@@ -31,7 +31,7 @@ import mlx.core as mx
 from gmlx_server.engine.arch import make_cache
 from gmlx_server.engine.blas import current_blas
 from gmlx_server.engine.kernels import fast_ops
-from gmlx_server.engine.kernels.modules import GGUFEmbedding, GGUFLinear
+from gmlx_server.engine.kernels.modules import FusedGGUFLinear, GGUFEmbedding, GGUFLinear
 from gmlx_server.engine.loader import load_gguf_model
 from gmlx_server.engine.mlx_engine import MLXEngine
 from gmlx_server.engine.types import GenerationRequest, SamplingParams, TokenEvent
@@ -100,6 +100,8 @@ def profile(path: str, layout: str, steps: int = 20) -> None:
     model = lm.model
     linears: list[tuple[str, Any]] = [(p, m) for p, m in model.named_modules()
                                       if isinstance(m, GGUFLinear | TransposedLinear)]
+    # a fused q/k/v or gate/up projection is one matmul of its own (its parts only slice its output)
+    linears += [(p, _Fused(m)) for p, m in model.named_modules() if isinstance(m, FusedGGUFLinear)]
     if getattr(getattr(model, "args", None), "tie_word_embeddings", False) and "lm_head" not in model:
         linears.append(("embed_tokens.as_linear", _Head(model.model.embed_tokens)))  # the tied output head
 
@@ -149,6 +151,18 @@ def _ops_per_step(model: Any, fast: bool = True) -> int:
             fast_ops.install(ext)
 
 
+class _Fused:
+    """A fused projection called as the one matmul it runs."""
+
+    def __init__(self, fused: Any) -> None:
+        self.fused, self.in_dims = fused, fused.in_dims
+
+    def __call__(self, x: mx.array) -> mx.array:
+        out: mx.array = self.fused.output(x)
+        self.fused.forget()
+        return out
+
+
 class _Head:
     """A tied embedding called as the output projection."""
 
@@ -162,7 +176,7 @@ class _Head:
 def _in_dims(m: Any) -> int:
     if isinstance(m, _Head):
         return int(m.embed.dims if isinstance(m.embed, GGUFEmbedding) else m.embed.weight_t.shape[0])
-    return int(m.in_dims if isinstance(m, GGUFLinear) else m.weight_t.shape[0])
+    return int(m.in_dims if isinstance(m, GGUFLinear | _Fused) else m.weight_t.shape[0])
 
 
 def main() -> None:
