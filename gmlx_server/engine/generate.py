@@ -18,6 +18,7 @@ from gmlx_plan.memory import PREFILL_CHUNK  # the planner budgets this chunk's t
 from gmlx_server.engine.arch import make_cache
 from gmlx_server.engine.detokenizer import IncrementalDetokenizer
 from gmlx_server.engine.kv_snapshot import has_window, restore, take
+from gmlx_server.engine.last_row import last_row_only
 from gmlx_server.engine.prompt_cache import PromptCache
 from gmlx_server.engine.sampling import Draw, RequestSampler, top_alternatives
 from gmlx_server.engine.stream import StepResult, TextStream
@@ -64,7 +65,7 @@ class RequestRun:
                  caches: Callable[[], list[Any]] | None = None) -> None:
         self.req, self.emit, self.cancelled, self.progress = req, emit, cancelled, progress
         self.images = bind_images(model, req)  # a prompt with images prefills through the model's vision tower
-        self.model = self.images.model
+        self.model, self._text = self.images.model, model
         self._caches = caches or (lambda: make_cache(model))  # the loader's: quantized layers where configured
         self._grammar_tokenizer = grammar_tokenizer
         self.constraint: GrammarConstraint | None = None
@@ -107,7 +108,8 @@ class RequestRun:
             self._pos = end
             self._checkpoint()
             return False
-        logits = self.model(self._prompt[self._pos:][None], cache=self.cache).logits[:, -1, :]
+        with last_row_only(self._text):
+            logits = self.model(self._prompt[self._pos:][None], cache=self.cache).logits[:, -1, :]
         if self.rewinds:
             return self._resume(logits)
         draw = self.draw(logits)

@@ -17,6 +17,7 @@ import mlx.core as mx
 
 from gmlx_plan.memory import PREFILL_CHUNK
 from gmlx_server.engine.cache_trim import trim, trim_room
+from gmlx_server.engine.last_row import last_row_only
 from gmlx_server.engine.sampling import Draw
 from gmlx_server.engine.speculative import Verdict, accept_greedy, accept_sampled
 
@@ -88,7 +89,8 @@ class Speculator:
         drafts: list[mx.array] = []
         dists: list[mx.array] = []
         for _ in range(self.k):
-            logits = self.drafter.model(inp, cache=run.cache).logits[:, -1, :]
+            with last_row_only(self.drafter.model):  # a catch-up feeds several tokens; one row is drafted from
+                logits = self.drafter.model(inp, cache=run.cache).logits[:, -1, :]
             if greedy:
                 d = mx.argmax(logits, axis=-1)
             else:
