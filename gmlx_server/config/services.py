@@ -18,7 +18,7 @@ _COMMON = {"id": "str", "model": "str", "load": "str", "max_concurrent": "int"}
 OPTIONS: dict[str, dict[str, tuple[str, Any]]] = {
     "embeddings": {"max_batch": ("int", 32), "max_inputs": ("int", 2048), "matryoshka": ("bool", False)},
     "rerank": {"method": ("str", "cosine"), "max_documents": ("int", 1000)},
-    "stt": {"max_audio_s": ("number", 1800), "max_file_bytes": ("any", 25 << 20), "compute_type": ("str", "int8")},
+    "stt": {"max_audio_s": ("number", 1800), "max_file_bytes": ("any", 25 << 20), "compute_type": ("str", "auto")},
     "tts": {"max_input_chars": ("int", 4096)},
 }
 RERANK_METHODS = ("cosine", "llm")

@@ -15,7 +15,9 @@ from gmlx_server.services.fetch import ModelSource
 from gmlx_server.services.worker import Loader, Service
 
 log = logging.getLogger("gmlx.services")
-BACKENDS = {"embeddings": "mlx-embeddings", "rerank": "mlx-embeddings", "stt": "faster-whisper", "tts": "piper"}
+# Until a service loads; then its backend object says (stt: faster-whisper or mlx-audio, by the directory).
+BACKENDS = {"embeddings": "mlx-embeddings", "rerank": "mlx-embeddings", "stt": "faster-whisper or mlx-audio",
+            "tts": "piper"}
 
 
 def default_loader(entry: ServiceEntry, path: Path | None) -> Any:
@@ -33,6 +35,10 @@ def default_loader(entry: ServiceEntry, path: Path | None) -> Any:
     from gmlx_server.services.tts import load_voice
 
     return load_voice(path)
+
+
+def backend_name(svc: Service) -> str:
+    return str(getattr(svc.backend, "backend", None) or BACKENDS[svc.entry.kind])
 
 
 def uses_chat_model(entry: ServiceEntry) -> bool:
@@ -101,7 +107,7 @@ class ServiceHost:
         for svc in self.services.values():
             e = svc.entry
             row = {"id": e.id, "object": "model", "created": 0, "owned_by": "gmlx", "kind": e.kind,
-                   "backend": "chat-model" if uses_chat_model(e) else BACKENDS[e.kind], "model": e.model,
+                   "backend": "chat-model" if uses_chat_model(e) else backend_name(svc), "model": e.model,
                    "resident": svc.backend is not None, "state": svc.state, "load_error": svc.error,
                    "load": e.load, "max_concurrent": e.max_concurrent}
             if e.kind == "rerank":

@@ -1,10 +1,12 @@
-"""Speech-to-text with Whisper in CTranslate2 form (faster-whisper): decode any container PyAV reads, then
-transcribe or translate. Runs on the service's worker thread."""
+"""Speech-to-text with Whisper: decode any container PyAV reads, then transcribe or translate with the backend
+the model directory calls for (faster-whisper for CTranslate2, mlx-audio for MLX). Runs on the service's worker
+thread."""
 
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +27,11 @@ class Transcript:
 
 
 class Transcriber:
-    def __init__(self, path: Path, compute_type: str) -> None:
-        from faster_whisper import WhisperModel
+    """A Whisper backend: decoding, the English-only rule and the transcript's shape are shared; each backend
+    (CTranslate2 here, MLX in stt_mlx) runs the model."""
 
-        if not (path / "model.bin").exists():
-            raise ValueError(f"{path} is not a CTranslate2 Whisper directory (no model.bin); MLX Whisper "
-                             "directories are not served by this build")
-        self.model: Any = WhisperModel(str(path), device="cpu", compute_type=compute_type)
-        self.multilingual = bool(self.model.model.is_multilingual)
+    backend = "whisper"
+    multilingual = False
 
     def decode(self, data: bytes, max_s: float) -> np.ndarray:
         """16 kHz mono float32; a typed 400 for what is not audio or runs longer than max_s."""
@@ -56,28 +55,59 @@ class Transcriber:
             raise InvalidRequest("'file' holds no audio samples", param="file")
         return np.asarray(audio)
 
-    def transcribe(self, audio: np.ndarray, task: str, language: str | None, prompt: str | None,
-                   temperature: float | None, words: bool) -> Transcript:
+    def check_task(self, task: str, language: str | None) -> None:
         if not self.multilingual and (task == "translate" or language not in (None, "en")):
             what = "translate" if task == "translate" else f"transcribe language {language!r}"
             raise InvalidRequest(f"this Whisper model is English-only and cannot {what}; configure a multilingual "
                                  "model under services.stt", param="language" if task != "translate" else "model")
-        temps: Any = temperature if temperature else [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
+
+    def transcribe(self, audio: np.ndarray, task: str, language: str | None, prompt: str | None,
+                   temperature: float | None, words: bool) -> Transcript:
+        raise NotImplementedError
+
+
+def temperatures(temperature: float | None) -> Any:
+    """The request's temperature; none (or 0) is Whisper's fallback schedule, hotter after a failed decode."""
+    return temperature if temperature else (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+
+
+def transcript(rows: Iterable[Mapping[str, Any]], language: str, audio: np.ndarray) -> Transcript:
+    """OpenAI's verbose_json segments and words from a backend's segment records (dicts of Whisper's fields)."""
+    segments: list[dict[str, Any]] = []
+    found: list[dict[str, Any]] = []
+    for i, s in enumerate(rows):
+        segments.append({"id": i, "seek": int(s["seek"]), "start": round(float(s["start"]), 3),
+                         "end": round(float(s["end"]), 3), "text": s["text"], "tokens": [int(t) for t in s["tokens"]],
+                         "temperature": float(s["temperature"] or 0.0), "avg_logprob": float(s["avg_logprob"]),
+                         "compression_ratio": float(s["compression_ratio"]),
+                         "no_speech_prob": float(s["no_speech_prob"])})
+        found += [{"word": w["word"].strip(), "start": round(float(w["start"]), 3), "end": round(float(w["end"]), 3)}
+                  for w in s.get("words") or ()]
+    text = "".join(s["text"] for s in segments).strip()
+    return Transcript(text, language, round(len(audio) / RATE, 3), segments, found)
+
+
+class Ct2Transcriber(Transcriber):
+    """faster-whisper on a CTranslate2 directory (model.bin)."""
+
+    backend = "faster-whisper"
+
+    def __init__(self, path: Path, compute_type: str) -> None:
+        from faster_whisper import WhisperModel
+
+        self.model: Any = WhisperModel(str(path), device="cpu", compute_type=compute_type)
+        self.multilingual = bool(self.model.model.is_multilingual)
+
+    def transcribe(self, audio: np.ndarray, task: str, language: str | None, prompt: str | None,
+                   temperature: float | None, words: bool) -> Transcript:
+        self.check_task(task, language)
         try:
             segs, info = self.model.transcribe(audio, task=task, language=language, initial_prompt=prompt,
-                                               temperature=temps, word_timestamps=words)
+                                               temperature=temperatures(temperature), word_timestamps=words)
+            rows = [asdict(s) for s in segs]  # the generator decodes as it is read
         except ValueError as exc:  # an unknown language code
             raise InvalidRequest(f"'language': {exc}", param="language") from None
-        segments, found = [], []
-        for i, s in enumerate(segs):
-            segments.append({"id": i, "seek": s.seek, "start": round(s.start, 3), "end": round(s.end, 3),
-                             "text": s.text, "tokens": list(s.tokens), "temperature": s.temperature,
-                             "avg_logprob": s.avg_logprob, "compression_ratio": s.compression_ratio,
-                             "no_speech_prob": s.no_speech_prob})
-            found += [{"word": w.word.strip(), "start": round(w.start, 3), "end": round(w.end, 3)}
-                      for w in s.words or ()]
-        text = "".join(s["text"] for s in segments).strip()
-        return Transcript(text, info.language, round(len(audio) / RATE, 3), segments, found)
+        return transcript(rows, info.language, audio)
 
 
 def too_long(seconds: float, max_s: float) -> InvalidRequest:
@@ -85,5 +115,15 @@ def too_long(seconds: float, max_s: float) -> InvalidRequest:
                           "(services.stt.max_audio_s)", param="file")
 
 
-def load_transcriber(path: Path, compute_type: str = "int8") -> Transcriber:
-    return Transcriber(path, compute_type)
+def load_transcriber(path: Path, compute_type: str = "auto") -> Transcriber:
+    """The backend by what the directory holds: model.bin is CTranslate2 (faster-whisper); config.json with
+    safetensors or npz weights is MLX (mlx-audio's Whisper)."""
+    if (path / "model.bin").exists():
+        ct2_type = "int8" if compute_type == "auto" else compute_type
+        return Ct2Transcriber(path, ct2_type)
+    from gmlx_server.services.stt_mlx import is_mlx_whisper, load_mlx_transcriber
+
+    if is_mlx_whisper(path):
+        return load_mlx_transcriber(path, compute_type)
+    raise ValueError(f"{path} is not a Whisper directory: neither CTranslate2 (model.bin, for faster-whisper) nor "
+                     "MLX (config.json of a Whisper model with .safetensors or .npz weights, for mlx-audio)")

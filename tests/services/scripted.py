@@ -44,7 +44,7 @@ def scripted_loader(backend: ScriptedEmbedder) -> Any:
 def entry(kind: str, model: str | None = "/fake/model", **kw: Any) -> ServiceEntry:
     options = {"embeddings": {"max_batch": 32, "max_inputs": 2048, "matryoshka": False},
                "rerank": {"method": "cosine", "max_documents": 1000},
-               "stt": {"max_audio_s": 1800, "max_file_bytes": 25 << 20, "compute_type": "int8"},
+               "stt": {"max_audio_s": 1800, "max_file_bytes": 25 << 20, "compute_type": "auto"},
                "tts": {"max_input_chars": 4096}}[kind]
     options.update(kw.pop("options", {}))
     return ServiceEntry(kind=kind, id=kw.pop("id", kind), model=model, options=MappingProxyType(options), **kw)
