@@ -58,6 +58,14 @@ def whisper_base_dir() -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def whisper_tiny_mlx(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Whisper tiny.en converted once per session into an MLX directory (none ships in a package)."""
+    from tests.services.ct2_to_mlx import convert
+
+    return convert(whisper_tiny_dir(), tmp_path_factory.mktemp("whisper-tiny-mlx"))
+
+
 def write_config(tmp: Path, services: str, extra_models: str = "") -> Path:
     """A config with SmolLM2 as the chat model and the given services: block (YAML, indented two spaces)."""
     path = tmp / "gmlx.yaml"

@@ -1,0 +1,34 @@
+"""Which Whisper backend a directory gets, and the refusals that name what is served (no model loads here)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gmlx_server.services.stt import load_transcriber
+from gmlx_server.services.stt_mlx import dtype_for, is_mlx_whisper
+
+
+def test_a_directory_that_is_neither_layout_names_both(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"neither CTranslate2 \(model.bin.*nor MLX"):
+        load_transcriber(tmp_path)
+
+
+def test_mlx_layout_needs_a_whisper_config_and_weights(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "whisper", "n_audio_ctx": 1500}))
+    assert not is_mlx_whisper(tmp_path)
+    (tmp_path / "weights.npz").write_bytes(b"")
+    assert is_mlx_whisper(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"n_audio_ctx": 1500}))  # older MLX exports: no model_type
+    assert is_mlx_whisper(tmp_path)
+
+
+def test_compute_type_on_mlx() -> None:
+    assert dtype_for("auto", gpu=False) == ("float32", False) and dtype_for("auto", gpu=True) == ("float16", False)
+    assert dtype_for("int8", gpu=False) == ("float32", True) and dtype_for("int8_float16", False) == ("float16", True)
+    with pytest.raises(ValueError, match=r"services.stt.compute_type 'int16'.*auto, float32"):
+        dtype_for("int16", gpu=False)
