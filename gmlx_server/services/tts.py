@@ -12,6 +12,9 @@ def voice_files(path: Path) -> tuple[Path, Path]:
     onnx = path
     if path.is_dir():
         found = sorted(path.glob("*.onnx"))
+        if not found and (path / "config.json").exists():  # no MLX TTS model could be tested, so none is served
+            raise ValueError(f"{path} looks like an MLX (mlx-audio) voice directory; services.tts serves Piper voices "
+                             "only (an .onnx file with its .onnx.json)")
         if len(found) != 1:
             raise ValueError(f"{path} holds {len(found)} .onnx files; name the Piper voice file itself")
         onnx = found[0]

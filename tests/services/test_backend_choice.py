@@ -1,4 +1,4 @@
-"""Which Whisper backend a directory gets, and the refusals that name what is served (no model loads here)."""
+"""Which backend a model directory gets, and the refusals that name what is served (no model loads here)."""
 
 from __future__ import annotations
 
@@ -32,3 +32,12 @@ def test_compute_type_on_mlx() -> None:
     assert dtype_for("int8", gpu=False) == ("float32", True) and dtype_for("int8_float16", False) == ("float16", True)
     with pytest.raises(ValueError, match=r"services.stt.compute_type 'int16'.*auto, float32"):
         dtype_for("int16", gpu=False)
+
+
+def test_an_mlx_voice_directory_is_refused_naming_what_tts_serves(tmp_path: Path) -> None:
+    from gmlx_server.services.tts import voice_files
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "kokoro"}))
+    (tmp_path / "kokoro-v1_0.safetensors").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"MLX \(mlx-audio\) voice directory; services.tts serves Piper voices only"):
+        voice_files(tmp_path)
