@@ -94,8 +94,8 @@ def _ratio(ours: float, ref: float | None) -> str:
     return f"{ours / ref:.2f}x" if ref else "n/a"
 
 
-def profile(path: str, layout: str, steps: int = 20) -> None:
-    """Where one width-1 decode step's time goes: matmuls, everything else, and building the graph."""
+def profile(path: str, layout: str, width: int = 1, steps: int = 20) -> None:
+    """Where one decode step's time goes (width rows at once): matmuls, everything else, building the graph."""
     lm = load_gguf_model(path, layout=layout)  # type: ignore[arg-type]
     model = lm.model
     linears: list[tuple[str, Any]] = [(p, m) for p, m in model.named_modules()
@@ -107,18 +107,18 @@ def profile(path: str, layout: str, steps: int = 20) -> None:
 
     def step_ms() -> tuple[float, float]:
         cache = make_cache(model)
-        mx.eval(model(mx.array([[1, 2, 3, 4]]), cache=cache).logits)
+        mx.eval(model(mx.array([[1, 2, 3, 4]] * width), cache=cache).logits)
         build, total = [], []
         for _ in range(steps):
             t = time.perf_counter()
-            out = model(mx.array([[5]]), cache=cache).logits
+            out = model(mx.array([[5]] * width), cache=cache).logits
             build.append(time.perf_counter() - t)
             mx.eval(out)
             total.append(time.perf_counter() - t)
         return statistics.median(total) * 1e3, statistics.median(build) * 1e3
 
     full, build = step_ms()
-    xs = [mx.random.normal((1, 1, _in_dims(m))) for _, m in linears]
+    xs = [mx.random.normal((width, 1, _in_dims(m))) for _, m in linears]
     mx.eval(xs)
     mx.eval([m(x) for (_, m), x in zip(linears, xs, strict=True)])
     samples = []
@@ -129,7 +129,7 @@ def profile(path: str, layout: str, steps: int = 20) -> None:
     mm = statistics.median(samples) * 1e3
     print(f"  graph ops in one width-1 decode step: {_ops_per_step(model)} with gmlx's CPU norm/RoPE/attention "
           f"primitives, {_ops_per_step(model, fast=False)} with MLX's own")
-    print(f"profile {Path(path).name} ({lm.info.weights_layout}, width 1): step {full:.1f} ms = "
+    print(f"profile {Path(path).name} ({lm.info.weights_layout}, width {width}): step {full:.1f} ms = "
           f"{len(linears)} matmuls {mm:.1f} ms (timed alone, same shapes) + the rest {full - mm:.1f} ms "
           f"(attention, norms, RoPE, elementwise, sampling-free), of which building the graph in Python "
           f"{build:.1f} ms")
@@ -187,11 +187,13 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--models", default="smollm2,gemma")
     ap.add_argument("--profile", action="store_true", help="time one decode step per op class instead")
+    ap.add_argument("--width", type=int, default=1, help="--profile also this many rows per step")
     ap.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.profile:
         for name in args.models.split(","):
-            profile({"smollm2": smollm2_path, "gemma": gemma_path}[name](), args.layout)
+            for width in sorted({1, args.width}):
+                profile({"smollm2": smollm2_path, "gemma": gemma_path}[name](), args.layout, width)
         return
     paths = {"smollm2": smollm2_path, "gemma": gemma_path}
     names = args.models.split(",")
