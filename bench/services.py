@@ -6,7 +6,8 @@
 - text-to-speech real-time factor (seconds of work per second of audio; under 1 is faster than real time) of
   the Piper voice through /v1/audio/speech, beside piper-tts called directly;
 - speech-to-text real-time factor of Whisper tiny.en through /v1/audio/transcriptions, beside faster-whisper
-  called directly on the same audio.
+  called directly on the same audio; then the same model converted to an MLX directory (mlx-audio's Whisper
+  backend, float32 on the CPU), beside mlx-audio's own loader and generate.
 Medians of --repeat runs; the models are the packaged ones the tests use.
 """
 
@@ -25,8 +26,10 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gmlx_server.startup import preload_blas
 from tests.e2e.server import gmlx_serve
 from tests.services.conftest import minilm_dir, piper_voice, whisper_tiny_dir, write_config
+from tests.services.ct2_to_mlx import convert
 
 TEXT = ("Local models answer without a network. The server keeps each service on a worker of its own, so a long "
         "transcription never holds up a chat stream. Speech comes back sentence by sentence as it is made.")
@@ -79,31 +82,53 @@ def speech(base: str, repeat: int) -> bytes:
     return wav
 
 
-def transcription(base: str, wav: bytes, repeat: int) -> None:
-    from faster_whisper import WhisperModel
-
+def transcription(base: str, wav: bytes, repeat: int, label: str, peer_name: str,
+                  peer: Callable[[], object]) -> None:
     seconds = audio_seconds(wav)
-    model = WhisperModel(str(whisper_tiny_dir()), device="cpu", compute_type="int8")
     files = {"file": ("speech.wav", wav)}
     httpx.post(base + "/v1/audio/transcriptions", files=files, timeout=300)  # loads the model
     ours = median_s(lambda: httpx.post(base + "/v1/audio/transcriptions", files=files, timeout=300), repeat)
-    peer = median_s(lambda: list(model.transcribe(io.BytesIO(wav))[0]), repeat)
-    print(f"stt (Whisper tiny.en, int8), {seconds:.1f} s of speech: real-time factor gmlx {ours / seconds:.3f}, "
-          f"faster-whisper directly {peer / seconds:.3f}")
+    print(f"stt ({label}), {seconds:.1f} s of speech: real-time factor gmlx {ours / seconds:.3f}, "
+          f"{peer_name} directly {median_s(peer, repeat) / seconds:.3f}")
+
+
+def faster_whisper(wav: bytes) -> Callable[[], object]:
+    from faster_whisper import WhisperModel
+
+    model = WhisperModel(str(whisper_tiny_dir()), device="cpu", compute_type="int8")
+    return lambda: list(model.transcribe(io.BytesIO(wav))[0])
+
+
+def mlx_whisper(wav: bytes, mlx_dir: Path) -> Callable[[], object]:
+    """mlx-audio's own loader and generate (float16, its default) on the converted directory."""
+    from faster_whisper.audio import decode_audio
+    from mlx_audio.stt import load
+
+    model, audio = load(str(mlx_dir)), decode_audio(io.BytesIO(wav), sampling_rate=16_000)
+    return lambda: model.generate(audio)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg = write_config(Path(tmp), f"  embeddings: {{model: '{minilm_dir()}'}}\n"
-                                      f"  stt: {{model: '{whisper_tiny_dir()}'}}\n"
-                                      f"  tts: {{model: '{piper_voice()}'}}\n")
-        with gmlx_serve(["--config", str(cfg)], Path(tmp)) as server:
+    preload_blas()  # before mlx loads in this process, as gmlx serve does, so the MLX peer gets OpenBLAS too
+    with tempfile.TemporaryDirectory() as tmp_dir:
+        tmp = Path(tmp_dir)
+        cfg = write_config(tmp, f"  embeddings: {{model: '{minilm_dir()}'}}\n"
+                                f"  stt: {{model: '{whisper_tiny_dir()}'}}\n"
+                                f"  tts: {{model: '{piper_voice()}'}}\n")
+        with gmlx_serve(["--config", str(cfg)], tmp) as server:
             embeddings(server.base_url, args.repeat)
             wav = speech(server.base_url, args.repeat)
-            transcription(server.base_url, wav, args.repeat)
+            transcription(server.base_url, wav, args.repeat, "Whisper tiny.en, CTranslate2 int8", "faster-whisper",
+                          faster_whisper(wav))
+        mlx_dir = convert(whisper_tiny_dir(), tmp / "whisper-tiny-mlx")
+        (tmp / "mlx").mkdir()
+        cfg = write_config(tmp / "mlx", f"  stt: {{model: '{mlx_dir}'}}\n")
+        with gmlx_serve(["--config", str(cfg)], tmp / "mlx") as server:
+            transcription(server.base_url, wav, args.repeat, "Whisper tiny.en, MLX float32",
+                          "mlx-audio (its float16 default)", mlx_whisper(wav, mlx_dir))
 
 
 if __name__ == "__main__":
