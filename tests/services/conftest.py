@@ -6,13 +6,16 @@ import hashlib
 import importlib.util
 from pathlib import Path
 
+import openai
 import pytest
 
 from tests.conftest import smollm2_path
+from tests.e2e.server import LiveServer
 
 # Whisper base (CTranslate2) in two chunk packages from an unverified uploader: the assembled model.bin is pinned.
 WHISPER_BASE_BYTES = 145_217_532
 WHISPER_BASE_SHA256 = "d01c3014881c9c6f3133c182f3d2887eb6ca1c789a7538c5c007196857a0a6a9"
+SENTENCE = "The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins with a single step."
 
 
 def package_dir(name: str, dist: str) -> Path:
@@ -56,6 +59,18 @@ def whisper_base_dir() -> Path:
             pytest.fail(f"Whisper base: sha256 {h.hexdigest()} is not the pinned {WHISPER_BASE_SHA256}")
         tmp.rename(model)
     return out
+
+
+@pytest.fixture(scope="module")
+def client(server: LiveServer) -> openai.OpenAI:
+    """The openai SDK on the module's own `server` fixture."""
+    return openai.OpenAI(base_url=server.v1, api_key="unused", timeout=300)
+
+
+@pytest.fixture(scope="module")
+def wav(client: openai.OpenAI) -> bytes:
+    """SENTENCE spoken by the module's server (its tts, aliased tts-1)."""
+    return client.audio.speech.create(model="tts-1", voice="alloy", input=SENTENCE, response_format="wav").content
 
 
 @pytest.fixture(scope="session")

@@ -17,10 +17,9 @@ import pytest
 
 from gmlx_server.services.audio_out import wav_header
 from tests.e2e.server import LiveServer, gmlx_serve
-from tests.services.conftest import piper_voice, whisper_tiny_dir, write_config
+from tests.services.conftest import SENTENCE, piper_voice, whisper_tiny_dir, write_config
 
 pytestmark = pytest.mark.slow
-SENTENCE = "The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins with a single step."
 LONG = " ".join(["Speech recognition turns spoken words into written text, one sentence after another."] * 5)
 
 
@@ -32,16 +31,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
                             f"  tts: {{model: '{piper_voice()}', id: joe, aliases: [tts-1]}}\n")
     with gmlx_serve(["--config", str(cfg)], tmp) as live:
         yield live
-
-
-@pytest.fixture(scope="module")
-def client(server: LiveServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.v1, api_key="unused", timeout=300)
-
-
-@pytest.fixture(scope="module")
-def wav(client: openai.OpenAI) -> bytes:
-    return client.audio.speech.create(model="tts-1", voice="alloy", input=SENTENCE, response_format="wav").content
 
 
 def words(text: str) -> list[str]:

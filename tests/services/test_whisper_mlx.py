@@ -14,8 +14,8 @@ import pytest
 
 from gmlx_server.services.stt import Ct2Transcriber, load_transcriber
 from tests.e2e.server import LiveServer, gmlx_serve
-from tests.services.conftest import piper_voice, whisper_tiny_dir, write_config
-from tests.services.test_audio_real import SENTENCE, transcribe, wer
+from tests.services.conftest import SENTENCE, piper_voice, whisper_tiny_dir, write_config
+from tests.services.test_audio_real import transcribe, wer
 
 pytestmark = pytest.mark.slow
 
@@ -27,16 +27,6 @@ def server(tmp_path_factory: pytest.TempPathFactory, whisper_tiny_mlx: Path) -> 
                             f"  tts: {{model: '{piper_voice()}', aliases: [tts-1]}}\n")
     with gmlx_serve(["--config", str(cfg)], tmp) as live:
         yield live
-
-
-@pytest.fixture(scope="module")
-def client(server: LiveServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.v1, api_key="unused", timeout=300)
-
-
-@pytest.fixture(scope="module")
-def wav(client: openai.OpenAI) -> bytes:
-    return client.audio.speech.create(model="tts-1", voice="alloy", input=SENTENCE, response_format="wav").content
 
 
 def test_mlx_whisper_hears_what_ctranslate2_hears(server: LiveServer, client: openai.OpenAI, wav: bytes) -> None:
@@ -87,3 +77,21 @@ def test_compute_type_int8_quantizes_the_weights_and_still_hears(whisper_tiny_ml
     assert not any(type(m) is nn.Linear for m in layers)
     text = model.transcribe(model.decode(wav, 60), "transcribe", "en", None, None, False).text
     assert wer(SENTENCE, text) < 0.2, text
+
+
+def test_multilingual_mlx_whisper_detects_translates_and_refuses_unknown_codes(
+        tmp_path_factory: pytest.TempPathFactory, wav: bytes) -> None:
+    from gmlx_server.errors import InvalidRequest
+    from tests.services.conftest import whisper_base_dir
+    from tests.services.ct2_to_mlx import convert
+
+    model = load_transcriber(convert(whisper_base_dir(), tmp_path_factory.mktemp("whisper-base-mlx")))
+    assert model.backend == "mlx-audio" and model.multilingual
+    audio = model.decode(wav, 60)
+    heard = model.transcribe(audio, "transcribe", None, None, None, False)  # the language detected
+    assert heard.language == "en" and wer(SENTENCE, heard.text) < 0.2, heard
+    translated = model.transcribe(audio, "translate", "en", None, None, False)
+    assert wer(SENTENCE, translated.text) < 0.2, translated
+    with pytest.raises(InvalidRequest, match="'xx' is not a Whisper language code") as err:
+        model.transcribe(audio, "transcribe", "xx", None, None, False)
+    assert err.value.param == "language"
