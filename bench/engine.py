@@ -3,7 +3,8 @@
     .venv/bin/python bench/engine.py [--layout auto|dense|packed] [--prompt 512] [--gen 128] [--runs 3]
 
 Prints, per model: load time, prefill tok/s (512-token prompt), decode tok/s (128 tokens, batch 1),
-peak memory; then llama.cpp's figures for the same file and the ratio. Medians over --runs.
+peak memory, the process's resident growth from loading; then llama.cpp's figures for the same file and
+the ratio. Medians over --runs.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from gmlx_server.engine.loader import load_gguf_model
 from gmlx_server.engine.mlx_engine import MLXEngine
 from gmlx_server.engine.types import GenerationRequest, SamplingParams, TokenEvent
 from gmlx_server.engine.weights import TransposedLinear
+from gmlx_server.service.residency import release_memory
 from tests.conftest import gemma_path, smollm2_path
 
 
@@ -55,10 +57,17 @@ def _one(engine: MLXEngine, prompt: list[int], gen: int, rid: str) -> tuple[floa
     return t.prefill_tok_s, t.decode_tok_s
 
 
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
 def bench_gmlx(path: str, layout: str, n_prompt: int, n_gen: int, runs: int) -> dict[str, float]:
-    t0 = time.perf_counter()
+    rss0, t0 = _rss(), time.perf_counter()
     engine = MLXEngine(lambda: load_gguf_model(path, layout=layout))  # type: ignore[arg-type]
     load_s = time.perf_counter() - t0
+    release_memory()  # as the server does after a load
+    resident = (_rss() - rss0) / 1e6
     try:
         prompt = _prompt(engine, n_prompt)
         _one(engine, prompt[:32], 4, "warm")
@@ -66,7 +75,8 @@ def bench_gmlx(path: str, layout: str, n_prompt: int, n_gen: int, runs: int) -> 
     finally:
         engine.close()
     return {
-        "load_s": load_s, "layout": engine.info.weights_layout,  # type: ignore[dict-item]
+        "load_s": load_s, "resident_mb": resident, "file_mb": Path(path).stat().st_size / 1e6,
+        "layout": engine.info.weights_layout,  # type: ignore[dict-item]
         "prefill_tok_s": statistics.median(r[0] for r in res),
         "decode_tok_s": statistics.median(r[1] for r in res),
         "peak_mlx_mb": mx.get_peak_memory() / 1e6,
@@ -209,6 +219,8 @@ def main() -> None:
         print(f"{name:8s} gmlx      layout {g['layout']:6s} load {g['load_s']:.2f} s  "
               f"prefill {g['prefill_tok_s']:7.1f} tok/s  decode {g['decode_tok_s']:6.1f} tok/s  "
               f"peak MLX {g['peak_mlx_mb']:.0f} MB  max RSS {g['max_rss_mb']:.0f} MB")
+        print(f"{name:8s} gmlx      resident after load +{g['resident_mb']:.0f} MB for a {g['file_mb']:.0f} MB file "
+              f"({g['resident_mb'] / g['file_mb']:.2f}x, weights, tokenizer and the rest)")
         ref = bench_llama_cpp(path, args.prompt, args.gen, args.runs)
         if ref is None:
             print(f"{name:8s} llama.cpp not on PATH (build llama-bench to compare)")

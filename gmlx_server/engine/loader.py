@@ -63,6 +63,7 @@ def load_gguf_model(path: str | Path, model_id: str | None = None, layout: Layou
         transpose_dense_linears(model)
     elif chosen == "native":
         fuse_projections(model)  # q/k/v and gate/up as one matmul each
+    mx.clear_cache()  # the buffers of replaced arrays (fused parts, transposed originals) stay cached otherwise
     tokenizer = GGUFTokenizer.from_metadata(header.metadata)
     template = JinjaChatTemplate.from_metadata(header.metadata, spec.family, chat_template)
     trained = int(header.arch_value("context_length", DEFAULT_CONTEXT))

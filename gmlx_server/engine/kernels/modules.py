@@ -107,7 +107,9 @@ def fuse_projections(model: nn.Module) -> int:
     """Fuse each layer's q/k/v and gate/up GGUFLinears that share a block type, input width and bias; returns
     how many groups were fused (mixed types, e.g. Q4_K q/k beside a Q6_K v, fuse the matching ones)."""
     fused = 0
-    for m in [m for _, m in model.named_modules()]:
+    # parents only: a list of every module would keep the replaced parts' blocks alive to the end (load peak)
+    parents = [m for _, m in model.named_modules() if any(isinstance(m.get(n), GGUFLinear) for g in GROUPS for n in g)]
+    for m in parents:
         for names in GROUPS:
             mods = [(n, p) for n in names if isinstance(p := getattr(m, n, None), GGUFLinear)]
             for key in {(p.qtype, p.in_dims, "bias" in p) for _, p in mods}:
@@ -115,8 +117,8 @@ def fuse_projections(model: nn.Module) -> int:
                 if len(same) < 2:
                     continue
                 group = FusedGGUFLinear([p for _, p in same])
+                mx.eval(group.parameters())  # now, while only this group's parts are live twice
                 for i, (n, _) in enumerate(same):
                     setattr(m, n, FusedPart(group, i))
                 fused += 1
-    mx.eval(model.parameters())
     return fused
