@@ -15,9 +15,9 @@ from gmlx_server.services.fetch import ModelSource
 from gmlx_server.services.worker import Loader, Service
 
 log = logging.getLogger("gmlx.services")
-# Until a service loads; then its backend object says (stt: faster-whisper or mlx-audio, by the directory).
+# Until a service loads; then its backend object says (stt and tts: by what the directory holds).
 BACKENDS = {"embeddings": "mlx-embeddings", "rerank": "mlx-embeddings", "stt": "faster-whisper or mlx-audio",
-            "tts": "piper"}
+            "tts": "piper or mlx-audio"}
 
 
 def default_loader(entry: ServiceEntry, path: Path | None) -> Any:

@@ -6,7 +6,6 @@ from collections.abc import Callable
 from typing import Any
 
 from gmlx_server.config import ServiceEntry
-from gmlx_server.errors import InvalidRequest, clip
 from gmlx_server.services.audio_out import Encoder
 from gmlx_server.services.audio_wire import SpeechRequest, TranscriptionRequest, transcription_body
 from gmlx_server.services.embeddings import Embedder
@@ -20,7 +19,7 @@ from gmlx_server.services.embeddings_wire import (
 )
 from gmlx_server.services.rerank import RerankRequest, cosine_scores, rerank_response
 from gmlx_server.services.stt import Transcriber
-from gmlx_server.services.tts import Voice
+from gmlx_server.services.tts import Speaker
 
 
 def embed_job(req: EmbeddingsRequest, embedder: Embedder, entry: ServiceEntry) -> dict[str, Any]:
@@ -39,13 +38,11 @@ def transcribe_job(req: TranscriptionRequest, task: str, max_s: float) -> Callab
     return run
 
 
-def speech_job(req: SpeechRequest) -> Callable[[Voice, Callable[[bytes], None]], None]:
-    def run(voice: Voice, emit: Callable[[bytes], None]) -> None:
-        if req.voice and voice.speakers and req.voice not in voice.speakers:
-            raise InvalidRequest(f"'voice' {clip(req.voice)!r} is not a speaker of this voice; it has: "
-                                 f"{', '.join(voice.speakers)}", param="voice")
+def speech_job(req: SpeechRequest) -> Callable[[Speaker, Callable[[bytes], None]], None]:
+    def run(voice: Speaker, emit: Callable[[bytes], None]) -> None:
+        choice = voice.pick(req.voice)
         encoder = Encoder(req.response_format, voice.sample_rate)
-        voice.synthesize(req.text, req.speed, voice.speaker_id(req.voice), lambda pcm: emit(encoder.feed(pcm)))
+        voice.synthesize(req.text, req.speed, choice, lambda pcm: emit(encoder.feed(pcm)))
         emit(encoder.finish())
 
     return run

@@ -1,10 +1,26 @@
-"""Text-to-speech with a Piper voice (ONNX, through piper-tts): sentence by sentence, so speech can stream."""
+"""Text-to-speech backends, chosen by what the model path holds: a Piper voice (ONNX, through piper-tts) or an
+mlx-audio Kokoro directory (tts_mlx). Both speak 16-bit mono PCM in pieces, so speech can stream."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+from gmlx_server.errors import InvalidRequest, clip
+
+
+class Speaker(Protocol):
+    """What the speech job needs of a backend."""
+
+    backend: str
+    sample_rate: int
+
+    def pick(self, voice: str | None) -> Any:
+        """The request's voice as the backend names it; a typed 400 (param voice) for one it does not have."""
+
+    def synthesize(self, text: str, speed: float, choice: Any, emit: Callable[[bytes], None]) -> None:
+        """16-bit mono PCM at sample_rate, handed to `emit` piece by piece as it is made."""
 
 
 def voice_files(path: Path) -> tuple[Path, Path]:
@@ -12,11 +28,9 @@ def voice_files(path: Path) -> tuple[Path, Path]:
     onnx = path
     if path.is_dir():
         found = sorted(path.glob("*.onnx"))
-        if not found and (path / "config.json").exists():  # no MLX TTS model could be tested, so none is served
-            raise ValueError(f"{path} looks like an MLX (mlx-audio) voice directory; services.tts serves Piper voices "
-                             "only (an .onnx file with its .onnx.json)")
         if len(found) != 1:
-            raise ValueError(f"{path} holds {len(found)} .onnx files; name the Piper voice file itself")
+            raise ValueError(f"{path} holds {len(found)} .onnx files and is not an mlx-audio directory (config.json "
+                             "with .safetensors weights); name the Piper voice file itself")
         onnx = found[0]
     config = onnx.with_name(onnx.name + ".json")
     if onnx.suffix != ".onnx" or not config.exists():
@@ -25,6 +39,10 @@ def voice_files(path: Path) -> tuple[Path, Path]:
 
 
 class Voice:
+    """A Piper voice: sentence by sentence."""
+
+    backend = "piper"
+
     def __init__(self, path: Path) -> None:
         from piper import PiperVoice, SynthesisConfig
 
@@ -36,16 +54,26 @@ class Voice:
         self.length_scale = float(self.voice.config.length_scale or 1.0)
         self.name = onnx.stem
 
-    def speaker_id(self, voice: str | None) -> int | None:
-        """A multi-speaker voice's speaker by name; None (the voice's default) otherwise."""
-        return self.speakers.get(voice) if voice else None
+    def pick(self, voice: str | None) -> int | None:
+        """A multi-speaker voice's speaker id by name; None (the voice's own) on a single-speaker voice, which
+        takes any name (OpenAI's alloy, ...)."""
+        if not voice or not self.speakers:
+            return None
+        if voice not in self.speakers:
+            raise InvalidRequest(f"'voice' {clip(voice)!r} is not a speaker of this voice; it has: "
+                                 f"{', '.join(self.speakers)}", param="voice")
+        return self.speakers[voice]
 
-    def synthesize(self, text: str, speed: float, speaker: int | None, emit: Callable[[bytes], None]) -> None:
-        """16-bit mono PCM at sample_rate, one chunk per sentence, handed to `emit` as it is made."""
-        syn = self._config(speaker_id=speaker, length_scale=self.length_scale / speed)
+    def synthesize(self, text: str, speed: float, choice: Any, emit: Callable[[bytes], None]) -> None:
+        syn = self._config(speaker_id=choice, length_scale=self.length_scale / speed)
         for chunk in self.voice.synthesize(text, syn):
             emit(chunk.audio_int16_bytes)
 
 
-def load_voice(path: Path) -> Voice:
+def load_voice(path: Path) -> Speaker:
+    """mlx-audio for a directory with config.json and .safetensors weights; a Piper voice otherwise."""
+    from gmlx_server.services.tts_mlx import is_mlx_tts, load_mlx_voice
+
+    if is_mlx_tts(path):
+        return load_mlx_voice(path)
     return Voice(path)

@@ -34,10 +34,21 @@ def test_compute_type_on_mlx() -> None:
         dtype_for("int16", gpu=False)
 
 
-def test_an_mlx_voice_directory_is_refused_naming_what_tts_serves(tmp_path: Path) -> None:
-    from gmlx_server.services.tts import voice_files
+def test_tts_picks_mlx_audio_by_the_directory_and_refuses_what_it_does_not_serve(tmp_path: Path) -> None:
+    from gmlx_server.services.tts import load_voice, voice_files
+    from gmlx_server.services.tts_mlx import is_mlx_tts
 
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "kokoro"}))
-    (tmp_path / "kokoro-v1_0.safetensors").write_bytes(b"")
-    with pytest.raises(ValueError, match=r"MLX \(mlx-audio\) voice directory; services.tts serves Piper voices only"):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bark"}))
+    assert not is_mlx_tts(tmp_path)  # no weights: not an mlx-audio directory, and no Piper voice either
+    with pytest.raises(ValueError, match=r"holds 0 .onnx files and is not an mlx-audio directory"):
         voice_files(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    assert is_mlx_tts(tmp_path)
+    with pytest.raises(ValueError, match=r"mlx-audio model of type 'bark'; services.tts serves Piper voices and "
+                                         r"mlx-audio's kokoro"):
+        load_voice(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "kokoro"}))
+    (tmp_path / "voices").mkdir()
+    (tmp_path / "voices" / "qq_nobody.safetensors").write_bytes(b"")  # no Kokoro language letter
+    with pytest.raises(ValueError, match=r"holds no Kokoro voices \(voices/<name>.safetensors"):
+        load_voice(tmp_path)
