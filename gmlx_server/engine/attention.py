@@ -23,14 +23,16 @@ _LOG2E = math.log2(math.e)
 _ORIGINAL = "_gmlx_original_sdpa"  # where the module's own function is kept while ours is installed
 _CPU = "_gmlx_cpu"  # whether the installed function takes plain fp32 attention on the CPU
 FEW_ROWS = 8  # up to this many queries (decode, speculative verification) one kernel call beats a dozen ops
+FLASH_WIDTH = 16  # beyond FEW_ROWS the kernels' blockwise path takes value rows of a multiple of this width
 
 
 def cpu_attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float, mask: Any) -> mx.array:
     """softmax(scale * q k^T + mask) v for q (B, H, L, D), k/v (B, Hk, S, D); mask None, "causal" or an array."""
     B, H, L, D = queries.shape
     Hk, S = keys.shape[1], keys.shape[2]
-    ext = fast_ops.active() if L <= FEW_ROWS else None
-    if ext is not None:  # the CPU kernels' one-op attention
+    ours = queries.dtype == keys.dtype == values.dtype == mx.float32
+    ext = fast_ops.active() if ours and (L <= FEW_ROWS or values.shape[-1] % FLASH_WIDTH == 0) else None
+    if ext is not None:  # the CPU kernels' one-op attention: row by row, or blockwise (flash) for prefill
         out: mx.array = ext.sdpa(queries, keys, values, scale, None if isinstance(mask, str) else mask,
                                  causal=mask == "causal")
         return out

@@ -29,6 +29,8 @@ NB_MODULE(_gguf_kernels, m) {
         "freqs"_a = nb::none(), "stream"_a = nb::none(), "mx.fast.rope as one CPU primitive (float32)");
   m.def("sdpa", &gk::sdpa, "q"_a, "k"_a, "v"_a, "scale"_a, "mask"_a.none(), "causal"_a, nb::kw_only(),
         "stream"_a = nb::none(), "attention for a few query rows as one CPU primitive (float32)");
+  m.def("gated", &gk::gated, "gate"_a, "up"_a.none(), "kind"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "silu(gate) * up (kind 0) or gelu_tanh(gate) * up (kind 1), up optional, as one CPU primitive (float32)");
   m.def("row_bytes", &gk::row_bytes, "type"_a, "k"_a, "bytes of one row, or -1 when no kernel reads `type`");
   m.def("isa", &gk::isa_name);
   m.def("isas", &gk::isa_names);

@@ -27,6 +27,23 @@ mx::array rope(const mx::array& x, int dims, bool traditional, std::optional<flo
 mx::array sdpa(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
                const std::optional<mx::array>& mask, bool causal, mx::StreamOrDevice s = {});
 
+// act(gate) * up, or act(gate) without up: kind 0 SiLU, 1 GELU's tanh form; float32, one shape.
+mx::array gated(const mx::array& gate, const std::optional<mx::array>& up, int kind, mx::StreamOrDevice s = {});
+
+class Gated : public mx::Primitive {
+ public:
+  Gated(mx::Stream stream, int kind, bool with_up) : mx::Primitive(stream), kind_(kind), with_up_(with_up) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "GKGated"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override { return {inputs[0].shape()}; }
+
+ private:
+  int kind_;
+  bool with_up_;
+};
+
 class SDPA : public mx::Primitive {
  public:
   SDPA(mx::Stream stream, float scale, bool causal, int kind)

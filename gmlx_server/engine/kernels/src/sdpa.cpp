@@ -1,20 +1,16 @@
-// Attention for a few query rows (decode, speculative verification) as one CPU primitive: MLX's CPU path
-// spends a dozen ops (and their dispatch) per layer on it; many-row prefill keeps the BLAS matmul path.
+// Attention as one CPU primitive: MLX's CPU path spends a dozen ops (and their dispatch) per layer on it. A few
+// query rows (decode, speculative verification) run row by row here; from kFlashRows rows, flash.cpp.
 #include <cmath>
 #include <limits>
 #include <stdexcept>
 #include <vector>
 
 #include "fast_ops.h"
+#include "flash.h"
+#include "vmath.h"  // GK_CLONES
 #include "kernels.h"
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define GK_CLONES __attribute__((target_clones("default", "avx2", "arch=x86-64-v4")))
-#else
-#define GK_CLONES
-#endif
 
 namespace gk {
 
@@ -131,6 +127,17 @@ void SDPA::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>
     const uint8_t* mbase = kind ? static_cast<const uint8_t*>(inputs[3].data<void>()) : nullptr;
     const int64_t esize = kind == 1 ? 1 : 4;
     float* y = out.data<float>();
+    if (L >= kFlashRows && flash_fits(q.shape(3), Dv)) {
+      FlashArgs fa{qv.p, kv.p, vv.p, y, qv.s0, qv.s1, qv.s2, kv.s0, kv.s1, kv.s2, vv.s0, vv.s1, vv.s2,
+                   mbase, 0, 0, 0, 0, esize, kind, B, H, k.shape(1), r, L, S, q.shape(3), Dv, scale * kLog2e,
+                   causal};
+      if (kind) {
+        const auto& st = inputs[3].strides();
+        fa.mb = st[0], fa.mh = st[1], fa.ml = st[2], fa.ms = st[3];
+      }
+      flash_attention(fa);
+      return;
+    }
     parallel_for(B * H * L, [&](int64_t task) {
       thread_local std::vector<float> scores;
       scores.resize(static_cast<size_t>(S));

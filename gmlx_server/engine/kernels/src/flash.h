@@ -1,0 +1,29 @@
+// Many-query-row attention (prefill): see flash.cpp.
+#pragma once
+
+#include <cstdint>
+
+namespace gk {
+
+constexpr int64_t kFlashRows = 16;   // from this many query rows, the flash path
+constexpr int64_t kFlashBlock = 64;  // query positions per task (times the heads sharing a KV head): each
+                                     // transposed key block serves them all
+
+// Element strides; the last dimension of q, k, v, out is contiguous. mask: bytes of the (B, H, L, S) mask
+// (kind 1 bool, 2 additive float in natural-log units, 0 none), strides in elements.
+struct FlashArgs {
+  const float *q, *k, *v;
+  float* out;  // (B, H, L, Dv) row-major
+  int64_t qb, qh, ql, kb, kh, ks, vb, vh, vs;
+  const uint8_t* mask;
+  int64_t mb, mh, ml, ms, esize;
+  int kind;
+  int64_t B, H, Hk, r, L, S, D, Dv;
+  float scale;  // in log2 units
+  bool causal;
+};
+
+bool flash_fits(int64_t D, int64_t Dv);
+void flash_attention(const FlashArgs& a);
+
+}  // namespace gk

@@ -1,0 +1,107 @@
+// act(gate) * up (or act(x) alone) in one threaded, vectorized pass: SiLU (SwiGLU's gate) or GELU's tanh form
+// (Gemma's). MLX's CPU backend runs these elementwise graphs on one thread with a scalar exp, ~15 ns an
+// element: on a 512-token prefill that was a sixth of SmolLM2's time.
+#include <stdexcept>
+#include <vector>
+
+#include "fast_ops.h"
+#include "kernels.h"
+#include "mlx/allocator.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "strided.h"
+#include "vmath.h"
+
+namespace gk {
+
+namespace {
+
+using namespace vm;
+
+constexpr int64_t kChunk = 16384;  // elements per pool task
+
+GK_CLONES void gate_span(int kind, const float* g, const float* u, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    v16 x;
+    std::memcpy(&x, g + i, sizeof x);
+    v16 a;
+    if (kind == 0) {  // x * sigmoid(x)
+      a = x / (1.0f + exp2v(x * -kLog2e));
+    } else {  // 0.5 x (1 + tanh(c (x + 0.044715 x^3))), tanh(t) = 1 - 2 / (1 + e^(2t))
+      const v16 t = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+      a = 0.5f * x * (2.0f - 2.0f / (1.0f + exp2v(t * (2.0f * kLog2e))));
+    }
+    if (u != nullptr) {
+      v16 b;
+      std::memcpy(&b, u + i, sizeof b);
+      a *= b;
+    }
+    std::memcpy(y + i, &a, sizeof a);
+  }
+  for (; i < n; ++i) {  // the tail through the same vector code, one lane used
+    float g1[W] = {}, u1[W] = {}, y1[W];
+    g1[0] = g[i], u1[0] = u != nullptr ? u[i] : 0.0f;
+    gate_span(kind, g1, u != nullptr ? u1 : nullptr, y1, W);
+    y[i] = y1[0];
+  }
+}
+
+// A's rows (its last dimension) `stride` floats apart in place when its layout allows, else a row-major copy.
+const float* rows_of(const mx::array& a, std::vector<float>& scratch, int64_t& stride) {
+  const int nd = a.ndim();
+  bool uniform = nd >= 2 && a.strides()[nd - 1] == 1;
+  for (int d = 0; uniform && d + 2 < nd; ++d)
+    uniform = a.shape(d) == 1 || static_cast<int64_t>(a.strides()[d]) == a.strides()[d + 1] * a.shape(d + 1);
+  if (uniform) {
+    stride = a.strides()[nd - 2];
+    return a.data<float>();
+  }
+  stride = nd ? a.shape(-1) : 1;
+  return row_major(a, scratch);
+}
+
+}  // namespace
+
+mx::array gated(const mx::array& gate, const std::optional<mx::array>& up, int kind, mx::StreamOrDevice s) {
+  if (gate.dtype() != mx::float32 || (up && up->dtype() != mx::float32))
+    throw std::invalid_argument("gated: float32 inputs only");
+  if (up && up->shape() != gate.shape()) throw std::invalid_argument("gated: gate and up must have one shape");
+  if (kind != 0 && kind != 1) throw std::invalid_argument("gated: kind 0 (silu) or 1 (gelu, tanh form)");
+  const auto stream = mx::to_stream(s);
+  std::vector<mx::array> inputs = {gate};
+  if (up) inputs.push_back(*up);
+  return mx::array(gate.shape(), mx::float32, std::make_shared<Gated>(stream, kind, up.has_value()), inputs);
+}
+
+void Gated::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  mx::array& out = outputs[0];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  for (const auto& a : inputs) enc.set_input_array(a);
+  enc.set_output_array(out);
+  enc.dispatch([inputs, out, kind = kind_, with_up = with_up_]() mutable {
+    // rows of the last dimension: a fused projection's gate and up are column slices of one output
+    const int64_t cols = out.ndim() ? out.shape(-1) : 1, rows = cols ? static_cast<int64_t>(out.size()) / cols : 0;
+    std::vector<float> gbuf, ubuf;
+    int64_t gs = cols, us = cols;
+    const float* g = rows_of(inputs[0], gbuf, gs);
+    const float* u = with_up ? rows_of(inputs[1], ubuf, us) : nullptr;
+    float* y = out.data<float>();
+    const int64_t per = cols >= kChunk ? 1 : kChunk / cols;
+    parallel_for((rows + per - 1) / per, [&](int64_t t) {
+      for (int64_t r = t * per; r < rows && r < (t + 1) * per; ++r)
+        gate_span(kind, g + r * gs, u != nullptr ? u + r * us : nullptr, y + r * cols, cols);
+    });
+  });
+}
+
+void Gated::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error("GKGated runs on the CPU device only");
+}
+
+bool Gated::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const Gated&>(other);
+  return kind_ == o.kind_ && with_up_ == o.with_up_;
+}
+
+}  // namespace gk

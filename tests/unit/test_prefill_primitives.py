@@ -1,0 +1,112 @@
+"""The kernels' prefill primitives against float64: blockwise (flash) attention for many query rows, and the
+gated activations (SiLU, GELU's tanh form) the MLPs call; the installed wrappers route float32 to them."""
+
+from __future__ import annotations
+
+import importlib
+import math
+from types import ModuleType
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gmlx_server.engine.kernels import fast_ops
+from tests.unit.test_fast_ops import installed, sdpa_ref
+
+__all__ = ["installed"]  # the fixture, shared with test_fast_ops
+
+
+@settings(max_examples=30, deadline=None)
+@given(b=st.integers(1, 2), hk=st.sampled_from([1, 3]), r=st.sampled_from([1, 3, 4]), lq=st.integers(16, 150),
+       extra=st.integers(0, 70), d=st.sampled_from([16, 64, 80, 256]),
+       kind=st.sampled_from(["none", "causal", "bool", "add", "bool2d"]), seed=st.integers(0, 2**16))
+def test_flash_attention_matches_float64(ext: ModuleType, b: int, hk: int, r: int, lq: int, extra: int, d: int,
+                                         kind: str, seed: int) -> None:
+    """From 16 query rows the primitive runs blockwise: every key block, the causal diagonal, a chunk's keys
+    beyond its queries (extra), ragged ends, masks of each kind and a row masked throughout."""
+    rng = np.random.default_rng(seed)
+    h, s = hk * r, lq + extra
+    q = rng.normal(size=(b, lq, h, d)).astype(np.float32) * 2
+    k = rng.normal(size=(b, hk, s + 5, d)).astype(np.float32)  # a cache buffer longer than what is used
+    v = rng.normal(size=(b, hk, s + 5, d)).astype(np.float32)
+    mask: np.ndarray | None = None
+    if kind == "bool":
+        mask = rng.random(size=(b, 1, lq, s)) > 0.3
+    elif kind == "add":
+        mask = rng.normal(size=(b, 1, lq, s)).astype(np.float32)
+    elif kind == "bool2d":
+        mask = rng.random(size=(lq, s)) > 0.5
+        mask[3] = False  # a query row masked throughout averages, as MLX's finfo.min does
+    got = np.array(ext.sdpa(mx.array(q).transpose(0, 2, 1, 3), mx.array(k)[:, :, :s], mx.array(v)[:, :, :s],
+                            0.125, mx.array(mask) if mask is not None else None, causal=kind == "causal"))
+    want = sdpa_ref(q.transpose(0, 2, 1, 3).astype(np.float64), k[:, :, :s].astype(np.float64),
+                    v[:, :, :s].astype(np.float64), 0.125, mask, kind == "causal")
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-4)
+
+
+def test_cpu_attention_takes_the_primitive_for_prefill_rows(installed: None, ext: ModuleType) -> None:
+    from gmlx_server.engine.attention import cpu_attention
+
+    q, k, v = mx.random.normal((1, 9, 40, 64)), mx.random.normal((1, 3, 90, 64)), mx.random.normal((1, 3, 90, 64))
+    assert mx.array_equal(cpu_attention(q, k, v, 0.2, "causal"), ext.sdpa(q, k, v, 0.2, None, causal=True))
+    odd = mx.random.normal((1, 3, 90, 72))  # value rows not a multiple of 16 wide: MLX's ops, same result
+    assert mx.abs(cpu_attention(q, k, odd, 0.2, "causal") - ext.sdpa(q, k, odd, 0.2, None, causal=True)).max() < 1e-5
+
+
+def _act_ref(x: np.ndarray, kind: int) -> np.ndarray:
+    if kind == 0:
+        return x / (1 + np.exp(-x))
+    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+
+
+@pytest.mark.parametrize("kind", [0, 1])
+@pytest.mark.parametrize("shape", [(1, 512, 96), (3, 7, 33), (5,), (2, 1, 1, 17)])
+@pytest.mark.parametrize("with_up", [True, False])
+def test_gated_matches_float64(ext: ModuleType, kind: int, shape: tuple[int, ...], with_up: bool) -> None:
+    """Tails shorter than a vector, one row, leading size-1 dimensions, and inputs wide enough to saturate."""
+    rng = np.random.default_rng(kind * 7 + len(shape))
+    g = (rng.normal(size=shape) * 6).astype(np.float32)
+    g.flat[:4] = [-120.0, 120.0, 0.0, -30.0]  # far into both tails: no overflow, no NaN
+    u = rng.normal(size=shape).astype(np.float32)
+    got = np.array(ext.gated(mx.array(g), mx.array(u) if with_up else None, kind))
+    want = _act_ref(g.astype(np.float64), kind) * (u if with_up else 1.0)
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6)
+
+
+def test_gated_reads_a_fused_projections_column_slices(ext: ModuleType) -> None:
+    """A fused gate/up output is one (rows, 2n) array whose halves the MLP takes as strided views."""
+    y = mx.random.normal((2, 50, 2 * 72)) * 3
+    gate, up = y[..., :72], y[..., 72:]
+    want = _act_ref(np.array(gate).astype(np.float64), 0) * np.array(up)
+    np.testing.assert_allclose(np.array(ext.gated(gate, up, 0)), want, rtol=2e-6, atol=1e-6)
+    t = mx.random.normal((40, 3, 16)).transpose(1, 0, 2)  # no uniform row stride: a row-major copy
+    np.testing.assert_allclose(np.array(ext.gated(t, None, 1)), _act_ref(np.array(t).astype(np.float64), 1),
+                               rtol=2e-6, atol=1e-6)
+
+
+def test_installed_activations_route_float32_and_pass_the_rest(installed: None, ext: ModuleType) -> None:
+    mlp = importlib.import_module("mlx_vlm.models.mlp")
+    llama = importlib.import_module("mlx_vlm.models.llama.language")
+    g, u = mx.random.normal((3, 40)), mx.random.normal((3, 40))
+    assert mx.array_equal(mlp.swiglu(g, u), ext.gated(g, u, 0))
+    assert mx.array_equal(llama.swiglu(g, u), ext.gated(g, u, 0))
+    assert mx.array_equal(nn.gelu_approx(g), ext.gated(g, None, 1))
+    half = g.astype(mx.bfloat16)  # not ours: MLX's own function, in its own dtype
+    assert nn.gelu_approx(half).dtype == mx.bfloat16 and mlp.swiglu(half, half).dtype == mx.bfloat16
+
+
+def test_uninstall_restores_the_activations(ext: ModuleType) -> None:
+    was = fast_ops.installed()
+    fast_ops.install(ext)
+    fast_ops.install(ext)  # idempotent
+    assert hasattr(nn.gelu_approx, "_gmlx_original")
+    assert not hasattr(nn.gelu_approx._gmlx_original, "_gmlx_original")
+    fast_ops.uninstall()
+    mlp = importlib.import_module("mlx_vlm.models.mlp")
+    assert not hasattr(nn.gelu_approx, "_gmlx_original") and not hasattr(mlp.swiglu, "_gmlx_original")
+    if was:
+        fast_ops.install(ext)
