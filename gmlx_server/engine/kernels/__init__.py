@@ -35,6 +35,10 @@ def built() -> bool:
     return any(HERE.glob("_gguf_kernels*.so")) or any(HERE.glob("_gguf_kernels*.pyd"))
 
 
+# what the Python side calls; an extension built before one of them was added is refused, not half-used
+_FUNCTIONS = ("matmul", "dequantize", "rms_norm", "rope", "sdpa", "gated")
+
+
 @functools.cache  # the extension loads once per process
 def probe() -> KernelStatus:
     if not built():
@@ -49,6 +53,10 @@ def probe() -> KernelStatus:
     running = str(getattr(mx, "__version__", "?"))
     if ext.mlx_version != running:
         return KernelStatus(None, f"built against MLX {ext.mlx_version}, running {running}: rebuild with "
+                                  "`python -m gmlx_server.engine.kernels.build`")
+    missing = [f for f in _FUNCTIONS if not hasattr(ext, f)]
+    if missing:
+        return KernelStatus(None, f"built from older sources (no {', '.join(missing)}): rebuild with "
                                   "`python -m gmlx_server.engine.kernels.build`")
     try:  # a nanobind ABI other than MLX's cannot take an mx.array
         ext.dequantize(mx.zeros((1, 18), dtype=mx.uint8), NATIVE_TYPES["Q4_0"], 32, stream=mx.cpu)
