@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 CACHE = Path(os.environ.get("GMLX_TEST_MODELS", Path.home() / ".cache" / "gmlx-test-models"))
-VERSION = "v1"  # bump when the model below changes
+VERSION = "v2"  # bump when the model below changes
 SEED = 1234
-VOICES = ("ef_uno", "ff_trois", "af_one")  # Spanish and French (espeak G2P), American English (misaki's G2P)
+VOICES = ("ef_uno", "ff_trois", "af_one", "jf_yon")  # Spanish, French (espeak G2P), English, Japanese (misaki's)
 # StyleTTS 2's symbols, Kokoro's vocabulary: pad, punctuation, ASCII letters, IPA
 SYMBOLS = ("$;:,.!?¡¿—…\"«»“” ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
            "ɑɐɒæɓʙβɔɕçɗɖðʤəɘɚɛɜɝɞɟʄɡɠɢʛɦɧħɥʜɨɪʝɭɬɫɮʟɱɯɰŋɳɲɴøɵɸθœɶʘɹɺɾɻʀʁɽʂʃʈʧʉʊʋⱱʌɣɤʍχʎʏʑʐʒʔʡʕʢǀǁǂǃˈˌːˑʼʴʰʱʲʷˠˤ˞↓↑→↗↘'̩ᵻ")
