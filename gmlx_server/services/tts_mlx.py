@@ -6,7 +6,6 @@ speaks it segment by segment. Loaded and run on the service's worker thread."""
 from __future__ import annotations
 
 import importlib.util
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,17 +13,10 @@ from typing import Any
 import numpy as np
 
 from gmlx_server.errors import InvalidRequest, clip
+from gmlx_server.services.stt_mlx import read_config
 
 SERVED = ("kokoro",)
 SEED = 0  # Kokoro's excitation adds noise: a fixed seed per request makes the same request speak the same audio
-
-
-def read_config(path: Path) -> dict[str, Any]:
-    try:
-        config = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return config if isinstance(config, dict) else {}
 
 
 def is_mlx_tts(path: Path) -> bool:
