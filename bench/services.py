@@ -7,7 +7,9 @@
   the Piper voice through /v1/audio/speech, beside piper-tts called directly;
 - speech-to-text real-time factor of Whisper tiny.en through /v1/audio/transcriptions, beside faster-whisper
   called directly on the same audio; then the same model converted to an MLX directory (mlx-audio's Whisper
-  backend, float32 on the CPU), beside mlx-audio's own loader and generate.
+  backend, float32 on the CPU), beside mlx-audio's own loader and generate;
+- text-to-speech real-time factor of mlx-audio's Kokoro backend, on the tests' tiny random-weight Kokoro
+  (Kokoro-82M's decoder widths, a small text side: no MLX voice ships in a package), beside mlx-audio's generate.
 Medians of --repeat runs; the models are the packaged ones the tests use.
 """
 
@@ -30,9 +32,11 @@ from gmlx_server.startup import preload_blas
 from tests.e2e.server import gmlx_serve
 from tests.services.conftest import minilm_dir, piper_voice, whisper_tiny_dir, write_config
 from tests.services.ct2_to_mlx import convert
+from tests.services.tiny_kokoro import tiny_kokoro
 
 TEXT = ("Local models answer without a network. The server keeps each service on a worker of its own, so a long "
         "transcription never holds up a chat stream. Speech comes back sentence by sentence as it is made.")
+SPANISH = "Los modelos locales responden sin red. Cada servicio tiene un hilo propio."  # Kokoro's espeak G2P
 SENTENCES = [f"Sentence {i}: the weather in city number {i} is mild with a light breeze." for i in range(32)]
 
 
@@ -82,6 +86,19 @@ def speech(base: str, repeat: int) -> bytes:
     return wav
 
 
+def kokoro_speech(base: str, repeat: int) -> None:
+    from mlx_audio.tts.utils import load_model
+
+    model = load_model(tiny_kokoro())
+    body = {"input": SPANISH, "voice": "ef_uno", "response_format": "wav"}
+    seconds = audio_seconds(httpx.post(base + "/v1/audio/speech", json=body, timeout=600).content)  # loads it
+    list(model.generate(SPANISH, voice="ef_uno", lang_code="e"))  # warm
+    ours = median_s(lambda: httpx.post(base + "/v1/audio/speech", json=body, timeout=600).content, repeat)
+    peer = median_s(lambda: list(model.generate(SPANISH, voice="ef_uno", lang_code="e")), repeat)
+    print(f"tts (tiny random Kokoro, mlx-audio), {seconds:.1f} s of speech: real-time factor gmlx "
+          f"{ours / seconds:.3f}, mlx-audio directly {peer / seconds:.3f}")
+
+
 def transcription(base: str, wav: bytes, repeat: int, label: str, peer_name: str,
                   peer: Callable[[], object]) -> None:
     seconds = audio_seconds(wav)
@@ -125,10 +142,11 @@ def main() -> None:
                           faster_whisper(wav))
         mlx_dir = convert(whisper_tiny_dir(), tmp / "whisper-tiny-mlx")
         (tmp / "mlx").mkdir()
-        cfg = write_config(tmp / "mlx", f"  stt: {{model: '{mlx_dir}'}}\n")
+        cfg = write_config(tmp / "mlx", f"  stt: {{model: '{mlx_dir}'}}\n  tts: {{model: '{tiny_kokoro()}'}}\n")
         with gmlx_serve(["--config", str(cfg)], tmp / "mlx") as server:
             transcription(server.base_url, wav, args.repeat, "Whisper tiny.en, MLX float32",
                           "mlx-audio (its float16 default)", mlx_whisper(wav, mlx_dir))
+            kokoro_speech(server.base_url, args.repeat)
 
 
 if __name__ == "__main__":

@@ -48,7 +48,8 @@ class KokoroVoice:
         if not self.voices:
             raise ValueError(f"{path} holds no Kokoro voices (voices/<name>.safetensors, the name starting with "
                              f"a language code: {', '.join(LANG_CODES)})")
-        self.model: Any = load_model(path, strict=True)  # a missing weight fails the load, never random
+        # a missing weight fails the load, never random; the type is given, as not every Kokoro config names it
+        self.model: Any = load_model(path, strict=True, model_type="kokoro")
         self.sample_rate = int(self.model.sample_rate)
         self.name = path.name
 
@@ -77,9 +78,16 @@ def pcm16(audio: np.ndarray) -> bytes:
     return bytes((np.clip(audio.reshape(-1), -1.0, 1.0) * 32767).astype("<i2").tobytes())
 
 
+def family(config: dict[str, Any]) -> str:
+    """The config's model_type; Kokoro by its keys when it names none (hexgrad's config.json does not)."""
+    if config.get("model_type"):
+        return str(config["model_type"])
+    return "kokoro" if {"istftnet", "plbert", "vocab"} <= config.keys() else ""
+
+
 def load_mlx_voice(path: Path) -> KokoroVoice:
-    family = str(read_config(path).get("model_type") or "")
-    if family not in SERVED:
-        raise ValueError(f"{path} is an mlx-audio model of type {family or '(none)'!r}; services.tts serves "
+    family_name = family(read_config(path))
+    if family_name not in SERVED:
+        raise ValueError(f"{path} is an mlx-audio model of type {family_name or '(none)'!r}; services.tts serves "
                          f"Piper voices and mlx-audio's {', '.join(SERVED)}")
     return KokoroVoice(path)

@@ -47,7 +47,7 @@ def test_tts_picks_mlx_audio_by_the_directory_and_refuses_what_it_does_not_serve
     with pytest.raises(ValueError, match=r"mlx-audio model of type 'bark'; services.tts serves Piper voices and "
                                          r"mlx-audio's kokoro"):
         load_voice(tmp_path)
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "kokoro"}))
+    (tmp_path / "config.json").write_text(json.dumps({"istftnet": {}, "plbert": {}, "vocab": {}}))  # hexgrad's
     (tmp_path / "voices").mkdir()
     (tmp_path / "voices" / "qq_nobody.safetensors").write_bytes(b"")  # no Kokoro language letter
     with pytest.raises(ValueError, match=r"holds no Kokoro voices \(voices/<name>.safetensors"):
