@@ -52,3 +52,16 @@ def test_tts_picks_mlx_audio_by_the_directory_and_refuses_what_it_does_not_serve
     (tmp_path / "voices" / "qq_nobody.safetensors").write_bytes(b"")  # no Kokoro language letter
     with pytest.raises(ValueError, match=r"holds no Kokoro voices \(voices/<name>.safetensors"):
         load_voice(tmp_path)
+
+
+def test_piper_voice_names_a_speaker_only_on_a_multi_speaker_voice() -> None:
+    from gmlx_server.errors import InvalidRequest
+    from gmlx_server.services.tts import Voice
+
+    voice = Voice.__new__(Voice)  # pick reads only the speaker map a loaded voice would have
+    voice.speakers = {}
+    assert voice.pick("alloy") is None and voice.pick(None) is None  # single speaker: any name, its own voice
+    voice.speakers = {"amy": 0, "bob": 1}
+    assert voice.pick("bob") == 1 and voice.pick(None) is None
+    with pytest.raises(InvalidRequest, match=r"'voice' 'alloy' is not a speaker of this voice; it has: amy, bob"):
+        voice.pick("alloy")
