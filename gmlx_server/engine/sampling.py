@@ -111,10 +111,10 @@ class RequestSampler:
         logits = logits.astype(mx.float32)
         for proc in self._procs:
             logits = proc(history if history is not None else mx.array([], mx.int32), logits)
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        if self.params.greedy:
-            return Draw(mx.argmax(logprobs, axis=-1), logprobs)
-        filtered = logprobs
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # lazy: computed only when read
+        if self.params.greedy:  # the logits' argmax: the log-softmax (a pass of exp over the vocabulary) is not needed
+            return Draw(mx.argmax(logits, axis=-1), logprobs)
+        filtered = logprobs if self._filters else logits  # categorical normalizes: unfiltered logits serve as they are
         for f in self._filters:
             filtered = f(filtered)
         token = mx.random.categorical(filtered * (1.0 / self._temp), key=self.next_key())
