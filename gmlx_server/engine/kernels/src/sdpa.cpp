@@ -127,7 +127,7 @@ void SDPA::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>
     const uint8_t* mbase = kind ? static_cast<const uint8_t*>(inputs[3].data<void>()) : nullptr;
     const int64_t esize = kind == 1 ? 1 : 4;
     float* y = out.data<float>();
-    if (L >= kFlashRows && flash_fits(q.shape(3), Dv)) {
+    if ((L >= kFlashRows || S >= kFlashKeys) && flash_fits(q.shape(3), Dv)) {
       FlashArgs fa{qv.p, kv.p, vv.p, y, qv.s0, qv.s1, qv.s2, kv.s0, kv.s1, kv.s2, vv.s0, vv.s1, vv.s2,
                    mbase, 0, 0, 0, 0, esize, kind, B, H, k.shape(1), r, L, S, q.shape(3), Dv, scale * kLog2e,
                    causal};
