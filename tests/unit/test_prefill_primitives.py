@@ -15,39 +15,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gmlx_server.engine.kernels import fast_ops
-from tests.unit.test_fast_ops import installed, sdpa_ref
+from tests.unit.test_fast_ops import check_sdpa, installed
 
 __all__ = ["installed"]  # the fixture, shared with test_fast_ops
 
 
 @settings(max_examples=40, deadline=None)
 @given(b=st.integers(1, 2), hk=st.sampled_from([1, 3]), r=st.sampled_from([1, 3, 4]),
-       lq=st.one_of(st.integers(16, 150), st.integers(1, 8)), extra=st.one_of(st.integers(0, 70), st.integers(250, 700)),
-       d=st.sampled_from([16, 64, 80, 256]),
+       lq=st.one_of(st.integers(16, 150), st.integers(1, 8)),
+       extra=st.one_of(st.integers(0, 70), st.integers(250, 700)), d=st.sampled_from([16, 64, 80, 256]),
        kind=st.sampled_from(["none", "causal", "bool", "add", "bool2d"]), seed=st.integers(0, 2**16))
 def test_flash_attention_matches_float64(ext: ModuleType, b: int, hk: int, r: int, lq: int, extra: int, d: int,
                                          kind: str, seed: int) -> None:
     """From 16 query rows, or 256 keys, the primitive runs blockwise: every key block, the causal diagonal, a
     chunk's keys beyond its queries (extra), ragged ends, masks of each kind, a row masked throughout, and
     (few tasks over many keys: decode at a long context) keys split across tasks and merged."""
-    rng = np.random.default_rng(seed)
-    h, s = hk * r, lq + extra
-    q = rng.normal(size=(b, lq, h, d)).astype(np.float32) * 2
-    k = rng.normal(size=(b, hk, s + 5, d)).astype(np.float32)  # a cache buffer longer than what is used
-    v = rng.normal(size=(b, hk, s + 5, d)).astype(np.float32)
-    mask: np.ndarray | None = None
-    if kind == "bool":
-        mask = rng.random(size=(b, 1, lq, s)) > 0.3
-    elif kind == "add":
-        mask = rng.normal(size=(b, 1, lq, s)).astype(np.float32)
-    elif kind == "bool2d":
-        mask = rng.random(size=(lq, s)) > 0.5
-        mask[min(3, lq - 1)] = False  # a query row masked throughout averages, as MLX's finfo.min does
-    got = np.array(ext.sdpa(mx.array(q).transpose(0, 2, 1, 3), mx.array(k)[:, :, :s], mx.array(v)[:, :, :s],
-                            0.125, mx.array(mask) if mask is not None else None, causal=kind == "causal"))
-    want = sdpa_ref(q.transpose(0, 2, 1, 3).astype(np.float64), k[:, :, :s].astype(np.float64),
-                    v[:, :, :s].astype(np.float64), 0.125, mask, kind == "causal")
-    np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-4)
+    check_sdpa(ext, b, hk, r, lq, extra, d, kind, seed)
 
 
 def test_cpu_attention_takes_the_primitive_for_prefill_rows(installed: None, ext: ModuleType) -> None:
