@@ -41,7 +41,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
         f"  smollm2: {{path: {smollm2_path()}, profile: short}}\n"
         f"  gemma: {{path: {gemma_path()}, profile: oneline}}\n"
         "profiles:\n"
-        "  short: {max_tokens: 96, seed: 1}\n"  # Codex's prompt varies (date, paths): room for a longer reply
+        # Codex's prompt varies (date, paths): room for a longer reply, and greedy, since a sampled SmolLM2
+        # answer could ramble past any cap, which Codex reports as an incomplete response (exit 1)
+        "  short: {max_tokens: 96, temperature: 0}\n"
         '  oneline: {stop: ["\\n"], max_tokens: 48, seed: 1}\n') as s:
         yield s
 
