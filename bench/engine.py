@@ -3,8 +3,8 @@
     .venv/bin/python bench/engine.py [--layout auto|dense|packed] [--prompt 512] [--gen 128] [--runs 3]
 
 Prints, per model: load time, prefill tok/s (512-token prompt), decode tok/s (128 tokens, batch 1),
-peak memory, the process's resident growth from loading; then llama.cpp's figures for the same file and
-the ratio. Medians over --runs.
+peak memory, the process's resident growth from loading; then llama.cpp's figures for the same file (its
+decode at a depth of the prompt's length, as gmlx's follows its prompt) and the ratio. Medians over --runs.
 """
 
 from __future__ import annotations
@@ -90,9 +90,11 @@ def bench_llama_cpp(path: str, n_prompt: int, n_gen: int, runs: int) -> dict[str
     if exe is None:
         return None
     out: dict[str, float] = {}
-    for key, p, n in (("prefill_tok_s", n_prompt, 0), ("decode_tok_s", 0, n_gen)):
-        done = subprocess.run([exe, "-m", path, "-p", str(p), "-n", str(n), "-r", str(runs), "-o", "json"],
-                              capture_output=True, text=True, timeout=900)
+    # decode at a depth of the prompt's length, as gmlx's decode follows its prompt (llama-bench's default
+    # decodes at an empty context, which flatters it more the longer the prompt)
+    for key, p, n, depth in (("prefill_tok_s", n_prompt, 0, 0), ("decode_tok_s", 0, n_gen, n_prompt)):
+        done = subprocess.run([exe, "-m", path, "-p", str(p), "-n", str(n), "-d", str(depth), "-r", str(runs),
+                               "-o", "json"], capture_output=True, text=True, timeout=900)
         if done.returncode == 0:
             out[key] = json.loads(done.stdout)[0]["avg_ts"]
         else:
