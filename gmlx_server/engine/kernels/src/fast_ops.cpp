@@ -4,8 +4,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "mlx/allocator.h"
-#include "mlx/backend/cpu/encoder.h"
+#include "encode.h"
 #include "strided.h"
 
 namespace gk {
@@ -35,11 +34,7 @@ void RMSNorm::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::arr
   const mx::array& x = inputs[0];
   const mx::array& w = weighted_ ? inputs[1] : x;
   mx::array& out = outputs[0];
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& enc = mx::cpu::get_command_encoder(stream());
-  enc.set_input_array(x);
-  if (weighted_) enc.set_input_array(w);
-  enc.set_output_array(out);
+  auto& enc = begin_eval(stream(), inputs, out);
   enc.dispatch([x, w, out, eps = eps_, weighted = weighted_]() mutable {
     const int64_t d = x.shape(-1);
     const int64_t rows = d ? static_cast<int64_t>(x.size()) / d : 0;
@@ -94,12 +89,7 @@ void RoPE::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>
   const mx::array& off = inputs[1];
   const mx::array& periods = inputs[2];
   mx::array& out = outputs[0];
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& enc = mx::cpu::get_command_encoder(stream());
-  enc.set_input_array(x);
-  enc.set_input_array(off);
-  enc.set_input_array(periods);
-  enc.set_output_array(out);
+  auto& enc = begin_eval(stream(), inputs, out);
   enc.dispatch([x, off, periods, out, dims = dims_, trad = traditional_, scale = scale_]() mutable {
     const int nd = x.ndim();
     const bool direct = nd <= 4 && x.strides().back() == 1;

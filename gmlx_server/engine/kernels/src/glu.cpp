@@ -4,10 +4,9 @@
 #include <stdexcept>
 #include <vector>
 
+#include "encode.h"
 #include "fast_ops.h"
 #include "kernels.h"
-#include "mlx/allocator.h"
-#include "mlx/backend/cpu/encoder.h"
 #include "strided.h"
 #include "vmath.h"
 
@@ -75,10 +74,7 @@ mx::array gated(const mx::array& gate, const std::optional<mx::array>& up, int k
 
 void Gated::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   mx::array& out = outputs[0];
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& enc = mx::cpu::get_command_encoder(stream());
-  for (const auto& a : inputs) enc.set_input_array(a);
-  enc.set_output_array(out);
+  auto& enc = begin_eval(stream(), inputs, out);
   enc.dispatch([inputs, out, kind = kind_, with_up = with_up_]() mutable {
     // rows of the last dimension: a fused projection's gate and up are column slices of one output
     const int64_t cols = out.ndim() ? out.shape(-1) : 1, rows = cols ? static_cast<int64_t>(out.size()) / cols : 0;

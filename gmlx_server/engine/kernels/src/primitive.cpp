@@ -4,9 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "encode.h"
 #include "kernels.h"
-#include "mlx/allocator.h"
-#include "mlx/backend/cpu/encoder.h"
 #include "strided.h"
 
 namespace gk {
@@ -47,11 +46,7 @@ void GGUFMatmul::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::
   const mx::array& x = inputs[0];
   const mx::array& w = inputs[1];
   mx::array& out = outputs[0];
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& enc = mx::cpu::get_command_encoder(stream());
-  enc.set_input_array(x);
-  enc.set_input_array(w);
-  enc.set_output_array(out);
+  auto& enc = begin_eval(stream(), inputs, out);
   enc.dispatch([x, w, out, type = type_, k = k_]() mutable {
     std::vector<float> xs;
     std::vector<uint8_t> ws;
@@ -63,10 +58,7 @@ void GGUFMatmul::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::
 void GGUFDequantize::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   const mx::array& w = inputs[0];
   mx::array& out = outputs[0];
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& enc = mx::cpu::get_command_encoder(stream());
-  enc.set_input_array(w);
-  enc.set_output_array(out);
+  auto& enc = begin_eval(stream(), inputs, out);
   enc.dispatch([w, out, type = type_, k = k_]() mutable {
     std::vector<uint8_t> ws;
     const int64_t rows = static_cast<int64_t>(out.size()) / k;

@@ -5,12 +5,11 @@
 #include <stdexcept>
 #include <vector>
 
+#include "encode.h"
 #include "fast_ops.h"
 #include "flash.h"
 #include "vmath.h"  // GK_CLONES
 #include "kernels.h"
-#include "mlx/allocator.h"
-#include "mlx/backend/cpu/encoder.h"
 
 namespace gk {
 
@@ -115,10 +114,7 @@ mx::array sdpa(const mx::array& q, const mx::array& k, const mx::array& v, float
 
 void SDPA::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   mx::array& out = outputs[0];
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& enc = mx::cpu::get_command_encoder(stream());
-  for (const auto& a : inputs) enc.set_input_array(a);
-  enc.set_output_array(out);
+  auto& enc = begin_eval(stream(), inputs, out);
   enc.dispatch([inputs, out, scale = scale_, causal = causal_, kind = kind_]() mutable {
     const mx::array &q = inputs[0], &k = inputs[1], &v = inputs[2];
     const View4 qv(q), kv(k), vv(v);
