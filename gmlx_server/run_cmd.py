@@ -68,6 +68,8 @@ def _resolve(args: argparse.Namespace) -> tuple[ServerConfig, Address]:
     if args.config and path:
         raise ConfigError("command line", "", "give a GGUF path or --config, not both")
     cfg = _with_mmproj(load_config(args.config, model=path, env=read_env()), args.mmproj, path)
+    # The terminal's user is the operator: an --image URL is their own word, so any address may be fetched.
+    cfg = replace(cfg, server=replace(cfg.server, image_fetch_allow_private=True))
     cat = Catalog.from_config(cfg)
     model = next(iter(cfg.models)) + (f"@{rest}" if rest else "") if path else rest
     return cfg, resolve_address(model, args.profile, cat)

@@ -46,6 +46,22 @@ def check_host_name(raw: str) -> str:
     raise ValueError(f"expected a host name without scheme or port (or '*'), got {raw[:200]!r}")
 
 
+def check_fetch_host(raw: str) -> str:
+    """A normalized server.image_fetch_allowed_hosts entry: a DNS name, an IP address or a CIDR network."""
+    text = raw.strip().lower()
+    try:
+        return str(ipaddress.ip_network(text.strip("[]"), strict=False))
+    except ValueError:
+        pass
+    if text != "*" and _HOST_NAME.fullmatch(text):
+        return text.rstrip(".")
+    raise ValueError(f"expected a host name, an IP address or a network like 10.0.0.0/8, got {raw[:200]!r}")
+
+
+def fetch_host_list(items: Iterable[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(check_fetch_host(x) for x in items))
+
+
 def origin_list(items: Iterable[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(check_origin_pattern(x) for x in items))
 

@@ -25,13 +25,14 @@ from gmlx_server.config.settings import (
     ServerConfig,
     ServerSettings,
 )
-from gmlx_server.web_policy import host_list, origin_list
+from gmlx_server.web_policy import fetch_host_list, host_list, origin_list
 
 _SERVER_KINDS = {
     "host": "str", "port": "int", "api_key": "str", "default_model": "str", "models_dir": "str",
     "hf_cache": "bool", "idle_timeout_s": "number", "decode_batch": "int", "memory_budget": "any",
     "prompt_cache_bytes": "any", "clamp_max_tokens": "bool", "allowed_origins": "any", "allowed_hosts": "any",
     "image_fetch": "bool", "image_fetch_timeout_s": "number", "image_max_bytes": "any",
+    "image_fetch_allow_private": "bool", "image_fetch_allowed_hosts": "any",
 }
 _MODEL_KINDS = {
     "path": "str", "profile": "str", "max_kv_size": "int", "pinned": "bool", "chat_template": "str",
@@ -77,6 +78,7 @@ def _server(c: Checker, raw: Any) -> ServerSettings:
     kw["image_max_bytes"] = c.size(data.get("image_max_bytes"), "server.image_max_bytes") or d.image_max_bytes
     kw["allowed_origins"] = c.name_list(data, "server.allowed_origins", origin_list)
     kw["allowed_hosts"] = c.name_list(data, "server.allowed_hosts", host_list)
+    kw["image_fetch_allowed_hosts"] = c.name_list(data, "server.image_fetch_allowed_hosts", fetch_host_list)
     return ServerSettings(**kw)
 
 

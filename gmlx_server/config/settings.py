@@ -134,6 +134,8 @@ class ServerSettings:
     allowed_hosts: tuple[str, ...] = ()  # Host names beside localhost and IP literals ("*": no check)
     image_fetch: bool = True  # fetch http(s) image URLs in vision messages (false: data: URIs only)
     image_fetch_timeout_s: float = 10.0  # one image URL's whole fetch, redirects and body included
+    image_fetch_allow_private: bool = False  # fetch from loopback, private and other non-public addresses too
+    image_fetch_allowed_hosts: tuple[str, ...] = ()  # names, addresses or networks fetched though not public
     image_max_bytes: int = 20 * 1024 * 1024  # one image's encoded size, fetched or sent inline
 
 

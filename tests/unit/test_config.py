@@ -282,6 +282,9 @@ def test_allowed_origins_and_hosts_parse_normalize_and_env_wins(tree: Path) -> N
     ("  allowed_hosts: ['http://gmlx.lan']", "server.allowed_hosts", "without scheme or port"),
     ("  allowed_hosts: ['gmlx.lan:8080']", "server.allowed_hosts", "without scheme or port"),
     ("  allowed_hosts: gmlx.lan", "server.allowed_hosts", "expected a list of strings"),
+    ("  image_fetch_allowed_hosts: ['*']", "server.image_fetch_allowed_hosts", "a network like"),
+    ("  image_fetch_allowed_hosts: ['http://imgs.lan']", "server.image_fetch_allowed_hosts", "a host name"),
+    ("  image_fetch_allow_private: 'yes'", "server.image_fetch_allow_private", "expected bool"),
 ])
 def test_bad_origin_and_host_entries_name_their_key(tree: Path, patch: str, key: str, what: str) -> None:
     with pytest.raises(ConfigError) as e:
@@ -339,7 +342,8 @@ def test_every_server_setting_survives_loading_merging_and_reload(tree: Path) ->
     every = FULL.replace("  hf_cache: false", "  hf_cache: true").replace(
         "  memory_budget: 24GiB", "  memory_budget: 24GiB\n  prompt_cache_bytes: 64MiB\n  clamp_max_tokens: true\n"
         "  allowed_origins: ['https://a.example']\n  allowed_hosts: [gmlx.lan]\n  image_fetch: false\n"
-        "  image_fetch_timeout_s: 2.5\n  image_max_bytes: 1MiB")
+        "  image_fetch_timeout_s: 2.5\n  image_max_bytes: 1MiB\n  image_fetch_allow_private: true\n"
+        "  image_fetch_allowed_hosts: [imgs.lan, 10.1.0.0/16]")
     cfg = load_config(write(tree, every))
     default = ServerSettings()
     unset = [f.name for f in fields(ServerSettings) if getattr(cfg.server, f.name) == getattr(default, f.name)]

@@ -115,16 +115,20 @@ def hf_messages(question: str, images: int = 1) -> list[dict[str, Any]]:
 
 class _Images(BaseHTTPRequestHandler):
     routes: ClassVar[dict[str, bytes]] = {}
+    hits: ClassVar[list[str]] = []  # every path requested: a refused fetch must leave none
 
     def log_message(self, *args: Any) -> None:
         pass
 
     def do_GET(self) -> None:
         path = self.path
+        self.hits.append(path)
         if path in self.routes:
             self._send(200, "image/png", self.routes[path])
         elif path == "/redirect-to-image":
             self._redirect("/img/a.png")
+        elif path == "/redirect-to-loopback-ip":  # from the name the server allows to an address it does not
+            self._redirect(f"http://127.0.0.1:{self.server.server_address[1]}/img/a.png")
         elif path == "/redirect-to-file":
             self._redirect("file:///etc/passwd")
         elif path == "/page":
@@ -169,8 +173,10 @@ class _Images(BaseHTTPRequestHandler):
 
 @dataclass
 class ImageServer:
-    base: str
+    base: str  # http://localhost:PORT: the name the test servers allow
     images: dict[str, bytes]
+    hits: list[str]
+    port: int
 
     def url(self, path: str) -> str:
         return self.base + path
@@ -179,20 +185,24 @@ class ImageServer:
 @pytest.fixture(scope="session")
 def image_server() -> Iterator[ImageServer]:
     images = {"/img/a.png": png(1), "/img/b.png": png(2), "/img/big.png": png(3, 400, 400)}
-    handler = type("Images", (_Images,), {"routes": images})
+    hits: list[str] = []
+    handler = type("Images", (_Images,), {"routes": images, "hits": hits})
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     httpd.daemon_threads = True
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
-    yield ImageServer(f"http://127.0.0.1:{httpd.server_address[1]}", images)
+    port = int(httpd.server_address[1])
+    yield ImageServer(f"http://localhost:{port}", images, hits, port)
     httpd.shutdown()
     httpd.server_close()
 
 
 # --- one real gmlx serve -------------------------------------------------------------------------
 
-def write_config(path: Path, **server: Any) -> Path:
-    lines = ["server:", f"  image_fetch_timeout_s: {FETCH_TIMEOUT_S}", f"  image_max_bytes: {MAX_IMAGE_BYTES}"]
+def write_config(path: Path, allowed: str = "[localhost]", **server: Any) -> Path:
+    """The vision servers' config; `allowed` is server.image_fetch_allowed_hosts ("[]": public addresses only)."""
+    lines = ["server:", f"  image_fetch_timeout_s: {FETCH_TIMEOUT_S}", f"  image_max_bytes: {MAX_IMAGE_BYTES}",
+             f"  image_fetch_allowed_hosts: {allowed}"]
     lines += [f"  {k}: {v}" for k, v in server.items()]
     lines.append("models:")
     for family, model_id in MODEL_IDS.items():
