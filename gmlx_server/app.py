@@ -14,9 +14,10 @@ import falcon.inspect
 from gmlx_server.assistants import Assistants
 from gmlx_server.config import ServerConfig
 from gmlx_server.errors import GmlxError
+from gmlx_server.routes.auth import AuthMiddleware
 from gmlx_server.routes.cache import CacheReset, CacheStats
 from gmlx_server.routes.capacity import CapacityPlan, Estimate
-from gmlx_server.routes.common import ApiKeyMiddleware, GmlxRequest, JsonBodyMiddleware
+from gmlx_server.routes.common import GmlxRequest, JsonBodyMiddleware
 from gmlx_server.routes.drain import DrainGate
 from gmlx_server.routes.errors import handle_error
 from gmlx_server.routes.generation import ChatCompletions, Completions
@@ -43,6 +44,8 @@ GmlxApp = falcon.asgi.App[GmlxRequest, falcon.asgi.Response]
 log = logging.getLogger("gmlx.app")
 
 
+# The operator routes: a client-scope key gets 403 insufficient_scope there, and each call is audited.
+ADMIN_PATHS = ("/unload", "/v1/keep", "/v1/reload", "/v1/cache/reset")
 GOVERNOR_PERIOD_S = 0.5
 SUPERVISE_PERIOD_S = 0.25  # how soon a dead engine is noticed, its requests failed and its restart scheduled
 SWEEP_PERIOD_S = 1.0  # the idle sweep's tick; a shorter idle_timeout_s ticks at a quarter of it
@@ -137,12 +140,12 @@ def _routes(host: ModelHost, config: ServerConfig, services: ServiceHost,
         ("/v1/models", models),
         ("/models", models),
         ("/v1/models/{model_id:path}", Model(host, services.rows, assistants.rows)),
-        ("/health", Health(host, key_required=bool(config.server.api_key))),
+        ("/health", Health(host, key_required=bool(config.server.keys))),
         ("/v1/estimate", Estimate(estimator)),
         ("/v1/capacity/plan", CapacityPlan(estimator)),
         ("/v1/metrics", metrics),
         ("/metrics", metrics),
-        ("/unload", Unload(host, assistants)),
+        ("/unload", Unload(host, assistants)),  # the operator routes: ADMIN_PATHS
         ("/v1/keep", Keep(host)),
         ("/v1/reload", Reload(host, _follow(services, assistants), assistants.stage)),
         ("/v1/cache/stats", CacheStats(host)),
@@ -170,8 +173,8 @@ def create_app(
     body = JsonBodyMiddleware(config.env.max_body_bytes, config.env.body_timeout_s)
     lifespan = Lifespan(host, services, assistants)
     middleware: list[Any] = [lifespan, DrainGate(host.drain), body]  # a draining host reads no body
-    if config.server.api_key:
-        middleware.insert(0, ApiKeyMiddleware(config.server.api_key))
+    auth = AuthMiddleware(config.server.keys, ADMIN_PATHS, config.server.fair_share, host.telemetry)
+    middleware.insert(0, auth)  # every request's caller; with keys, the key and its scope
     guard = RequestGuard(OriginPolicy(config.server.allowed_origins), HostPolicy(config.server.allowed_hosts))
     middleware.insert(0, guard)  # first: a preflight carries no key, a refused page gets no further
     middleware.insert(0, RequestLogMiddleware())  # before it: a refused generation request is logged too

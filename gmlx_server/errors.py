@@ -110,6 +110,16 @@ class Unauthorized(GmlxError):
         super().__init__(message, code="invalid_api_key")
 
 
+class InsufficientScope(GmlxError):
+    """A key that may not use this route (a client key on an operator route)."""
+
+    status, type = 403, "insufficient_scope"
+
+    def __init__(self, name: str, route: str) -> None:
+        super().__init__(f"the key '{name}' has the client scope; {route} needs a key with the admin scope",
+                         code="insufficient_scope")
+
+
 class HFAccessDisabled(GmlxError):
     status, type = 403, "hf_access_disabled"
 
@@ -123,6 +133,15 @@ class ServerOverloaded(GmlxError):
 
     def __init__(self, message: str, retry_after_s: float) -> None:
         super().__init__(message, headers=_retry(retry_after_s))
+
+
+class RateLimited(GmlxError):
+    """A caller past its fair share (server.fair_share / api_keys[].max_queued): others' work goes on."""
+
+    status, type = 429, "rate_limited"
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message, code="rate_limited", headers=_retry(retry_after_s))
 
 
 class ModelLoadDeferred(GmlxError):

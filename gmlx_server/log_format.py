@@ -15,6 +15,19 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 LOG_FORMATS = ("text", "json")
 
 
+def text_value(value: Any) -> str:
+    """A value as one greppable token: `-` for none, JSON-quoted when it holds spaces, quotes or '='."""
+    if value is None:
+        return "-"
+    text = str(value)
+    return json.dumps(text, ensure_ascii=False) if not text or any(c in text for c in ' "=\n\t') else text
+
+
+def kv_text(fields: dict[str, Any]) -> str:
+    """`k=v k=v`: a structured line's text form."""
+    return " ".join(f"{k}={text_value(v)}" for k, v in fields.items())
+
+
 class JsonFormatter(logging.Formatter):
     """{"time", "level", "logger", "message", ...fields}: one object per line, exceptions in "exc_info"."""
 

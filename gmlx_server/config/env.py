@@ -109,3 +109,8 @@ def _hf_hub_cache(e: Mapping[str, str]) -> str | None:
 
 def hf_hub_cache_dir(env: RuntimeEnv) -> Path:
     return Path(env.hf_hub_cache or Path.home() / ".cache" / "huggingface" / "hub").expanduser()
+
+
+def variable(name: str) -> str | None:
+    """One variable the config file names (server.api_keys[].key_env), read when the file is loaded."""
+    return os.environ.get(name)

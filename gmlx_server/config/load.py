@@ -88,13 +88,14 @@ def load_config(
 
 
 def reload_config(old: ServerConfig) -> ServerConfig:
-    """Re-read the running server's file; bind address, API key, allowed origins and hosts, and decode width
-    stay as the server started."""
+    """Re-read the running server's file; bind address, API keys and fair shares, allowed origins and hosts,
+    and decode width stay as the server started."""
     if old.source is None:
         raise ConfigError("reload", "", "not in config mode")
     s = old.server
     new = load_config(old.source, env=old.env, host=s.host, port=s.port, api_key=s.api_key)
-    kept = dataclasses.replace(new.server, allowed_origins=s.allowed_origins, allowed_hosts=s.allowed_hosts)
+    kept = dataclasses.replace(new.server, allowed_origins=s.allowed_origins, allowed_hosts=s.allowed_hosts,
+                               api_keys=s.api_keys, fair_share=s.fair_share)
     return dataclasses.replace(new, server=kept)
 
 

@@ -12,6 +12,7 @@ import yaml
 from gmlx_server.config.assistants import check_assistant_refs, parse_assistants, parse_mcp_servers
 from gmlx_server.config.checker import KINDS, Checker
 from gmlx_server.config.draft import DRAFT_KEYS, RawDrafts, raw_draft, resolve_drafts
+from gmlx_server.config.keys import parse_api_keys, parse_fair_share
 from gmlx_server.config.services import check_service_refs, parse_services
 from gmlx_server.config.settings import (
     BACKENDS,
@@ -32,7 +33,7 @@ _SERVER_KINDS = {
     "hf_cache": "bool", "idle_timeout_s": "number", "decode_batch": "int", "memory_budget": "any",
     "prompt_cache_bytes": "any", "clamp_max_tokens": "bool", "allowed_origins": "any", "allowed_hosts": "any",
     "image_fetch": "bool", "image_fetch_timeout_s": "number", "image_max_bytes": "any",
-    "image_fetch_allow_private": "bool", "image_fetch_allowed_hosts": "any",
+    "image_fetch_allow_private": "bool", "image_fetch_allowed_hosts": "any", "api_keys": "any", "fair_share": "any",
 }
 _MODEL_KINDS = {
     "path": "str", "profile": "str", "max_kv_size": "int", "pinned": "bool", "chat_template": "str",
@@ -79,6 +80,8 @@ def _server(c: Checker, raw: Any) -> ServerSettings:
     kw["allowed_origins"] = c.name_list(data, "server.allowed_origins", origin_list)
     kw["allowed_hosts"] = c.name_list(data, "server.allowed_hosts", host_list)
     kw["image_fetch_allowed_hosts"] = c.name_list(data, "server.image_fetch_allowed_hosts", fetch_host_list)
+    kw["api_keys"] = parse_api_keys(c, data.get("api_keys"))
+    kw["fair_share"] = parse_fair_share(c, data.get("fair_share"), "server.fair_share")
     return ServerSettings(**kw)
 
 

@@ -19,7 +19,10 @@ from gmlx_server.config.assistant_entries import Assistant, McpServer
 
 BUILTIN_INTENTS = ("chat", "coding", "creative", "precise")
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024  # room for base64 images in vision messages
-SECRET_KEYS = frozenset({"api_key"})  # config errors name these keys but never show their values
+SECRET_KEYS = frozenset({"api_key", "key"})  # config errors name these keys but never show their values
+KeyScope = Literal["client", "admin"]
+KEY_SCOPES: tuple[KeyScope, ...] = ("client", "admin")
+LEGACY_KEY_NAME = "default"  # server.api_key / --api-key / GMLX_API_KEY: one admin key by this name
 DEFAULT_MODEL_ID = "smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BLAS_OFF = frozenset({"off", "0", "none"})  # GMLX_BLAS values that keep the mlx-cpu wheel's reference BLAS
@@ -118,6 +121,24 @@ class Profile:
 
 
 @dataclass(frozen=True)
+class FairShare:
+    """What one caller (a key, or a client address on a key-less server) may hold at once; None: no limit."""
+
+    max_concurrent: int | None = None  # its requests in the engine at once; the next ones wait
+    max_queued: int | None = None  # its requests waiting for one of those slots; past it 429 rate_limited
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    """server.api_keys: a named key; the name is what logs, metrics and `gmlx top` show, never the key."""
+
+    name: str
+    key: str = field(repr=False)
+    scope: KeyScope = "client"
+    share: FairShare | None = None  # None: server.fair_share
+
+
+@dataclass(frozen=True)
 class ServerSettings:
     host: str = "127.0.0.1"
     port: int = 8080
@@ -137,6 +158,14 @@ class ServerSettings:
     image_fetch_allow_private: bool = False  # fetch from loopback, private and other non-public addresses too
     image_fetch_allowed_hosts: tuple[str, ...] = ()  # names, addresses or networks fetched though not public
     image_max_bytes: int = 20 * 1024 * 1024  # one image's encoded size, fetched or sent inline
+    api_keys: tuple[ApiKey, ...] = ()  # named, scoped keys beside api_key
+    fair_share: FairShare = field(default_factory=FairShare)  # each key's (or client address's) share
+
+    @property
+    def keys(self) -> tuple[ApiKey, ...]:
+        """Every key the server accepts: api_key (the admin key named "default") and server.api_keys."""
+        legacy = (ApiKey(LEGACY_KEY_NAME, self.api_key, "admin"),) if self.api_key else ()
+        return legacy + self.api_keys
 
 
 @dataclass(frozen=True)

@@ -238,4 +238,4 @@ def _row(job: _Job, now: float) -> RequestRow:
     if p.first_token and p.generated > 1:
         rate = (p.generated - 1) / max(now - p.first_token, 1e-9)
     return RequestRow(r.request_id, p.state, len(r.prompt_tokens), p.generated, r.max_tokens,
-                      now - p.submitted, ttft, rate, p.cache_tier, p.warm_tokens, p.speculative)
+                      now - p.submitted, ttft, rate, p.cache_tier, p.warm_tokens, p.speculative, r.priority)

@@ -129,12 +129,19 @@ class Scheduler:
                 if item is None:
                     return False
                 if isinstance(item, Job):
-                    self.waiting.append(item)
+                    self._enqueue(item)
                 else:
                     self._control(item)
                 item = self.inbox.get_nowait()
         except queue.Empty:
             return True
+
+    def _enqueue(self, job: Job) -> None:
+        """Behind every waiting job of the same or a sooner priority, ahead of later ones."""
+        at = len(self.waiting)
+        while at > 0 and self.waiting[at - 1].request.priority > job.request.priority:
+            at -= 1
+        self.waiting.insert(at, job)
 
     @staticmethod
     def _control(work: Control) -> None:

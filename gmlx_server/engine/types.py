@@ -77,6 +77,7 @@ class GenerationRequest:
     cache_boundaries: Sequence[int] = ()
     cache_anchor: int | None = None
     vision: VisionPrompt | None = None  # the prompt's images: tower inputs and their soft-token slots
+    priority: int = 0  # the queue's order (lower first, then arrival) and the governor's shed order
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,7 @@ class RequestRow:
     cache_tier: str = "miss"  # exact, block, ckpt, anchor or miss
     warm_tokens: int = 0
     speculative: SpeculativeStats | None = None  # its drafting so far; None without a drafter
+    priority: int = 0
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,7 @@ def _sampling() -> dict[str, Schema]:
 def _generation(**props: Schema) -> dict[str, Schema]:
     """What every generation route reads alike (params.generation_basics), plus the route's own fields."""
     return {"model": STRING, "profile": STRING, "stream": BOOL, "logit_bias": ref("LogitBias"), **_sampling(),
-            "chat_template_kwargs": OBJECT, **props}
+            "chat_template_kwargs": OBJECT, "priority": PRIORITY, **props}
 
 
 def _thinking() -> dict[str, Schema]:
@@ -69,6 +69,7 @@ def _thinking() -> dict[str, Schema]:
 
 
 DETAIL = {"enum": ["auto", "low", "high"]}
+PRIORITY = one_of({"enum": ["interactive", "normal", "batch"]}, {"type": "integer", "minimum": -1000, "maximum": 1000})
 
 
 def _chat_message() -> Schema:

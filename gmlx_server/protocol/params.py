@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from gmlx_server.errors import InvalidRequest
+from gmlx_server.errors import InvalidRequest, clip
 from gmlx_server.protocol import jsonsafe
 
 if TYPE_CHECKING:  # structured.py loads llguidance and MLX; it is imported when a request needs it
@@ -46,6 +46,7 @@ PARAMETER_TABLE: Mapping[str, tuple[str, str, str, str]] = {
     "chat_template_kwargs": (_H, _H, _H, _I),
     "profile": (_H, _H, _H, _H),
     "xtc_probability": (_H, _H, _H, _H),
+    "priority": (_H, _H, _H, _H),
     # Standard parameters: honored by every generation route. Thinking controls act on the chat
     # template, which /v1/completions does not use, so they are ignored there.
     **{k: (_H, _H, _H, _H) for k in (
@@ -56,6 +57,8 @@ PARAMETER_TABLE: Mapping[str, tuple[str, str, str, str]] = {
 }
 
 log = logging.getLogger("gmlx.params")
+PRIORITIES = {"interactive": -10, "normal": 0, "batch": 10}  # vLLM's sense: lower is served (and kept) first
+PRIORITY_LIMIT = 1000
 
 
 def ignored_params(route: Route, body: Mapping[str, Any]) -> list[str]:
@@ -231,7 +234,17 @@ def generation_basics(body: Mapping[str, Any]) -> dict[str, Any]:
     if model is not None and not isinstance(model, str):
         raise bad("model", f"expected a string, got {json_type(model)}")
     return {"model": model or "", "profile": string(body, "profile") or None, "sampling": sampling(body),
-            "logit_bias": logit_bias(body), "stream": bool(boolean(body, "stream"))}
+            "logit_bias": logit_bias(body), "stream": bool(boolean(body, "stream")), "priority": priority(body)}
+
+
+def priority(body: Mapping[str, Any]) -> int:
+    """`priority`: interactive, normal or batch, or an integer as vLLM takes it (lower runs sooner)."""
+    v = body.get("priority")
+    if isinstance(v, str):
+        if v not in PRIORITIES:
+            raise bad("priority", f"expected one of {', '.join(PRIORITIES)} or an integer, got {clip(v)!r}")
+        return PRIORITIES[v]
+    return integer(body, "priority", -PRIORITY_LIMIT, PRIORITY_LIMIT) or 0
 
 
 def structured_format(fmt: Mapping[str, Any] | None, where: str) -> CompiledGrammar | None:

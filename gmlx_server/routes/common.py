@@ -1,19 +1,17 @@
-"""Request plumbing shared by every route: API key, body limit and JSON parsing, disconnect watch."""
+"""Request plumbing shared by every route: body limit and JSON parsing, disconnect watch."""
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 from typing import Any
 
 import falcon
 import falcon.asgi
 
-from gmlx_server.errors import PayloadTooLarge, RequestTimeout, Unauthorized
+from gmlx_server.errors import PayloadTooLarge, RequestTimeout
 from gmlx_server.protocol import jsonsafe
 
 _OFF_LOOP_JSON_BYTES = 1 << 20
-PUBLIC_PATHS = frozenset({"/health"})  # the only route that never needs the API key
 
 
 class GmlxRequest(falcon.asgi.Request):
@@ -22,24 +20,6 @@ class GmlxRequest(falcon.asgi.Request):
     def __init__(self, scope: Any, receive: Any, first_event: Any = None, options: Any = None) -> None:
         super().__init__(scope, receive, first_event=first_event, options=options)
         self.asgi_receive = receive
-
-
-class ApiKeyMiddleware:
-    """Every route but /health needs the key, as `Authorization: Bearer` or `x-api-key`."""
-
-    def __init__(self, api_key: str) -> None:
-        self._key = api_key.encode()
-
-    def _matches(self, candidate: str | None) -> bool:
-        return candidate is not None and hmac.compare_digest(candidate.encode(), self._key)
-
-    async def process_request(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        auth = req.get_header("Authorization") or ""
-        scheme, _, token = auth.partition(" ")
-        bearer = token.strip() if scheme.lower() == "bearer" else None
-        req.context.key_ok = self._matches(bearer) or self._matches(req.get_header("x-api-key"))
-        if not req.context.key_ok and req.path not in PUBLIC_PATHS:  # /health shows less without it
-            raise Unauthorized()
 
 
 class JsonBodyMiddleware:

@@ -22,12 +22,14 @@ from gmlx_server.engine.types import (
     RequestHandle,
     SamplingParams,
     ThinkingControl,
+    TokenEvent,
     Tokenizer,
 )
 from gmlx_server.errors import ContextOverflow, GmlxError, InvalidRequest, UnsupportedFeature
 from gmlx_server.neutral import GenerationParams
 from gmlx_server.service.addressing import Settings, merge_sampling, resolve_address, resolve_settings
 from gmlx_server.service.cache_points import request_hints
+from gmlx_server.service.fair_share import Released
 from gmlx_server.service.host import ModelHost
 from gmlx_server.service.images import ImagePolicy
 from gmlx_server.service.roles import REPAIRS
@@ -257,6 +259,7 @@ def build_request(prompt: Prompt, inp: GenerationParams, request_id: str, cap: O
         stop=add_stops(add_stops(inp.stop, tool_stops), settings.stop),
         logprobs=inp.logprobs, top_logprobs=min(inp.top_logprobs, top_logprobs_k),
         thinking=thinking, starts_in_thinking=opened, grammar=inp.grammar or tool_grammar, vision=prompt.vision,
+        priority=inp.priority,
     )
 
 
@@ -287,19 +290,39 @@ async def prepare_request(host: ModelHost, inp: GenerationParams, request_id: st
 async def start_generation(host: ModelHost, inp: GenerationParams, request_id: str,
                            record: RequestRecord | None = None) -> Started:
     """Everything that can refuse the request happens here, before a byte of response is sent; `record`
-    (the request log's line) learns what the request became."""
+    (the request log's line) learns what the request became, and names its caller."""
     if record is not None:  # what the client asked for, until the model is resolved
         record.request_id, record.model = request_id, inp.model or None
     prep = await prepare_request(host, inp, request_id)
     prompt, engine = prep.prompt, prep.prompt.engine
     if record is not None:
         record.started(prompt.model_id, prompt.settings.profile, len(prompt.ids), prep.cap, prompt.text)
-    host.admission.admit(prompt.model_id, engine.stats())  # no await between this and submit: no race
+    caller = record.caller if record is not None else None
+    release = await host.shares.enter(caller, inp.priority, lambda: host.admission.eta_s(
+        prompt.model_id, engine.stats())) if caller is not None else None
+    try:
+        handle = _submit(host, prep, record)
+    except BaseException:
+        if release is not None:
+            release()
+        raise
     tools = tool_use(host.telemetry, prompt.model_id, prompt.tools, prep.request.grammar, record)
-    handle = host.telemetry.track(prompt.model_id, host.submit(prompt.model_id, engine, prep.request),
-                                  record.finished if record is not None else None)
-    return Started(handle, prompt.model_id, prompt.settings.profile, len(prompt.ids), prep.cap.max_tokens,
-                   engine.tokenizer, tools, prep.cap.requested)
+    return Started(handle if release is None else Released(handle, release), prompt.model_id,
+                   prompt.settings.profile, len(prompt.ids), prep.cap.max_tokens, engine.tokenizer, tools,
+                   prep.cap.requested)
+
+
+def _submit(host: ModelHost, prep: Prepared, record: RequestRecord | None) -> RequestHandle:
+    model_id, engine = prep.prompt.model_id, prep.prompt.engine
+    host.admission.admit(model_id, engine.stats())  # no await between this and submit: no race
+
+    def finished(ev: TokenEvent) -> None:
+        if record is not None:
+            record.finished(ev)
+            if record.caller is not None and ev.timings is not None:
+                host.telemetry.keys.used(record.caller.label, ev.timings.prompt_tokens, ev.timings.generated)
+
+    return host.telemetry.track(model_id, host.submit(model_id, engine, prep.request), finished)
 
 
 def check_speculative(inp: GenerationParams, settings: Settings, sampling: SamplingParams) -> None:

@@ -1,7 +1,8 @@
 """The memory governor: bands from the free working set, and shedding the largest stream in red.
 
 green/yellow/orange/red are fractions of the budget that are still free. In red, while requests
-stream, the one holding the most tokens ends with `server_overloaded_shed`; nothing else is lost.
+stream, the one of the lowest priority holding the most tokens ends with `server_overloaded_shed`; nothing
+else is lost.
 """
 
 from __future__ import annotations
@@ -37,14 +38,16 @@ class ShedChoice:
 
 
 def largest_stream(engines: Mapping[str, Engine]) -> ShedChoice | None:
-    """The streaming request (prefilling or decoding) that holds the most KV: prompt + generated tokens."""
-    best: ShedChoice | None = None
+    """The streaming request (prefilling or decoding) of the lowest priority (the highest number) that holds the
+    most KV among those: prompt + generated tokens."""
+    best: tuple[int, int] | None = None
+    choice: ShedChoice | None = None
     for model_id, engine in engines.items():
         for row in engine.stats().rows:
-            held = row.prompt_tokens + row.generated
-            if row.state in ("prefill", "decode") and (best is None or held > best.tokens):
-                best = ShedChoice(model_id, row.request_id, held)
-    return best
+            rank = (row.priority, row.prompt_tokens + row.generated)
+            if row.state in ("prefill", "decode") and (best is None or rank > best):
+                best, choice = rank, ShedChoice(model_id, row.request_id, rank[1])
+    return choice
 
 
 class Governor:
@@ -94,7 +97,8 @@ class Governor:
         if choice is None:
             return
         reason = (f"server_overloaded_shed: memory ran out ({reading.available_bytes} of {reading.total_bytes} "
-                  f"bytes free); this request held the most tokens ({choice.tokens})")
+                  f"bytes free); this request held the most tokens ({choice.tokens}) "
+                  "of the lowest priority streaming")
         if engines[choice.model_id].shed(choice.request_id, reason):
             self.sheds += 1
             self._pending = choice.request_id

@@ -22,6 +22,7 @@ from gmlx_server.service.admission import Admission
 from gmlx_server.service.cache_points import TokenMemo
 from gmlx_server.service.capacity import CapacityService
 from gmlx_server.service.drain import Drain
+from gmlx_server.service.fair_share import FairShares
 from gmlx_server.service.governor import Governor
 from gmlx_server.service.hf_policy import local_entry
 from gmlx_server.service.load_gate import LoadGate
@@ -64,6 +65,7 @@ class ModelHost:
         self.telemetry = Telemetry()
         self.token_memo = TokenMemo()  # the prompt cache's anchor probes, per host
         self.admission = Admission(config.env, self.telemetry)
+        self.shares = FairShares()  # each caller's slots (server.fair_share, api_keys[].max_concurrent)
         self.governor = Governor(config.env.governor, self._read_memory)
         self.capacity = CapacityService(config)
         self.residency = Residency(clock)

@@ -128,6 +128,20 @@ def _telemetry(t: Telemetry) -> Iterator[Metric]:
     for reason, n in t.rejections.items():
         rej.add_metric([reason], float(n))
     yield rej
+    yield from _keys(t)
+
+
+def _keys(t: Telemetry) -> Iterator[Metric]:
+    """Per configured key name (`anonymous`: no key): requests by status, refusals, tokens."""
+    families = (("gmlx_key_requests", "requests by API key name and HTTP status", t.keys.requests, "status"),
+                ("gmlx_key_rejections", "requests answered 4xx/5xx, by API key name and status", t.keys.refused(),
+                 "status"),
+                ("gmlx_key_tokens", "prompt and generated tokens by API key name", t.keys.tokens, "kind"))
+    for name, doc, counts, label in families:
+        family = CounterMetricFamily(name, doc, labels=["key", label])
+        for (key, value), n in sorted(counts.items()):
+            family.add_metric([key, value], float(n))
+        yield family
 
 
 def _speculative(t: Telemetry) -> Iterator[Metric]:

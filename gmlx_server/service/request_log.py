@@ -11,16 +11,16 @@ structured data, which the JSON log format (gmlx_server/log_format.py) writes as
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gmlx_server.engine.types import TokenEvent
-from gmlx_server.log_format import FIELDS
+from gmlx_server.log_format import FIELDS, kv_text
 
 if TYPE_CHECKING:
+    from gmlx_server.service.fair_share import Caller
     from gmlx_server.service.generate import OutputCap
 
 log = logging.getLogger("gmlx.request")
@@ -44,6 +44,7 @@ class RequestRecord:
     clamp: tuple[int, int] | None = None  # (requested, granted) when the clamp lowered max_tokens
     tool_calls: int | None = None
     prompt: str | None = None  # only while the logger is at DEBUG
+    caller: Caller | None = None  # who sent it (the auth middleware sets it): its key's name is logged
 
     def started(self, model: str, profile: str | None, prompt_tokens: int, cap: OutputCap, prompt: str) -> None:
         self.model, self.profile, self.prompt_tokens = model, profile, prompt_tokens
@@ -72,21 +73,15 @@ class RequestRecord:
         }
         extra = {"clamp": f"{self.clamp[0]}->{self.clamp[1]}" if self.clamp else None,
                  "shed": 1 if self.finish == "shed" else None, "tool_calls": self.tool_calls, "error": error,
-                 "prompt": self.prompt}
+                 "prompt": self.prompt, "key": self.caller.key if self.caller is not None else None}
         return out | {k: v for k, v in extra.items() if v is not None}
 
     def emit(self, status: int, error: str | None = None) -> None:
         fields = self.fields(status, error)
-        log.info("request %s", " ".join(f"{k}={_text(v)}" for k, v in fields.items()), extra={FIELDS: fields})
+        log.info("request %s", kv_text(fields), extra={FIELDS: fields})
 
 
 def _round(value: float | None, digits: int = 3) -> float | None:
     return round(value, digits) if value is not None else None
 
 
-def _text(value: Any) -> str:
-    """A value as one greppable token: `-` for none, JSON-quoted when it holds spaces, quotes or '='."""
-    if value is None:
-        return "-"
-    text = str(value)
-    return json.dumps(text, ensure_ascii=False) if not text or any(c in text for c in ' "=\n\t') else text

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gmlx_server.engine.types import RequestHandle, SpeculativeStats, TokenEvent
+from gmlx_server.service.key_meter import KeyMeter
 
 RECENT = 8  # "recent" figures (/v1/metrics, gmlx top) cover the last eight requests
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -84,6 +85,7 @@ class Telemetry:
         self.last_reject_reason: str | None = None
         self.sheds = 0
         self.assistant_steps: dict[str, dict[str, Any]] = {}  # request id -> its assistant loop's step (rows)
+        self.keys = KeyMeter()  # per key name: requests, refusals, tokens
 
     def model(self, model_id: str) -> ModelRates:
         return self.models.setdefault(model_id, ModelRates())

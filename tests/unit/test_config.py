@@ -15,6 +15,7 @@ from gmlx_server.config import (
     DEFAULT_MAX_BODY_BYTES,
     SAMPLING_KINDS,
     ConfigError,
+    FairShare,
     KVQuant,
     RuntimeEnv,
     ServerSettings,
@@ -343,7 +344,8 @@ def test_every_server_setting_survives_loading_merging_and_reload(tree: Path) ->
         "  memory_budget: 24GiB", "  memory_budget: 24GiB\n  prompt_cache_bytes: 64MiB\n  clamp_max_tokens: true\n"
         "  allowed_origins: ['https://a.example']\n  allowed_hosts: [gmlx.lan]\n  image_fetch: false\n"
         "  image_fetch_timeout_s: 2.5\n  image_max_bytes: 1MiB\n  image_fetch_allow_private: true\n"
-        "  image_fetch_allowed_hosts: [imgs.lan, 10.1.0.0/16]")
+        "  image_fetch_allowed_hosts: [imgs.lan, 10.1.0.0/16]\n  api_keys: [{{name: ci, key: k-ci}}]\n"
+        "  fair_share: {{max_concurrent: 2}}")
     cfg = load_config(write(tree, every))
     default = ServerSettings()
     unset = [f.name for f in fields(ServerSettings) if getattr(cfg.server, f.name) == getattr(default, f.name)]
@@ -380,3 +382,44 @@ def test_a_model_entry_names_its_backend_and_the_factory_dispatches_on_it(tree: 
     entry = replace(cfg.models["smollm2"], backend="nope")
     with pytest.raises(ValueError, match="no engine backend named 'nope'"):
         factory.create_engine(entry, cfg.env)
+
+
+def test_named_keys_from_value_environment_and_file(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GMLX_TEST_OPS_KEY", "ops-secret")
+    (tree / "ci.key").write_text("ci-secret\n")
+    cfg = load_config(write(tree, FULL.replace("  memory_budget: 24GiB", (
+        "  api_key: legacy\n  fair_share: {{max_concurrent: 3, max_queued: 5}}\n  api_keys:\n"
+        "    - {{name: alice, key: alice-secret}}\n    - {{name: ops, key_env: GMLX_TEST_OPS_KEY, scope: admin}}\n"
+        "    - {{name: ci, key_file: ci.key, max_concurrent: 1, max_queued: 0}}"))))
+    keys = {k.name: k for k in cfg.server.keys}
+    assert [k.key for k in keys.values()] == ["legacy", "alice-secret", "ops-secret", "ci-secret"]
+    assert [k.scope for k in keys.values()] == ["admin", "client", "admin", "client"]
+    assert keys["ci"].share == FairShare(1, 0) and keys["alice"].share is None
+    assert cfg.server.fair_share == FairShare(3, 5)
+    assert "secret" not in repr(cfg.server)  # a key never shows in a repr (logs, tracebacks)
+
+
+@pytest.mark.parametrize("entry, key, what", [
+    ("{name: a}", "server.api_keys[0]", "exactly one of key"),
+    ("{name: a, key: x, key_env: Y}", "server.api_keys[0]", "exactly one of key"),
+    ("{name: 'a b', key: x}", "server.api_keys[0].name", "letters, digits"),
+    ("{name: default, key: x}", "server.api_keys[0].name", "is taken"),
+    ("{name: a, key: x, scope: root}", "server.api_keys[0].scope", "client, admin"),
+    ("{name: a, key_env: GMLX_TEST_UNSET_KEY}", "server.api_keys[0].key_env", "is not set"),
+    ("{name: a, key_file: nope.key}", "server.api_keys[0].key_file", "cannot read"),
+    ("{name: a, key: '  '}", "server.api_keys[0].key", "empty"),
+    ("{name: a, key: x, max_concurrent: 0}", "server.api_keys[0].max_concurrent", "at least 1"),
+    ("{name: a, key: x, color: red}", "server.api_keys[0].color", "unknown key"),
+])
+def test_bad_key_entries_name_their_key(tree: Path, entry: str, key: str, what: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        braced = entry.replace("{", "{{").replace("}", "}}")  # write() formats the text
+        load_config(write(tree, FULL.replace("  memory_budget: 24GiB", f"  api_keys: [{braced}]")))
+    assert e.value.key == key and what in e.value.what
+
+
+def test_duplicate_keys_are_refused_without_showing_them(tree: Path) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tree, FULL.replace("  memory_budget: 24GiB", (
+            "  api_keys: [{{name: a, key: same-secret}}, {{name: b, key: same-secret}}]"))))
+    assert e.value.key == "server.api_keys[1]" and "same-secret" not in str(e.value)
