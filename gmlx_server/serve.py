@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import sys
 from typing import Any
 
@@ -35,6 +36,8 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="debug adds each request's prompt text to its request line")
     p.add_argument("--log-format", choices=LOG_FORMATS,
                    help="text (default) or json: one JSON object per line (or GMLX_LOG_FORMAT)")
+    p.add_argument("--ssl-certfile", metavar="PEM", help="serve HTTPS with this certificate (chain) file")
+    p.add_argument("--ssl-keyfile", metavar="PEM", help="the certificate's private key (with --ssl-certfile)")
     p.add_argument("--drain-timeout", type=_seconds, default=DEFAULT_DRAIN_S, metavar="S",
                    help="on SIGTERM, stop admitting, report not ready and let running requests finish for at most "
                         f"S seconds, then shed the rest and exit (default {DEFAULT_DRAIN_S:g}; 0: shed at once)")
@@ -47,6 +50,17 @@ def _seconds(text: str) -> float:
     if not 0 <= value <= 86400:
         raise argparse.ArgumentTypeError("expected seconds between 0 and 86400")
     return value
+
+
+def _tls(args: argparse.Namespace) -> dict[str, str]:
+    """uvicorn's TLS options: both files or neither, each readable, so a typo fails at start with its name."""
+    given = {k: v for k, v in (("ssl_certfile", args.ssl_certfile), ("ssl_keyfile", args.ssl_keyfile)) if v}
+    if len(given) == 1:
+        raise ConfigError("command line", "ssl", "--ssl-certfile and --ssl-keyfile go together")
+    for name, path in given.items():
+        if not os.access(path, os.R_OK):
+            raise ConfigError("command line", f"--{name.replace('_', '-')}", f"cannot read {path}")
+    return given
 
 
 def _config(args: argparse.Namespace) -> ServerConfig:
@@ -71,7 +85,7 @@ def _describe(config: ServerConfig, model_arg: str | None) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     level = getattr(logging, str(args.log_level).upper(), logging.INFO)
     try:
-        config = _config(args)
+        config, tls = _config(args), _tls(args)
     except ConfigError as e:
         print(f"gmlx serve: {e}", file=sys.stderr)
         return 2
@@ -96,10 +110,12 @@ def run_serve(args: argparse.Namespace) -> int:
     host.drain.deadline_s = args.drain_timeout
     app = create_app(config, host=host)
     s = config.server
-    log.info("listening on http://%s:%d%s", s.host, s.port, " (API key required)" if s.api_key else "")
+    log.info("listening on %s://%s:%d%s", "https" if tls else "http", s.host, s.port,
+             " (API key required)" if s.keys else "")
     # JSON: uvicorn's own lines go through the root handler too, as JSON (its default config would add text handlers).
     logs: dict[str, Any] = {"log_config": None} if log_format == "json" else {}
     serve_draining(uvicorn.Config(app, host=s.host, port=s.port, workers=1, lifespan="on", log_level=args.log_level,
-                                  timeout_graceful_shutdown=5, **logs, **uvicorn_limits(config.env.header_timeout_s)),
+                                  timeout_graceful_shutdown=5, **logs, **tls,
+                                  **uvicorn_limits(config.env.header_timeout_s)),
                    host)
     return 0

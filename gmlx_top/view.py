@@ -15,8 +15,8 @@ DASH = "-"
 BAND_STYLE = {"green": "bold black on #3fb950", "yellow": "bold black on #e3b341",
               "orange": "bold black on #f0883e", "red": "bold white on #da3633"}
 STATE_STYLE = {"queued": "yellow", "prefill": "cyan", "decode": "green"}
-REQUEST_COLUMNS = ("id", "model", "state", "pos", "prompt", "gen/max", "tok/s", "ttft", "elapsed", "cache",
-                   "spec")
+REQUEST_COLUMNS = ("id", "model", "key", "state", "pos", "prompt", "gen/max", "tok/s", "ttft", "elapsed",
+                   "cache", "spec")
 MODEL_COLUMNS = ("model", "flags", "in flight", "waiting", "weights", "active", "profile")
 HOST_COLUMNS = ("host", "state", "band", "queue", "decoding", "decode tok/s", "prefill tok/s", "rejected", "eta")
 
@@ -72,7 +72,8 @@ def cache_tier(cache: Any) -> str:
 
 def request_cells(row: Mapping[str, Any]) -> tuple[str, ...]:
     gen, cap = row.get("generated"), row.get("max_tokens")
-    return (str(row.get("id") or DASH)[-12:], str(row.get("model") or DASH), str(row.get("state") or DASH),
+    return (str(row.get("id") or DASH)[-12:], str(row.get("model") or DASH), str(row.get("key") or DASH),
+            str(row.get("state") or DASH),
             num(row.get("position")), num(row.get("prompt_tokens")), f"{num(gen)}/{num(cap)}",
             num(row.get("decode_tok_s")), num(row.get("ttft_s"), 2, "s"), num(row.get("elapsed_s"), 1, "s"),
             cache_tier(row.get("cache")), accept_rate(row.get("speculative")))

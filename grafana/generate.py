@@ -208,7 +208,7 @@ def overview_rows() -> list[Row]:
                Target(m("gmlx_capacity_prefill_transient_bytes"), "prefill transient"), unit="bytes"),
     ])
     return [now, fleet_row(), throughput, latency, queue, governor, capacity, prompt_cache_row(), services_row(),
-            speculative_row(), assistants_row()]
+            speculative_row(), assistants_row(), keys_row()]
 
 
 def fleet_row() -> Row:
@@ -286,6 +286,19 @@ def assistants_row() -> Row:
                                              f"(increase({m('gmlx_assistant_mcp_restarts_total')}{RATE}))",
                                              "{{assistant}}/{{server}}"), width=12,
                description="A stdio server that died is started again after a backoff that doubles (0.5 s to 30 s)."),
+    ])
+
+
+def keys_row() -> Row:
+    """Per API key name (gmlx_key_*; `anonymous` is no key): what each key sends, uses and is refused."""
+    return Row("API keys", [
+        series("Requests/s by key", Target(rate("gmlx_key_requests_total", "key"), "{{key}}"), unit="reqps",
+               stack=True, description="Every request a key made (any route, any status); names only, never keys."),
+        series("Refusals/s by key and status",
+               Target(rate("gmlx_key_rejections_total", "key, status"), "{{key}} {{status}}"), unit="reqps",
+               description="4xx and 5xx answers per key: 429 rate_limited is its fair share, 403 its scope."),
+        series("Tokens/s by key", Target(rate("gmlx_key_tokens_total", "key, kind"), "{{key}} {{kind}}"),
+               unit="short", stack=True, description="Prompt and generated tokens of each key's finished requests."),
     ])
 
 

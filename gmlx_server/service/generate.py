@@ -316,11 +316,17 @@ def _submit(host: ModelHost, prep: Prepared, record: RequestRecord | None) -> Re
     model_id, engine = prep.prompt.model_id, prep.prompt.engine
     host.admission.admit(model_id, engine.stats())  # no await between this and submit: no race
 
+    caller = record.caller if record is not None else None
+    if caller is not None:
+        host.telemetry.callers[prep.request.request_id] = caller.label
+
     def finished(ev: TokenEvent) -> None:
         if record is not None:
             record.finished(ev)
-            if record.caller is not None and ev.timings is not None:
-                host.telemetry.keys.used(record.caller.label, ev.timings.prompt_tokens, ev.timings.generated)
+        if caller is not None:
+            host.telemetry.callers.pop(prep.request.request_id, None)
+            if ev.timings is not None:
+                host.telemetry.keys.used(caller.label, ev.timings.prompt_tokens, ev.timings.generated)
 
     return host.telemetry.track(model_id, host.submit(model_id, engine, prep.request), finished)
 

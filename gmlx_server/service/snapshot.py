@@ -65,7 +65,7 @@ class Snapshotter:
         builders: dict[str, Callable[[], Any]] = {
             "concurrency": lambda: self._concurrency(stats),
             "queue": lambda: self._queue(stats),
-            "requests": lambda: _requests(stats, self.telemetry.assistant_steps),
+            "requests": lambda: _requests(stats, self.telemetry.assistant_steps, self.telemetry.callers),
             "resident_models": lambda: self._resident(engines, stats),
             "governor": self._governor,
             "memory": self._memory,
@@ -153,7 +153,8 @@ class Snapshotter:
         return {**totals, "by_model": by_model}
 
 
-def _requests(stats: Mapping[str, EngineStats], steps: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _requests(stats: Mapping[str, EngineStats], steps: Mapping[str, Any],
+              callers: Mapping[str, str]) -> list[dict[str, Any]]:
     rows = [(m, r) for m, s in stats.items() for r in s.rows]
     rows.sort(key=lambda mr: mr[1].state != "queued")  # queued rows first
     position: dict[str, int] = {}
@@ -162,7 +163,8 @@ def _requests(stats: Mapping[str, EngineStats], steps: Mapping[str, Any]) -> lis
         pos = None
         if r.state == "queued":
             pos = position[m] = position.get(m, 0) + 1
-        out.append({"id": r.request_id, "model": m, "state": r.state, "position": pos,
+        out.append({"id": r.request_id, "model": m, "key": callers.get(r.request_id), "priority": r.priority,
+                    "state": r.state, "position": pos,
                     "prompt_tokens": r.prompt_tokens, "generated": r.generated, "max_tokens": r.max_tokens,
                     "elapsed_s": round(r.elapsed_s, 3),
                     "ttft_s": round(r.ttft_s, 3) if r.ttft_s is not None else None,

@@ -86,6 +86,7 @@ class Telemetry:
         self.sheds = 0
         self.assistant_steps: dict[str, dict[str, Any]] = {}  # request id -> its assistant loop's step (rows)
         self.keys = KeyMeter()  # per key name: requests, refusals, tokens
+        self.callers: dict[str, str] = {}  # live request id -> its caller's key name (request rows show it)
 
     def model(self, model_id: str) -> ModelRates:
         return self.models.setdefault(model_id, ModelRates())

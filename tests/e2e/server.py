@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -45,30 +46,32 @@ class LiveServer:
 
 @contextmanager
 def gmlx_serve(args: Sequence[str], log_dir: Path, env: dict[str, str] | None = None,
-               timeout_s: float = 180.0, cwd: Path = ROOT, port: int | None = None) -> Iterator[LiveServer]:
+               timeout_s: float = 180.0, cwd: Path = ROOT, port: int | None = None,
+               tls_ca: str | None = None) -> Iterator[LiveServer]:
     """Start `gmlx serve ARGS --port P` (the gmlx_server found from `cwd`; P free, or `port` to restart a host on
-    its address), wait for /health, yield, then stop it (SIGINT, then kill)."""
+    its address), wait for /health, yield, then stop it (SIGINT, then kill). `tls_ca`: the server speaks HTTPS
+    with a certificate this file verifies."""
     port = port or free_port()
     log_path = log_dir / f"gmlx-serve-{port}.log"
     full_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "gmlx_server.cli", "serve", *args, "--host", "127.0.0.1", "--port", str(port)]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=log, stderr=subprocess.STDOUT)
-    server = LiveServer(f"http://127.0.0.1:{port}", proc, log_path)
+    server = LiveServer(f"{'https' if tls_ca else 'http'}://127.0.0.1:{port}", proc, log_path)
     try:
-        _wait_healthy(server, timeout_s)
+        _wait_healthy(server, timeout_s, ssl.create_default_context(cafile=tls_ca) if tls_ca else True)
         yield server
     finally:
         _stop(proc)
 
 
-def _wait_healthy(server: LiveServer, timeout_s: float) -> None:
+def _wait_healthy(server: LiveServer, timeout_s: float, verify: ssl.SSLContext | bool = True) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if server.proc.poll() is not None:
             raise RuntimeError(f"gmlx serve exited with {server.proc.returncode}:\n{server.log()[-4000:]}")
         try:
-            if httpx.get(server.base_url + "/health", timeout=2).status_code == 200:
+            if httpx.get(server.base_url + "/health", timeout=2, verify=verify).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
@@ -86,15 +89,15 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(timeout=10)
 
 
-def openai_client(server: LiveServer, timeout_s: float = 300) -> openai.OpenAI:
+def openai_client(server: LiveServer, timeout_s: float = 300, api_key: str = "unused") -> openai.OpenAI:
     """The official OpenAI SDK on `server`'s /v1, without retries (a retry would hide a failure)."""
     import openai
 
-    return openai.OpenAI(base_url=server.v1, api_key="unused", max_retries=0, timeout=timeout_s)
+    return openai.OpenAI(base_url=server.v1, api_key=api_key, max_retries=0, timeout=timeout_s)
 
 
-def anthropic_client(server: LiveServer, timeout_s: float = 300) -> anthropic.Anthropic:
+def anthropic_client(server: LiveServer, timeout_s: float = 300, api_key: str = "unused") -> anthropic.Anthropic:
     """The official Anthropic SDK on `server`, without retries."""
     import anthropic
 
-    return anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0, timeout=timeout_s)
+    return anthropic.Anthropic(base_url=server.base_url, api_key=api_key, max_retries=0, timeout=timeout_s)

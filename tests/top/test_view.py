@@ -45,8 +45,8 @@ def test_every_formatter_takes_any_snapshot(server: dict[str, Any]) -> None:
 
 def test_a_recorded_busy_row_reads_as_an_operator_expects() -> None:
     decode = recorded("busy")["server"]["requests"][-1]
-    assert request_cells(decode)[1:] == ("gemma3-270m", "decode", "-", "152", "88/256", "14.9", "0.31s", "6.0s",
-                                         "miss", "72%")
+    assert request_cells(decode)[1:] == ("gemma3-270m", "alice", "decode", "-", "152", "88/256", "14.9", "0.31s",
+                                         "6.0s", "miss", "72%")
 
 
 def test_units_and_fallbacks() -> None:
