@@ -59,7 +59,8 @@ def test_the_sdk_chats_over_https(tls_server: tuple[LiveServer, Path]) -> None:
     trust = ssl.create_default_context(cafile=str(cert))
     client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0,
                            http_client=httpx.Client(verify=trust, timeout=120))
-    r = client.chat.completions.create(model=Path(smollm2_path()).stem, max_tokens=4, messages=[{"role": "user", "content": "Hi"}])
+    r = client.chat.completions.create(model=Path(smollm2_path()).stem, max_tokens=4,
+                                       messages=[{"role": "user", "content": "Hi"}])
     assert r.choices[0].finish_reason in ("stop", "length")
     assert "listening on https://" in srv.log()
     with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
