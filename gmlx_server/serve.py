@@ -52,9 +52,10 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _tls(args: argparse.Namespace) -> dict[str, str]:
+def _tls(args: argparse.Namespace) -> dict[str, Any]:
     """uvicorn's TLS options: both files or neither, each readable, so a typo fails at start with its name."""
-    given = {k: v for k, v in (("ssl_certfile", args.ssl_certfile), ("ssl_keyfile", args.ssl_keyfile)) if v}
+    files = {"ssl_certfile": args.ssl_certfile, "ssl_keyfile": args.ssl_keyfile}
+    given: dict[str, Any] = {k: v for k, v in files.items() if v}
     if len(given) == 1:
         raise ConfigError("command line", "ssl", "--ssl-certfile and --ssl-keyfile go together")
     for name, path in given.items():
