@@ -115,7 +115,7 @@ class ToolLoop:
     async def start(self) -> AssistantStarted:
         self._turn = first = await start_generation(self.host, self._first_turn(), self.request_id, self.record)
         return AssistantStarted(LoopHandle(self), self.entry.id, first.profile, first.prompt_tokens,
-                                first.max_tokens, first.tokenizer, None, first.requested_max_tokens, self.trace)
+                                first.max_tokens, first.tokenizer, None, first.requested_max_tokens, trace=self.trace)
 
     def cancel(self) -> None:
         if self._turn is not None:

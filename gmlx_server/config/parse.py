@@ -17,6 +17,8 @@ from gmlx_server.config.services import check_service_refs, parse_services
 from gmlx_server.config.settings import (
     BACKENDS,
     BUILTIN_INTENTS,
+    EFFORT_LEVELS,
+    REASONING_FORMATS,
     TOOL_FORMATS,
     ConfigError,
     KVQuant,
@@ -38,6 +40,7 @@ _SERVER_KINDS = {
 _MODEL_KINDS = {
     "path": "str", "profile": "str", "max_kv_size": "int", "pinned": "bool", "chat_template": "str",
     "weights": "str", "clamp_max_tokens": "bool", "backend": "str", "tool_format": "str", "mmproj": "str",
+    "reasoning_format": "str",
 }
 # Keys the file format reserves for features not built yet: refused by name rather than accepted and ignored.
 _UNBUILT_MODEL_KEYS: dict[str, str] = {}
@@ -97,7 +100,8 @@ def _cache_bytes(c: Checker, v: Any) -> int:
 def _model(c: Checker, mid: str, raw: Any, base: Path, drafts: RawDrafts) -> ModelEntry:
     """The entry without its Draft: `drafts` collects the draft keys, resolved once every id is known."""
     key = f"models.{mid}"
-    data = c.section(raw, key, frozenset(_MODEL_KINDS) | frozenset(_UNBUILT_MODEL_KEYS) | {"kv_quant"} | DRAFT_KEYS)
+    data = c.section(raw, key, frozenset(_MODEL_KINDS) | frozenset(_UNBUILT_MODEL_KEYS) | {"kv_quant"} | DRAFT_KEYS
+                     | {"reasoning_budgets"})
     _refuse_unbuilt(c, data, key, _UNBUILT_MODEL_KEYS)
     draft = raw_draft(c, data, key)
     if draft is not None:
@@ -124,11 +128,24 @@ def _model(c: Checker, mid: str, raw: Any, base: Path, drafts: RawDrafts) -> Mod
     kw["tool_format"] = kw["tool_format"] or "auto"
     if kw["tool_format"] not in TOOL_FORMATS:
         raise c.fail(f"{key}.tool_format", f"expected {', '.join(TOOL_FORMATS)}, got {kw['tool_format']!r}")
+    kw["reasoning_format"] = kw["reasoning_format"] or "parsed"
+    if kw["reasoning_format"] not in REASONING_FORMATS:
+        raise c.fail(f"{key}.reasoning_format", f"expected parsed or raw, got {kw['reasoning_format']!r}")
+    kw["reasoning_budgets"] = _reasoning_budgets(c, data.get("reasoning_budgets"), f"{key}.reasoning_budgets")
     kw["backend"] = kw["backend"] or BACKENDS[0]
     if kw["backend"] not in BACKENDS:
         raise c.fail(f"{key}.backend", f"expected one of {', '.join(BACKENDS)}, got {kw['backend']!r}")
     kw["pinned"] = bool(kw["pinned"])
     return ModelEntry(id=mid, **kw)
+
+
+def _reasoning_budgets(c: Checker, raw: Any, key: str) -> Mapping[str, int | None] | None:
+    """{low: N, medium: N, high: N}: thinking tokens per reasoning_effort (null: no cap); unnamed levels keep
+    their defaults."""
+    if raw is None:
+        return None
+    data = c.section(raw, key, frozenset(EFFORT_LEVELS))
+    return MappingProxyType({k: c.value(data, key, k, "int") for k in EFFORT_LEVELS if k in data})
 
 
 def _refuse_for_dir(c: Checker, key: str, kw: Mapping[str, Any]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Literal
 
 from gmlx_plan.memory import DEFAULT_DRAFT_TOKENS as DEFAULT_DRAFT_TOKENS  # models.<id>.draft_tokens
@@ -31,6 +32,11 @@ WeightsLayout = Literal["auto", "native", "packed", "dense"]
 # (template); gmlx's JSON convention always (json). README's "Tool calling on any model" says more.
 ToolFormatSetting = Literal["auto", "template", "json"]
 TOOL_FORMATS: tuple[ToolFormatSetting, ...] = ("auto", "template", "json")
+ReasoningFormatSetting = Literal["parsed", "raw"]
+REASONING_FORMATS: tuple[ReasoningFormatSetting, ...] = ("parsed", "raw")
+EFFORT_LEVELS = ("low", "medium", "high")
+# Thinking tokens per reasoning_effort where the template does not read the effort itself (None: no cap).
+DEFAULT_REASONING_BUDGETS: Mapping[str, int | None] = MappingProxyType({"low": 1024, "medium": 4096, "high": None})
 LogFormat = Literal["text", "json"]
 DEFAULT_PROMPT_CACHE_BYTES = 512 << 20
 BACKENDS = ("mlx",)  # engine backends a model entry may name (engine/factory.py has one builder per name)
@@ -100,6 +106,8 @@ class ModelEntry:
     backend: str = "mlx"
     clamp_max_tokens: bool | None = None  # None: the server's setting
     tool_format: ToolFormatSetting = "auto"  # read per request: a reload changes it without a new load
+    reasoning_format: ReasoningFormatSetting = "parsed"  # raw: the thinking block stays in the answer's text
+    reasoning_budgets: Mapping[str, int | None] | None = None  # effort -> thinking tokens; None: the defaults
     discovered: bool = False  # found under server.models_dir rather than listed in models:
 
     @property

@@ -1,10 +1,51 @@
-"""`thinking_budget`: cap the tokens spent inside the model's thinking block, then close it."""
+"""Reasoning markup as data (which template teaches which thinking block), and `thinking_budget`: cap the
+tokens spent inside the model's thinking block, then close it.
+
+The syntaxes are pure data and string matching: the service picks one per request from the chat template,
+the protocol layer splits the reply on its tags, the engine closes a block whose budget ran out.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from gmlx_server.engine.types import ThinkingControl
+
+
+@dataclass(frozen=True)
+class ReasoningSyntax:
+    """One family of thinking blocks: the tag that opens one and the tag that closes it."""
+
+    name: str
+    open_tag: str
+    close_tag: str
+
+    def control(self, budget: int | None) -> ThinkingControl:
+        return ThinkingControl(budget=budget, open_tag=self.open_tag, close_tag=self.close_tag)
+
+
+THINK = ReasoningSyntax("think", "<think>", "</think>")  # Qwen3, QwQ, DeepSeek-R1 and its distills, SmolLM3
+SEED_THINK = ReasoningSyntax("seed_think", "<seed:think>", "</seed:think>")  # ByteDance Seed-OSS
+MISTRAL_THINK = ReasoningSyntax("mistral_think", "[THINK]", "[/THINK]")  # Magistral
+# First match wins: Seed's tag contains "think>", so it is tried before the plain one.
+_REASONING_RULES: tuple[ReasoningSyntax, ...] = (SEED_THINK, MISTRAL_THINK, THINK)
+
+
+def infer_reasoning(template_source: str) -> ReasoningSyntax | None:
+    """The thinking block a chat template teaches (it writes or strips the tags), or None: it teaches none."""
+    return next((s for s in _REASONING_RULES if s.open_tag in template_source and s.close_tag in template_source),
+                None)
+
+
+@dataclass(frozen=True)
+class ReasoningUse:
+    """How one request's reply carries reasoning: the block's tags, whether the prompt already opened one,
+    and where the reader reports the tokens spent thinking."""
+
+    syntax: ReasoningSyntax
+    starts_inside: bool = False
+    report: Callable[[int], None] | None = None
 
 
 class ThinkingBudget:

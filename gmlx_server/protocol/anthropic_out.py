@@ -1,12 +1,15 @@
 """Neutral token events -> Anthropic Messages bodies and stream events (pure).
 
 Content is a list of blocks (text, thinking, tool_use). A stream opens with message_start, the
-first text block and a ping (Anthropic's own order); later blocks open when their kind changes.
+first text block and a ping (Anthropic's own order); later blocks open when their kind changes. A reply
+that may think opens no block before its first text, so a thinking block comes first, as Anthropic's do.
 """
 
 from __future__ import annotations
 
+import base64
 import copy
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +27,7 @@ class MessageMeta:
     message_id: str
     model: str
     input_tokens: int
+    thinking: bool = False  # the reply's thinking block is split out: no text block opens before it
 
 
 class AnthropicEncoder(TextFeed):
@@ -35,6 +39,7 @@ class AnthropicEncoder(TextFeed):
         self.blocks: list[dict[str, Any]] = []
         self._open: int | None = None  # index of the block a stream has started and not stopped
         self._arguments = ""  # the open tool_use block's JSON so far
+        self.reasoning_tokens = 0
         self.stop_reason: str | None = None
         self.stop_sequence: str | None = None
 
@@ -49,8 +54,15 @@ class AnthropicEncoder(TextFeed):
     def _stop_block(self) -> list[Event]:
         if self._open is None:
             return []
+        events = self._sign() if self.blocks[self._open]["type"] == "thinking" else []
         index, self._open = self._open, None
-        return [("content_block_stop", {"type": "content_block_stop", "index": index})]
+        return [*events, ("content_block_stop", {"type": "content_block_stop", "index": index})]
+
+    def _sign(self) -> list[Event]:
+        """A thinking block ends with its signature, which clients keep and send back with it."""
+        block = self.blocks[self._open or 0]
+        block["signature"] = signature(block["thinking"])
+        return [self._delta({"type": "signature_delta", "signature": block["signature"]})]
 
     def _delta(self, delta: dict[str, Any]) -> Event:
         return ("content_block_delta", {"type": "content_block_delta", "index": self._open, "delta": delta})
@@ -71,8 +83,9 @@ class AnthropicEncoder(TextFeed):
     def text(self, text: str) -> list[Event]:
         return self._append("text", text)
 
-    def thinking(self, text: str) -> list[Event]:
-        """For a reasoning parser that splits the model's thinking from its answer."""
+    def reasoning(self, text: str, tokens: int = 0) -> list[Event]:
+        """The model's thinking block, split from its answer: a thinking block."""
+        self.reasoning_tokens += tokens
         return self._append("thinking", text)
 
     def tool_start(self, call_id: str, name: str) -> list[Event]:
@@ -111,8 +124,9 @@ class AnthropicEncoder(TextFeed):
                 "stop_reason": self.stop_reason, "stop_sequence": self.stop_sequence, "usage": self.usage()}
 
     def start(self) -> list[Event]:
-        return [("message_start", {"type": "message_start", "message": self._message([])}),
-                *self._start_block({"type": "text", "text": ""}), ("ping", {"type": "ping"})]
+        first = [] if self.meta.thinking else self._start_block({"type": "text", "text": ""})
+        return [("message_start", {"type": "message_start", "message": self._message([])}), *first,
+                ("ping", {"type": "ping"})]
 
     def _finish(self, ev: TokenEvent) -> list[Event]:
         if any(b["type"] == "tool_use" for b in self.blocks):
@@ -124,7 +138,10 @@ class AnthropicEncoder(TextFeed):
         else:
             self.stop_reason = "end_turn"  # EOS, or a cancel nobody reads
         delta = {"stop_reason": self.stop_reason, "stop_sequence": self.stop_sequence}
-        return [*self._stop_block(),
+        events = self._stop_block()
+        if not self.blocks:  # a reply that may think, and wrote nothing: still one (empty) text block
+            events += [*self._start_block({"type": "text", "text": ""}), *self._stop_block()]
+        return [*events,
                 ("message_delta", {"type": "message_delta", "delta": delta, "usage": self.usage()}),
                 ("message_stop", {"type": "message_stop"})]
 
@@ -135,3 +152,9 @@ class AnthropicEncoder(TextFeed):
         # An empty leading text block only exists because streams open one eagerly.
         content = [b for b in self.blocks if b["type"] != "text" or b["text"]]
         return self._message(content or [{"type": "text", "text": ""}])
+
+
+def signature(thinking: str) -> str:
+    """A thinking block's signature: a digest of its text (no key: nothing here is secret, and a block sent
+    back is rendered whatever its signature says)."""
+    return base64.b64encode(hashlib.sha256(thinking.encode("utf-8")).digest()).decode("ascii")

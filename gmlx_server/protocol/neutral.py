@@ -45,6 +45,9 @@ def _merge(prev: dict[str, Any], cur: Mapping[str, Any]) -> None:
     calls = [*prev.get("tool_calls", ()), *cur.get("tool_calls", ())]
     if calls:
         prev["tool_calls"] = calls
+    thoughts = [t for t in (prev.get("reasoning_content"), cur.get("reasoning_content")) if t]
+    if thoughts:
+        prev["reasoning_content"] = "\n".join(thoughts)
 
 
 def merge_turns(messages: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -158,3 +161,30 @@ class EventEncoder(Protocol):
     def fail(self, err: GmlxError) -> list[Event]: ...
 
     def body(self) -> dict[str, Any]: ...
+
+
+class Forwarding:
+    """An EventEncoder wrapper's pass-through: everything but feed() goes to `inner` unchanged."""
+
+    inner: EventEncoder
+
+    def start(self) -> list[Event]:
+        return self.inner.start()
+
+    def text(self, text: str) -> list[Event]:
+        return self.inner.text(text)
+
+    def tool_start(self, call_id: str, name: str) -> list[Event]:
+        return self.inner.tool_start(call_id, name)
+
+    def tool_arguments(self, fragment: str) -> list[Event]:
+        return self.inner.tool_arguments(fragment)
+
+    def tool_end(self, arguments: Any = None) -> list[Event]:
+        return self.inner.tool_end(arguments)
+
+    def fail(self, err: GmlxError) -> list[Event]:
+        return self.inner.fail(err)
+
+    def body(self) -> dict[str, Any]:
+        return self.inner.body()

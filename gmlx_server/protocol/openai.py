@@ -102,6 +102,9 @@ def _message(i: int, msg: Any) -> dict[str, Any]:
         raise p.bad(f"{where}.content", f"a {role} message needs content")
     if msg.get("tool_calls") is not None:
         out["tool_calls"] = template_tool_calls(msg["tool_calls"], where)
+    for name in ("reasoning_content", "reasoning"):  # an earlier turn's thinking, for templates that render it
+        if msg.get(name) is not None and not isinstance(msg[name], str):
+            raise p.bad(f"{where}.{name}", f"expected a string, got {p.json_type(msg[name])}")
     return out
 
 

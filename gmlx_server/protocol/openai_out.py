@@ -50,6 +50,8 @@ class OpenAIEncoder:
         self._tokenizer = tokenizer
         self.tally = Tally()
         self.parts: list[str] = []
+        self.reasoning_parts: list[str] = []
+        self.reasoning_tokens = 0
         self.tool_calls: list[dict[str, Any]] = []
         self.logprob_items: list[dict[str, Any]] = []
         self.finish_reason: str | None = None
@@ -94,6 +96,14 @@ class OpenAIEncoder:
             return []
         self.parts.append(text)
         return [self._chunk({"content": text}, lp=lp)]
+
+    def reasoning(self, text: str, tokens: int = 0) -> list[Event]:
+        """The thinking block: `reasoning_content` (DeepSeek's and llama-server's name) and `reasoning` (vLLM's)."""
+        self.reasoning_tokens += tokens
+        if not text:
+            return []
+        self.reasoning_parts.append(text)
+        return [self._chunk({"reasoning_content": text, "reasoning": text})]
 
     def tool_start(self, call_id: str, name: str) -> list[Event]:
         """A parsed call opens: a tool_calls delta with its id (prefixed call_, as OpenAI's are) and name."""
@@ -162,7 +172,8 @@ class OpenAIEncoder:
     def usage(self) -> dict[str, Any]:
         p, n = self.meta.prompt_tokens, self.tally.generated
         return {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n,
-                "prompt_tokens_details": {"cached_tokens": self.tally.cached}}
+                "prompt_tokens_details": {"cached_tokens": self.tally.cached},
+                "completion_tokens_details": {"reasoning_tokens": self.reasoning_tokens}}
 
     def timings(self) -> dict[str, Any]:
         """llama.cpp-style timings; predicted_n is the exact cumulative output-token count."""
@@ -175,6 +186,9 @@ class OpenAIEncoder:
         text = "".join(self.parts)
         if m.kind == "chat":
             message: dict[str, Any] = {"role": "assistant", "content": text}
+            if self.reasoning_parts:
+                thought = "".join(self.reasoning_parts)
+                message = {**message, "reasoning_content": thought, "reasoning": thought}
             if self.tool_calls:  # OpenAI: content is null when the reply is only calls
                 message = {**message, "content": text or None, "tool_calls": copy.deepcopy(self.tool_calls)}
             lp = {"content": self.logprob_items} if m.logprobs else None

@@ -79,7 +79,7 @@ def _chat_message() -> Schema:
                function=obj(name=STRING, arguments=one_of(STRING, OBJECT)))
     return obj(("role",), role={"enum": ["system", "developer", "user", "assistant", "tool", "function"]},
                content=one_of(STRING, array(part), {"type": "null"}), name=STRING, tool_call_id=STRING,
-               tool_calls=array(call))
+               tool_calls=array(call), reasoning_content=STRING, reasoning=STRING)
 
 
 def _chat() -> Schema:
@@ -110,7 +110,7 @@ def _anthropic_block() -> Schema:
     return obj(("type",), type={"enum": kinds}, text=STRING, source=source, id=STRING, name=STRING, input=OBJECT,
                tool_use_id=STRING, content=one_of(STRING, array(obj(("type", "text"), type={"enum": ["text"]},
                                                                      text=STRING))),
-               is_error=BOOL, thinking=STRING)
+               is_error=BOOL, thinking=STRING, signature=STRING, data=STRING)
 
 
 def _messages() -> Schema:
@@ -131,12 +131,14 @@ def _messages() -> Schema:
 
 
 def _responses() -> Schema:
-    part = obj(("type",), type={"enum": ["input_text", "output_text", "text", "refusal", "input_image"]}, text=STRING,
-               refusal=STRING, image_url=STRING, detail=DETAIL)
+    kinds = ["input_text", "output_text", "text", "refusal", "input_image", "reasoning_text"]
+    part = obj(("type",), type={"enum": kinds}, text=STRING, refusal=STRING, image_url=STRING, detail=DETAIL)
     content = one_of(STRING, array(part))
+    summary = array(obj(("type", "text"), type={"enum": ["summary_text"]}, text=STRING))
     item = obj(type={"enum": ["message", "function_call", "function_call_output", "reasoning"]},
                role={"enum": ["user", "assistant", "system", "developer"]}, content=content,
-               call_id=STRING, name=STRING, arguments=STRING, output=content)
+               call_id=STRING, name=STRING, arguments=STRING, output=content, summary=summary,
+               encrypted_content=STRING)
     tool = obj(("type",), type=STRING, name=STRING, description=STRING, parameters=OBJECT)
     choice = one_of({"enum": ["none", "auto", "required"]}, obj(("type", "name"), type={"enum": ["function"]},
                                                                  name=STRING))

@@ -90,9 +90,24 @@ def _item(i: int, item: Any) -> dict[str, Any] | None:
         output = _text(item.get("output"), f"{where}.output")
         return {"role": "tool", "tool_call_id": p.required_string(item, "call_id", where), "content": output}
     if kind == "reasoning":
-        return None  # an earlier turn's reasoning: templates drop it from history anyway
+        return _reasoning_item(item, where)
     raise UnsupportedFeature(f"'{where}': {kind!r} items are not supported (expected message, function_call, "
                              "function_call_output or reasoning)", param=where)
+
+
+def _reasoning_item(item: Mapping[str, Any], where: str) -> dict[str, Any] | None:
+    """An earlier turn's reasoning, for templates that render it (reasoning_content); its reasoning_text parts,
+    else its summary. Encrypted content is OpenAI's own: nothing a local model can read."""
+    texts = []
+    for key, kind in (("content", "reasoning_text"), ("summary", "summary_text")):
+        parts = item.get(key)
+        if parts is not None and not isinstance(parts, list):
+            raise p.bad(f"{where}.{key}", f"expected an array of parts, got {p.json_type(parts)}")
+        texts = [part["text"] for part in parts or () if isinstance(part, dict) and part.get("type") == kind
+                 and isinstance(part.get("text"), str)]
+        if texts:
+            break
+    return {"role": "assistant", "content": "", "reasoning_content": "\n".join(texts)} if texts else None
 
 
 def _input(body: Mapping[str, Any]) -> tuple[dict[str, Any], ...]:

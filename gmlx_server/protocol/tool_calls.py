@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import Any
 
 from gmlx_server.engine.tool_syntax import ToolUse
 from gmlx_server.engine.types import TokenEvent
-from gmlx_server.errors import GmlxError
 from gmlx_server.neutral import GenerationParams
-from gmlx_server.protocol.neutral import Event, EventEncoder, Tally
+from gmlx_server.protocol.neutral import Event, EventEncoder, Forwarding, Tally
 from gmlx_server.protocol.tools import (
     TextDelta,
     ToolCallArgsDelta,
@@ -26,7 +24,7 @@ from gmlx_server.protocol.tools import (
 log = logging.getLogger("gmlx.tools")
 
 
-class ToolCallEncoder:
+class ToolCallEncoder(Forwarding):
     """An EventEncoder that parses tool calls out of the text before `inner` sees it."""
 
     def __init__(self, inner: EventEncoder, parser: ToolStreamParser, params: GenerationParams,
@@ -34,9 +32,6 @@ class ToolCallEncoder:
         self.inner, self.parser, self.use = inner, parser, use
         self._choice = params.tool_choice
         self._format_stops = tuple(s for s in use.syntax.stop if s not in params.stop)
-
-    def start(self) -> list[Event]:
-        return self.inner.start()
 
     def feed(self, ev: TokenEvent) -> list[Event]:
         events = self._render(self.parser.feed(ev.text))
@@ -68,24 +63,6 @@ class ToolCallEncoder:
             log.warning("tool_choice %s asked for a call, but the model produced none%s", self._choice,
                         " (the constrained call was cut short)" if self.use.constrained
                         else " (the choice was not enforced)")
-
-    def text(self, text: str) -> list[Event]:
-        return self.inner.text(text)
-
-    def tool_start(self, call_id: str, name: str) -> list[Event]:
-        return self.inner.tool_start(call_id, name)
-
-    def tool_arguments(self, fragment: str) -> list[Event]:
-        return self.inner.tool_arguments(fragment)
-
-    def tool_end(self, arguments: Any = None) -> list[Event]:
-        return self.inner.tool_end(arguments)
-
-    def fail(self, err: GmlxError) -> list[Event]:
-        return self.inner.fail(err)
-
-    def body(self) -> dict[str, Any]:
-        return self.inner.body()
 
 
 def with_tool_calls(encoder: EventEncoder, params: GenerationParams, tools: ToolUse | None) -> EventEncoder:

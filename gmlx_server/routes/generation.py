@@ -11,6 +11,7 @@ from gmlx_server.assistants import Assistants, start_reply, with_trace
 from gmlx_server.neutral import GenerationParams
 from gmlx_server.protocol.openai import parse_chat, parse_completion
 from gmlx_server.protocol.openai_out import OpenAIEncoder, ResponseMeta
+from gmlx_server.protocol.reasoning import with_reasoning
 from gmlx_server.protocol.tool_calls import with_tool_calls
 from gmlx_server.routes.common import GmlxRequest, body_of, report_clamp
 from gmlx_server.routes.events import send
@@ -28,7 +29,8 @@ async def respond(req: GmlxRequest, resp: falcon.asgi.Response, host: ModelHost,
     meta = ResponseMeta(rid, started.model_id, int(time.time()), started.prompt_tokens,
                         "chat" if chat else "completion", params.include_usage, params.timings_per_token,
                         params.logprobs)
-    encoder = with_tool_calls(OpenAIEncoder(meta, started.tokenizer), params, started.tools)
+    base = OpenAIEncoder(meta, started.tokenizer)
+    encoder = with_reasoning(with_tool_calls(base, params, started.tools), base, started.reasoning)
     encoder = with_trace(encoder, started, "chat", {"id": rid, "created": meta.created, "model": meta.model})
     report_clamp(resp, started.requested_max_tokens, started.max_tokens)
     await send(req, resp, started.handle, encoder, params.stream, host.env.sse_keepalive_s)

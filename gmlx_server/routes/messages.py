@@ -9,6 +9,7 @@ from gmlx_server.assistants import Assistants, start_reply, with_trace
 from gmlx_server.protocol.anthropic import parse_messages
 from gmlx_server.protocol.anthropic_out import AnthropicEncoder, MessageMeta
 from gmlx_server.protocol.neutral import new_id
+from gmlx_server.protocol.reasoning import with_reasoning
 from gmlx_server.protocol.tool_calls import with_tool_calls
 from gmlx_server.routes.common import GmlxRequest, report_clamp
 from gmlx_server.routes.events import send
@@ -26,8 +27,9 @@ class Messages:
         params = await parse_body(req, parse_messages)
         message_id = new_id("msg_")
         started = await start_reply(self.host, self.assistants, params, message_id, request_record(req))
-        encoder = with_tool_calls(AnthropicEncoder(MessageMeta(message_id, started.model_id, started.prompt_tokens)),
-                                  params, started.tools)
+        base = AnthropicEncoder(MessageMeta(message_id, started.model_id, started.prompt_tokens,
+                                            thinking=started.reasoning is not None))
+        encoder = with_reasoning(with_tool_calls(base, params, started.tools), base, started.reasoning)
         encoder = with_trace(encoder, started, "anthropic")
         report_clamp(resp, started.requested_max_tokens, started.max_tokens)
         await send(req, resp, started.handle, encoder, params.stream, self.host.env.sse_keepalive_s)

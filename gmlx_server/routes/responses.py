@@ -8,6 +8,7 @@ import falcon.asgi
 
 from gmlx_server.assistants import Assistants, start_reply, with_trace
 from gmlx_server.protocol.neutral import new_id
+from gmlx_server.protocol.reasoning import with_reasoning
 from gmlx_server.protocol.responses import parse_responses
 from gmlx_server.protocol.responses_out import ResponsesEncoder, ResponsesMeta
 from gmlx_server.protocol.tool_calls import with_tool_calls
@@ -38,5 +39,6 @@ class Responses:
             if request.store:
                 self.store.put(response_id, [*history, *request.input_messages, *encoder.output_messages()])
 
-        traced = with_trace(with_tool_calls(encoder, params, started.tools), started, "responses")
+        reading = with_reasoning(with_tool_calls(encoder, params, started.tools), encoder, started.reasoning)
+        traced = with_trace(reading, started, "responses")
         await send(req, resp, started.handle, traced, params.stream, self.host.env.sse_keepalive_s, remember)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from gmlx_server.engine.draft_policy import refusal, unsupported_sampling
+from gmlx_server.engine.thinking import THINK, ReasoningSyntax, ReasoningUse
 from gmlx_server.engine.types import (
     ChatTemplate,
     Engine,
@@ -32,6 +33,7 @@ from gmlx_server.service.cache_points import request_hints
 from gmlx_server.service.fair_share import Released
 from gmlx_server.service.host import ModelHost
 from gmlx_server.service.images import ImagePolicy
+from gmlx_server.service.reasoning import reasoning_syntax, reasoning_use, with_effort_budget
 from gmlx_server.service.roles import REPAIRS
 from gmlx_server.service.tool_choice import constrain_tools, tool_use
 from gmlx_server.service.tool_prompt import ToolPlan, plan_tools, prompted_messages
@@ -59,6 +61,7 @@ class Started:
     tokenizer: Tokenizer
     tools: ToolUse | None  # how the reply's tool calls are parsed (None: the reply is text)
     requested_max_tokens: int | None = None  # set when the clamp lowered the client's max_tokens
+    reasoning: ReasoningUse | None = None  # how the reply's thinking block is read (None: it stays text)
 
 
 def thinking_variables(inp: GenerationParams, variables: frozenset[str]) -> dict[str, Any]:
@@ -206,6 +209,7 @@ class Prompt:
     ids: list[int]
     tools: ToolPlan | None = None  # the syntax the reply's tool calls are read in
     vision: VisionPrompt | None = None  # its images, at their soft tokens in `ids`
+    reasoning: ReasoningSyntax | None = None  # the template's thinking block
 
 
 def tool_plan(host: ModelHost, model_id: str, inp: GenerationParams, template: ChatTemplate) -> ToolPlan | None:
@@ -219,11 +223,13 @@ async def prepare_prompt(host: ModelHost, inp: GenerationParams) -> Prompt:
     addr = resolve_address(inp.model, inp.profile, host.catalog)
     engine: Engine = await host.engine(addr.model_id)
     settings = resolve_settings(addr, engine.info.family, host.catalog)
+    inp = with_effort_budget(inp, host.entry(addr.model_id), engine.template)
     plan = tool_plan(host, addr.model_id, inp, engine.template)
     inp, images = await prompt_images(inp, engine.info.vision, addr.model_id, ImagePolicy.of(host.config.server))
     text, ids = await asyncio.to_thread(tokenize, inp, settings, engine.template, engine.tokenizer, addr.model_id,
                                         engine.info.context_length, plan, images)
-    return Prompt(engine, addr.model_id, settings, text, ids, plan, images.bind(ids) if images is not None else None)
+    return Prompt(engine, addr.model_id, settings, text, ids, plan, images.bind(ids) if images is not None else None,
+                  reasoning_syntax(engine.template) if inp.prompt is None else None)  # a raw prompt has no template
 
 
 async def count_prompt_tokens(host: ModelHost, inp: GenerationParams) -> tuple[str, int]:
@@ -247,7 +253,7 @@ def build_request(prompt: Prompt, inp: GenerationParams, request_id: str, cap: O
                   top_logprobs_k: int, tool_grammar: CompiledGrammar | None = None) -> GenerationRequest:
     """The engine's request for a tokenized prompt, without prompt-cache points: no I/O, no await."""
     engine, settings, text = prompt.engine, prompt.settings, prompt.text
-    thinking = thinking_control(inp, text)
+    thinking = thinking_control(inp, text, prompt.reasoning)
     opened = thinking is not None and text.rstrip().endswith(thinking.open_tag)
     sampling = build_sampling(settings, inp, engine.tokenizer.vocab_size)
     if engine.info.drafts:
@@ -275,8 +281,10 @@ class Prepared:
 async def prepare_request(host: ModelHost, inp: GenerationParams, request_id: str) -> Prepared:
     """Every refusal but admission's: the server submits the result, `gmlx run` generates it in the terminal."""
     prompt = await prepare_prompt(host, inp)
+    inp = with_effort_budget(inp, host.entry(prompt.model_id), prompt.engine.template)  # as the prompt saw it
     cap = output_cap(host, prompt, inp.max_tokens, request_id)
-    grammar = await constrain_tools(prompt.tools, inp, prompt.engine, thinking_control(inp, prompt.text),
+    grammar = await constrain_tools(prompt.tools, inp, prompt.engine,
+                                    thinking_control(inp, prompt.text, prompt.reasoning),
                                     stops=(*inp.stop, *prompt.settings.stop))
     request = build_request(prompt, inp, request_id, cap, top_logprobs_k=host.env.top_logprobs_k,
                             tool_grammar=grammar)
@@ -307,9 +315,10 @@ async def start_generation(host: ModelHost, inp: GenerationParams, request_id: s
             release()
         raise
     tools = tool_use(host.telemetry, prompt.model_id, prompt.tools, prep.request.grammar, record)
+    reasoning = reasoning_use(host.entry(prompt.model_id), prompt.reasoning, prep.request, host.telemetry, record)
     return Started(handle if release is None else Released(handle, release), prompt.model_id,
                    prompt.settings.profile, len(prompt.ids), prep.cap.max_tokens, engine.tokenizer, tools,
-                   prep.cap.requested)
+                   prep.cap.requested, reasoning)
 
 
 def _submit(host: ModelHost, prep: Prepared, record: RequestRecord | None) -> RequestHandle:
@@ -345,9 +354,11 @@ def check_speculative(inp: GenerationParams, settings: Settings, sampling: Sampl
         raise UnsupportedFeature(f"'{name}': {refusal(name, source)}", param=name)
 
 
-def thinking_control(inp: GenerationParams, text: str) -> ThinkingControl | None:
-    """A budget, or a prompt that already opened a thinking block, makes the engine track thinking."""
-    control = ThinkingControl(budget=inp.thinking_budget)
+def thinking_control(inp: GenerationParams, text: str,
+                     syntax: ReasoningSyntax | None = None) -> ThinkingControl | None:
+    """A budget, or a prompt that already opened a thinking block, makes the engine track thinking (in the
+    template's tags; `<think>` where it teaches none)."""
+    control = (syntax or THINK).control(inp.thinking_budget)
     if inp.thinking_budget is not None or (inp.prompt is None and text.rstrip().endswith(control.open_tag)):
         return control
     return None

@@ -109,13 +109,16 @@ def _telemetry(t: Telemetry) -> Iterator[Metric]:
     yield _histogram("gmlx_request_duration_seconds", "end-to-end request latency", t.latency)
     prompt = CounterMetricFamily("gmlx_prompt_tokens", "prompt tokens processed", labels=["model"])
     gen = CounterMetricFamily("gmlx_generated_tokens", "tokens generated", labels=["model"])
+    thought = CounterMetricFamily("gmlx_reasoning_tokens", "tokens generated inside thinking blocks (of "
+                                  "gmlx_generated_tokens)", labels=["model"])
     done = CounterMetricFamily("gmlx_requests_finished", "finished requests", labels=["model", "finish_reason"])
     for m, r in t.models.items():
         prompt.add_metric([m], float(r.prompt_tokens))
         gen.add_metric([m], float(r.generated_tokens))
+        thought.add_metric([m], float(r.reasoning_tokens))
         for reason, n in r.finished.items():
             done.add_metric([m, reason], float(n))
-    yield from (prompt, gen, done)
+    yield from (prompt, gen, thought, done)
     yield from _speculative(t)
     tools = CounterMetricFamily("gmlx_tool_calls", "tool calls by outcome: parsed, constrained (parsed from "
                                 "grammar-constrained output), failed (opened but did not parse)",

@@ -5,7 +5,8 @@ greppable, never the prompt's text unless the logger is at DEBUG:
     cached_tokens=384 generated_tokens=32 ttft_s=0.311 duration_s=2.904 decode_tok_s=12.4 finish=stop
 
 plus `clamp=32000->7780` when the clamp lowered max_tokens, `shed=1` when the governor shed the request,
-`tool_calls=N` when the reply was parsed for calls, `error=TYPE` on a refusal. The same fields ride along as
+`tool_calls=N` when the reply was parsed for calls, `reasoning_tokens=N` when its thinking block was read
+apart from the answer, `error=TYPE` on a refusal. The same fields ride along as
 structured data, which the JSON log format (gmlx_server/log_format.py) writes as keys.
 """
 
@@ -43,6 +44,7 @@ class RequestRecord:
     finish: str | None = None
     clamp: tuple[int, int] | None = None  # (requested, granted) when the clamp lowered max_tokens
     tool_calls: int | None = None
+    reasoning_tokens: int | None = None  # of generated_tokens, when the reply's thinking block was read apart
     prompt: str | None = None  # only while the logger is at DEBUG
     caller: Caller | None = None  # who sent it (the auth middleware sets it): its key's name is logged
 
@@ -72,7 +74,8 @@ class RequestRecord:
             "finish": self.finish,
         }
         extra = {"clamp": f"{self.clamp[0]}->{self.clamp[1]}" if self.clamp else None,
-                 "shed": 1 if self.finish == "shed" else None, "tool_calls": self.tool_calls, "error": error,
+                 "shed": 1 if self.finish == "shed" else None, "tool_calls": self.tool_calls,
+                 "reasoning_tokens": self.reasoning_tokens, "error": error,
                  "prompt": self.prompt, "key": self.caller.key if self.caller is not None else None}
         return out | {k: v for k, v in extra.items() if v is not None}
 

@@ -53,6 +53,7 @@ class ModelRates:
     finished: Counter[str] = field(default_factory=Counter)
     speculative: SpeculativeStats | None = None  # finished requests' drafting; None until one drafted
     tool_calls: Counter[str] = field(default_factory=Counter)  # parsed, constrained (of those), failed
+    reasoning_tokens: int = 0  # generated tokens spent in thinking blocks (of generated_tokens)
 
     @staticmethod
     def _mean(values: deque[float] | deque[int]) -> float | None:
@@ -99,6 +100,10 @@ class Telemetry:
         """One reply's tool calls: parsed, parsed from constrained output, and opened calls that did not parse."""
         calls = self.model(model_id).tool_calls
         calls.update({"parsed": parsed, "constrained": parsed if constrained else 0, "failed": failed})
+
+    def record_reasoning(self, model_id: str, tokens: int) -> None:
+        """One reply's tokens inside its thinking block, read apart from its answer."""
+        self.model(model_id).reasoning_tokens += tokens
 
     def record_final(self, model_id: str, event: TokenEvent, started: float) -> None:
         m = self.model(model_id)

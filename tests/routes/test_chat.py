@@ -34,7 +34,8 @@ def test_non_streaming_body(served: Served) -> None:
     assert choice["finish_reason"] == "stop"
     prompt = len(served.engine().submitted[0].prompt_tokens)
     assert body["usage"] == {"prompt_tokens": prompt, "completion_tokens": 4, "total_tokens": prompt + 4,
-                             "prompt_tokens_details": {"cached_tokens": 0}}
+                             "prompt_tokens_details": {"cached_tokens": 0},
+                             "completion_tokens_details": {"reasoning_tokens": 0}}
 
 
 def test_stream_reassembles_and_ends_with_done(served: Served) -> None:

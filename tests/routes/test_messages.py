@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from gmlx_server.config import RuntimeEnv
 from gmlx_server.engine.types import TokenEvent
-from gmlx_server.protocol.anthropic_out import AnthropicEncoder, MessageMeta
+from gmlx_server.protocol.anthropic_out import AnthropicEncoder, MessageMeta, signature
 from gmlx_server.protocol.neutral import ToolCall
 from gmlx_server.protocol.params import ignored_params
 from tests.fakes import FakeBehavior, FakeFactory, FakeTemplate
@@ -131,15 +131,26 @@ def test_a_streamed_call_from_the_parser_gets_prefixed_ids_and_fragments() -> No
     assert enc.body()["stop_reason"] == "tool_use"
 
 
-def test_thinking_text_gets_its_own_block() -> None:
-    enc = AnthropicEncoder(MessageMeta("msg_1", "m1", 7))
-    events = [*enc.start(), *enc.thinking("hmm"), *enc.text("Paris")]
-    kinds = [(n, d.get("content_block", d.get("delta", {})).get("type")) for n, d in events[3:]]
-    assert kinds == [("content_block_stop", None), ("content_block_start", "thinking"),
-                     ("content_block_delta", "thinking_delta"), ("content_block_stop", None),
+def test_thinking_text_gets_its_own_block_first_and_is_signed() -> None:
+    enc = AnthropicEncoder(MessageMeta("msg_1", "m1", 7, thinking=True))
+    events = [*enc.start(), *enc.reasoning("hmm", 1), *enc.text("Paris")]
+    assert [n for n, _ in events[:2]] == ["message_start", "ping"]  # no text block before the thinking
+    kinds = [(n, d.get("content_block", d.get("delta", {})).get("type")) for n, d in events[2:]]
+    assert kinds == [("content_block_start", "thinking"), ("content_block_delta", "thinking_delta"),
+                     ("content_block_delta", "signature_delta"), ("content_block_stop", None),
                      ("content_block_start", "text"), ("content_block_delta", "text_delta")]
-    assert enc.body()["content"] == [{"type": "thinking", "thinking": "hmm", "signature": ""},
+    sig = signature("hmm")
+    assert events[4][1]["delta"]["signature"] == sig and len(sig) > 20
+    assert enc.body()["content"] == [{"type": "thinking", "thinking": "hmm", "signature": sig},
                                      {"type": "text", "text": "Paris"}]
+
+
+def test_a_reply_that_may_think_and_writes_nothing_still_has_a_text_block() -> None:
+    enc = AnthropicEncoder(MessageMeta("msg_1", "m1", 7, thinking=True))
+    events = [*enc.start(), *enc.feed(TokenEvent("", None, finish_reason="stop"))]
+    starts = [d["content_block"] for n, d in events if n == "content_block_start"]
+    assert starts == [{"type": "text", "text": ""}]
+    assert enc.body()["content"] == [{"type": "text", "text": ""}]
 
 
 def test_empty_generation_still_has_a_text_block(served: Served) -> None:
