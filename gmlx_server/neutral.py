@@ -48,7 +48,7 @@ class GenerationParams:
     thinking_budget: int | None = None
     reasoning_effort: str | None = None
     stream: bool = False
-    priority: int = 0  # lower is served sooner and shed later (interactive -10, normal 0, batch 10)
+    priority: int | None = None  # lower is served sooner and shed later; None: the profile's, else normal (0)
     include_usage: bool = False
     timings_per_token: bool = False
     grammar: CompiledGrammar | None = None  # structured output, compiled while parsing

@@ -18,6 +18,8 @@ from gmlx_server.config.settings import (
     BACKENDS,
     BUILTIN_INTENTS,
     EFFORT_LEVELS,
+    PRIORITIES,
+    PRIORITY_LIMIT,
     REASONING_FORMATS,
     TOOL_FORMATS,
     ConfigError,
@@ -52,7 +54,8 @@ SAMPLING_KINDS = {
     "presence_penalty": "number", "presence_context_size": "int", "frequency_penalty": "number",
     "frequency_context_size": "int", "xtc_probability": "number", "xtc_threshold": "number", "seed": "int",
 }
-_PROFILE_KEYS = frozenset({"intent", "system", "chat_template_kwargs", "max_tokens", "stop", *SAMPLING_KINDS})
+_PROFILE_KEYS = frozenset({"intent", "system", "chat_template_kwargs", "max_tokens", "stop", "priority",
+                           *SAMPLING_KINDS})
 _TOP_KEYS = frozenset({"server", "models", "profiles", "aliases", "services", "mcp_servers", "assistants"})
 
 
@@ -198,7 +201,18 @@ def _profile(c: Checker, name: str, raw: Any) -> Profile:
     if not isinstance(stop, list) or not all(isinstance(x, str) and x for x in stop):
         raise c.fail(f"{key}.stop", "expected a list of non-empty strings")
     return Profile(name, intent, MappingProxyType(sampling), max_tokens, c.value(data, key, "system", "str"),
-                   MappingProxyType(dict(kwargs)), tuple(stop))
+                   MappingProxyType(dict(kwargs)), tuple(stop), _priority(c, data.get("priority"), f"{key}.priority"))
+
+
+def _priority(c: Checker, v: Any, key: str) -> int | None:
+    """interactive, normal, batch, or an integer within the limit."""
+    if v is None:
+        return None
+    if isinstance(v, str) and v in PRIORITIES:
+        return PRIORITIES[v]
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) <= PRIORITY_LIMIT:
+        return v
+    raise c.fail(key, f"expected one of {', '.join(PRIORITIES)} or an integer within +-{PRIORITY_LIMIT}, got {v!r}")
 
 
 def discover_models(models_dir: str, taken: set[str]) -> dict[str, ModelEntry]:

@@ -23,6 +23,8 @@ DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024  # room for base64 images in vision me
 SECRET_KEYS = frozenset({"api_key", "key"})  # config errors name these keys but never show their values
 KeyScope = Literal["client", "admin"]
 KEY_SCOPES: tuple[KeyScope, ...] = ("client", "admin")
+PRIORITIES = {"interactive": -10, "normal": 0, "batch": 10}  # vLLM's sense: lower is served (and kept) first
+PRIORITY_LIMIT = 1000  # an integer priority lies within +-this
 LEGACY_KEY_NAME = "default"  # server.api_key / --api-key / GMLX_API_KEY: one admin key by this name
 DEFAULT_MODEL_ID = "smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -126,6 +128,7 @@ class Profile:
     system: str | None = None
     chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
     stop: tuple[str, ...] = ()  # added to every request's own stop strings (as Ollama's PARAMETER stop)
+    priority: int | None = None  # its requests' priority unless they name one (None: normal)
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,10 @@ PI_DEFAULT_RESERVE = 16_384  # pi's compaction.reserveTokens default (docs/compa
 def claude(url: str, key: str | None, t: ModelTarget, args: list[str], env: Mapping[str, str]) -> Invocation:
     """Claude Code reads environment variables only; every model tier points at the local model."""
     out = {k: v for k, v in env.items() if k != "ANTHROPIC_API_KEY"}  # it would win over the token
+    side = side_calls(t.requested)
     out.update({
         "ANTHROPIC_BASE_URL": url, "ANTHROPIC_AUTH_TOKEN": key or LOCAL_KEY, "ANTHROPIC_MODEL": t.requested,
-        "ANTHROPIC_SMALL_FAST_MODEL": t.requested, "ANTHROPIC_DEFAULT_HAIKU_MODEL": t.requested,
+        "ANTHROPIC_SMALL_FAST_MODEL": side, "ANTHROPIC_DEFAULT_HAIKU_MODEL": side,
         "ANTHROPIC_DEFAULT_SONNET_MODEL": t.requested, "ANTHROPIC_DEFAULT_OPUS_MODEL": t.requested,
         "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(t.max_output),
         "DISABLE_TELEMETRY": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
@@ -29,6 +30,13 @@ def claude(url: str, key: str | None, t: ModelTarget, args: list[str], env: Mapp
     # Claude Code cannot lower its auto-compact window below 100k tokens: it compacts when the
     # server answers "prompt is too long", which gmlx's 400 says.
     return Invocation(["claude", *args], out, notes=[f"max output {t.max_output} tokens (env)"])
+
+
+def side_calls(model: str) -> str:
+    """The model Claude Code's side calls (titles, summaries, its haiku tier) name: the same model at batch
+    priority (a built-in profile), so they queue behind the turn the user waits on; a model already naming a
+    profile keeps it."""
+    return model if "@" in model else f"{model}@batch"
 
 
 def pi_models_file(env: Mapping[str, str]) -> Path:

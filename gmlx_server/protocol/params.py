@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
+from gmlx_server.config import PRIORITIES, PRIORITY_LIMIT
 from gmlx_server.errors import InvalidRequest, clip
 from gmlx_server.protocol import jsonsafe
 
@@ -57,8 +58,6 @@ PARAMETER_TABLE: Mapping[str, tuple[str, str, str, str]] = {
 }
 
 log = logging.getLogger("gmlx.params")
-PRIORITIES = {"interactive": -10, "normal": 0, "batch": 10}  # vLLM's sense: lower is served (and kept) first
-PRIORITY_LIMIT = 1000
 
 
 def ignored_params(route: Route, body: Mapping[str, Any]) -> list[str]:
@@ -237,14 +236,15 @@ def generation_basics(body: Mapping[str, Any]) -> dict[str, Any]:
             "logit_bias": logit_bias(body), "stream": bool(boolean(body, "stream")), "priority": priority(body)}
 
 
-def priority(body: Mapping[str, Any]) -> int:
-    """`priority`: interactive, normal or batch, or an integer as vLLM takes it (lower runs sooner)."""
+def priority(body: Mapping[str, Any]) -> int | None:
+    """`priority`: interactive, normal or batch, or an integer as vLLM takes it (lower runs sooner); None when
+    absent (the profile's, else normal)."""
     v = body.get("priority")
     if isinstance(v, str):
         if v not in PRIORITIES:
             raise bad("priority", f"expected one of {', '.join(PRIORITIES)} or an integer, got {clip(v)!r}")
         return PRIORITIES[v]
-    return integer(body, "priority", -PRIORITY_LIMIT, PRIORITY_LIMIT) or 0
+    return integer(body, "priority", -PRIORITY_LIMIT, PRIORITY_LIMIT)
 
 
 def structured_format(fmt: Mapping[str, Any] | None, where: str) -> CompiledGrammar | None:

@@ -12,9 +12,12 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from gmlx_server.config import BUILTIN_INTENTS, Profile, ServerConfig
+from gmlx_server.config import BUILTIN_INTENTS, PRIORITIES, Profile, ServerConfig
 from gmlx_server.errors import InvalidRequest, ModelNotFound, UnknownProfile, clip
 from gmlx_server.service.intents import family_sampling
+
+# model@batch and model@interactive: the model's defaults at that priority (agents' side calls, a chat window)
+PRIORITY_PROFILES = ("batch", "interactive")
 
 
 @dataclass(frozen=True)
@@ -42,10 +45,10 @@ class Catalog:
 
     @property
     def valid_profiles(self) -> list[str]:
-        return sorted(set(self.profiles) | set(BUILTIN_INTENTS))
+        return sorted(set(self.profiles) | set(BUILTIN_INTENTS) | set(PRIORITY_PROFILES))
 
     def is_profile(self, name: str) -> bool:
-        return name in self.profiles or name in BUILTIN_INTENTS
+        return name in self.profiles or name in BUILTIN_INTENTS or name in PRIORITY_PROFILES
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,7 @@ class Settings:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     profile: str | None = None  # the profile that applied, if any
     stop: tuple[str, ...] = ()
+    priority: int | None = None  # the profile's, for requests that name none
 
 
 def resolve_settings(addr: Address, family: str, cat: Catalog) -> Settings:
@@ -126,11 +130,14 @@ def resolve_settings(addr: Address, family: str, cat: Catalog) -> Settings:
     if name is None:
         return Settings(family_sampling(family, None))
     user = cat.profiles.get(name)
+    if user is None and name in PRIORITY_PROFILES:  # model@batch: the family's defaults at that priority
+        return Settings(family_sampling(family, None), profile=name, priority=PRIORITIES[name])
     if user is None:  # a built-in intent
         return Settings(family_sampling(family, name), profile=name)
     sampling = family_sampling(family, user.intent)
     sampling.update(user.sampling)
-    return Settings(sampling, user.max_tokens, user.system, dict(user.chat_template_kwargs), name, user.stop)
+    return Settings(sampling, user.max_tokens, user.system, dict(user.chat_template_kwargs), name, user.stop,
+                    user.priority)
 
 
 def merge_sampling(settings: Settings, explicit: Mapping[str, Any]) -> dict[str, Any]:

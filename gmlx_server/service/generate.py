@@ -265,7 +265,7 @@ def build_request(prompt: Prompt, inp: GenerationParams, request_id: str, cap: O
         stop=add_stops(add_stops(inp.stop, tool_stops), settings.stop),
         logprobs=inp.logprobs, top_logprobs=min(inp.top_logprobs, top_logprobs_k),
         thinking=thinking, starts_in_thinking=opened, grammar=inp.grammar or tool_grammar, vision=prompt.vision,
-        priority=inp.priority,
+        priority=inp.priority if inp.priority is not None else settings.priority or 0,
     )
 
 
@@ -306,7 +306,7 @@ async def start_generation(host: ModelHost, inp: GenerationParams, request_id: s
     if record is not None:
         record.started(prompt.model_id, prompt.settings.profile, len(prompt.ids), prep.cap, prompt.text)
     caller = record.caller if record is not None else None
-    release = await host.shares.enter(caller, inp.priority, lambda: host.admission.eta_s(
+    release = await host.shares.enter(caller, prep.request.priority, lambda: host.admission.eta_s(
         prompt.model_id, engine.stats())) if caller is not None else None
     try:
         handle = _submit(host, prep, record)

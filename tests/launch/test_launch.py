@@ -94,8 +94,9 @@ def test_claude_gets_environment_for_every_model_tier(tmp_path: Path, server: tu
     env = rec["env"]
     assert env["ANTHROPIC_BASE_URL"] == url and env["ANTHROPIC_AUTH_TOKEN"] == "sekrit"
     assert "ANTHROPIC_API_KEY" not in env  # a cloud key in the shell must not win over the local token
-    for name in ("ANTHROPIC_MODEL", "ANTHROPIC_SMALL_FAST_MODEL", "ANTHROPIC_DEFAULT_HAIKU_MODEL"):
-        assert env[name] == "fast"
+    assert env["ANTHROPIC_MODEL"] == env["ANTHROPIC_DEFAULT_SONNET_MODEL"] == "fast"
+    # side calls (titles, summaries) at batch priority, so they queue behind the turn the user waits on
+    assert env["ANTHROPIC_SMALL_FAST_MODEL"] == env["ANTHROPIC_DEFAULT_HAIKU_MODEL"] == "fast@batch"
     assert env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "500"
 
 

@@ -40,7 +40,7 @@ def test_empty_model_needs_a_default_when_several() -> None:
 def test_unknown_profile_lists_valid_ones() -> None:
     s = serve(make_config(profiles={"mine": Profile("mine")}))
     err = _error(s.chat({"profile": "nah"}), 400, "unknown_profile")
-    assert err["valid_profiles"] == ["chat", "coding", "creative", "mine", "precise"]
+    assert err["valid_profiles"] == ["batch", "chat", "coding", "creative", "interactive", "mine", "precise"]
 
 
 def test_load_errors_keep_their_type() -> None:

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from gmlx_server.config import BUILTIN_INTENTS, Profile
 from gmlx_server.errors import InvalidRequest, ModelNotFound, UnknownProfile
-from gmlx_server.service.addressing import Address, Catalog, resolve_address, resolve_settings
+from gmlx_server.service.addressing import PRIORITY_PROFILES, Address, Catalog, resolve_address, resolve_settings
 from gmlx_server.service.intents import SAMPLING_TABLE, table_family
 
 names = st.text(st.characters(min_codepoint=33, max_codepoint=126), min_size=1, max_size=12)
@@ -66,10 +66,10 @@ def test_empty_model(ids: list[str], default: bool) -> None:
 
 @given(prof=names)
 def test_unknown_profile_field_lists_valid_ones(prof: str) -> None:
-    assume(prof not in BUILTIN_INTENTS and prof not in USER)
+    assume(prof not in BUILTIN_INTENTS and prof not in USER and prof not in PRIORITY_PROFILES)
     with pytest.raises(UnknownProfile) as e:
         resolve_address("m", prof, cat())
-    assert e.value.extra["valid_profiles"] == sorted([*BUILTIN_INTENTS, *USER])
+    assert e.value.extra["valid_profiles"] == sorted([*BUILTIN_INTENTS, *USER, *PRIORITY_PROFILES])
 
 
 def test_at_profile_alone_addresses_the_default() -> None:
@@ -90,3 +90,26 @@ def test_settings_layering() -> None:
 def test_family_rows(family: str, row: str) -> None:
     assert table_family(family) == row
     assert set(SAMPLING_TABLE[row]) == {"base", *BUILTIN_INTENTS}
+
+
+def test_priority_profiles_and_a_profiles_priority() -> None:
+    from gmlx_server.config import Profile
+    from gmlx_server.service.addressing import Catalog, resolve_address, resolve_settings
+
+    cat = Catalog.from_config(make_priority_config(Profile("bulk", priority=5)))
+    side = resolve_settings(resolve_address("m1@batch", None, cat), "llama", cat)
+    assert side.priority == 10 and side.profile == "batch" and side.sampling == resolve_settings(
+        resolve_address("m1", None, cat), "llama", cat).sampling  # the model's defaults, at batch priority
+    assert resolve_settings(resolve_address("m1@interactive", None, cat), "llama", cat).priority == -10
+    assert resolve_settings(resolve_address("m1@bulk", None, cat), "llama", cat).priority == 5
+    assert resolve_settings(resolve_address("m1", None, cat), "llama", cat).priority is None
+    assert {"batch", "interactive", "bulk"} <= set(cat.valid_profiles)
+
+
+def make_priority_config(*profiles: object) -> object:
+    from types import MappingProxyType
+
+    from gmlx_server.config import ModelEntry, ServerConfig, ServerSettings
+
+    return ServerConfig(ServerSettings(default_model="m1"), MappingProxyType({"m1": ModelEntry("m1", "/x.gguf")}),
+                        MappingProxyType({p.name: p for p in profiles}))  # type: ignore[attr-defined]

@@ -423,3 +423,12 @@ def test_duplicate_keys_are_refused_without_showing_them(tree: Path) -> None:
         load_config(write(tree, FULL.replace("  memory_budget: 24GiB", (
             "  api_keys: [{{name: a, key: same-secret}}, {{name: b, key: same-secret}}]"))))
     assert e.value.key == "server.api_keys[1]" and "same-secret" not in str(e.value)
+
+
+def test_a_profiles_priority(tree: Path) -> None:
+    text = FULL.replace("aliases:", "  side:\n    priority: batch\n  urgent:\n    priority: -50\naliases:", 1)
+    cfg = load_config(write(tree, text))
+    assert cfg.profiles["side"].priority == 10 and cfg.profiles["urgent"].priority == -50
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tree, FULL.replace("aliases:", "  bad:\n    priority: urgent\naliases:", 1)))
+    assert e.value.key == "profiles.bad.priority" and "interactive, normal, batch" in e.value.what
