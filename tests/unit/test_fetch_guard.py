@@ -17,8 +17,9 @@ from gmlx_server.service.fetch_guard import FetchGuard, FetchRefused, literal, r
 V4 = ipaddress.IPv4Address
 NON_PUBLIC_V4 = ["0.0.0.0/8", "127.0.0.0/8", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10",
                  "169.254.0.0/16", "224.0.0.0/4", "240.0.0.0/4"]
-# IPv6 ranges that carry an IPv4 address (NAT64, 6to4, Teredo): checked by the address they carry
-CARRIERS = [ipaddress.ip_network(n) for n in ("64:ff9b::/96", "64:ff9b:1::/48", "2002::/16", "2001::/32")]
+# IPv6 ranges that carry an IPv4 address (mapped, compatible, NAT64, 6to4, Teredo): checked by the one they carry
+CARRIERS = [ipaddress.ip_network(n) for n in (
+    "::ffff:0:0/96", "::/96", "64:ff9b::/96", "64:ff9b:1::/48", "2002::/16", "2001::/32")]
 NON_PUBLIC_V6 = ["::1/128", "fc00::/7", "fe80::/10", "ff00::/8", "::/128", "64:ff9b:1::/48"]
 
 
