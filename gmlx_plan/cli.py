@@ -40,6 +40,7 @@ from gmlx_plan.capacity import CapacityTable, build_table, largest_width_at, max
 from gmlx_plan.fleet import FleetAdmission, shares, simulate_fleet
 from gmlx_plan.geometry import GeometryError
 from gmlx_plan.gguf_header import GGUFFormatError, read_header
+from gmlx_plan.key_share import KeySplit, key_split
 from gmlx_plan.memory import (
     DEFAULT_DRAFT_TOKENS,
     PREFILL_CHUNK,
@@ -91,6 +92,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hosts", type=int, default=1,
                    help="identical hosts behind a least-connections balancer (deploy/haproxy): the width is split "
                         "over them, and the answer says what the fleet admits at once")
+    p.add_argument("--key", help="with --config: plan for this API key's fair share (its max_concurrent and "
+                                 "max_queued, else server.fair_share)")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
 
 
@@ -180,8 +183,18 @@ def _fleet(args: argparse.Namespace, table: CapacityTable, need: int, decode_bat
     return FleetAdmission(args.hosts, args.width, slots, cap)
 
 
+def _key(args: argparse.Namespace) -> KeySplit | None:
+    if args.key is None:
+        return None
+    if not args.config:
+        raise PlanInputError("--key needs --config (the keys and their shares are the config's)")
+    return key_split(load_yaml(args.config), args.key, args.width)
+
+
 def _check(args: argparse.Namespace, m: MemoryModel, table: CapacityTable, by_type: dict[str, int]) -> int:
-    per_host = shares(args.width, args.hosts)[0]  # each host holds its share of the streams
+    key = _key(args)
+    width = key.runs if key is not None else args.width  # a key's fan-out runs only as wide as its share
+    per_host = shares(width, args.hosts)[0]  # each host holds its share of the streams
     verdict = plan(table, per_host, args.depth)
     fleet = _fleet(args, table, args.depth, table.decode_batch, None) if args.hosts > 1 else None
     exact = max_width_at(m, table.budget_bytes, args.depth) if args.depth <= table.context_length else 0
@@ -192,12 +205,16 @@ def _check(args: argparse.Namespace, m: MemoryModel, table: CapacityTable, by_ty
                "capacity": table_to_json(table), "weights_by_type": by_type}
         if fleet is not None:
             out["fleet"] = fleet.as_json()
+        if key is not None:
+            out["key"] = key.as_json()
         print(json.dumps(out, indent=2))
     else:
         print(table_text(table, verdict, per_host, args.depth, exact))
         if fleet is not None:
             print(fleet.text())
-    return 0 if verdict.ok else 1
+        if key is not None:
+            print(key.text())
+    return 0 if verdict.ok and (key is None or key.refused == 0) else 1
 
 
 def _simulate(args: argparse.Namespace, table: CapacityTable) -> int:

@@ -142,7 +142,7 @@ def _routes(host: ModelHost, config: ServerConfig, services: ServiceHost,
         ("/v1/models/{model_id:path}", Model(host, services.rows, assistants.rows)),
         ("/health", Health(host, key_required=bool(config.server.keys))),
         ("/v1/estimate", Estimate(estimator)),
-        ("/v1/capacity/plan", CapacityPlan(estimator)),
+        ("/v1/capacity/plan", CapacityPlan(estimator, lambda: host.config.server)),
         ("/v1/metrics", metrics),
         ("/metrics", metrics),
         ("/unload", Unload(host, assistants)),  # the operator routes: ADMIN_PATHS

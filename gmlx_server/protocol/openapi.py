@@ -222,7 +222,8 @@ def _paths() -> Schema:
         "/v1/cache/reset": {"post": _post("Empty the prompt cache", "ModelRequest", required=False)},
         "/v1/cache/stats": {"get": _get("Prompt cache statistics")},
         "/v1/capacity/plan": {"get": _get("Do W streams at D tokens fit?",
-                                          _query("width", TOKENS, True), _query("depth", TOKENS, True))},
+                                          _query("width", TOKENS, True), _query("depth", TOKENS, True),
+                                          _query("key", STRING, False))},
         "/v1/models": models, "/models": models,
         "/v1/models/{model_id}": {"get": {**_get("One model"), "parameters": [
             {"name": "model_id", "in": "path", "required": True, "schema": STRING}]}},

@@ -10,10 +10,12 @@ import asyncio
 import itertools
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-from gmlx_server.config import FairShare, KeyScope
+from gmlx_plan.key_share import KeySplit, split
+from gmlx_server.config import FairShare, KeyScope, ServerSettings
 from gmlx_server.engine.types import RequestHandle, TokenEvent
-from gmlx_server.errors import RateLimited
+from gmlx_server.errors import InvalidRequest, RateLimited, clip
 
 ANONYMOUS = "anonymous"  # the metrics label of a key-less server's callers (addresses are no labels)
 
@@ -131,3 +133,21 @@ class Released:
                 yield ev
         finally:
             self._release()
+
+
+def key_split(server: ServerSettings, name: str, width: int) -> KeySplit:
+    """How a fan-out of `width` from key `name` divides under its share (a 400 naming `key` for no such key)."""
+    key = next((k for k in server.keys if k.name == name), None)
+    if key is None:
+        names = ", ".join(k.name for k in server.keys) or "none: this server has no keys"
+        raise InvalidRequest(f"'key': no key is named {clip(name)!r} (names: {names})", param="key")
+    share = key.share or server.fair_share
+    return split(name, width, share.max_concurrent, share.max_queued)
+
+
+def with_key(plan: dict[str, Any], share: KeySplit, width: int) -> dict[str, Any]:
+    """/v1/capacity/plan for a key: the plan at the width its share runs, the split, and refusals as a reason."""
+    out = {**plan, "width": width, "key": share.as_json()}
+    if share.refused and out.get("admit_now"):
+        out["admit_now"], out["reason"] = False, share.text()
+    return out
