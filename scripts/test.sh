@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole test suite, set-up included: lint, types, layer contracts, then pytest (slow tests too).
+# The whole test suite, set-up included: lint, types, layer contracts, the docs site, then pytest (slow tests too).
 #   scripts/test.sh                 everything (what CI runs)
 #   scripts/test.sh -m "not slow"   the fast suite; extra arguments go to pytest
 set -euo pipefail
@@ -8,10 +8,12 @@ bash scripts/setup.sh --test
 bash scripts/install_prometheus.sh
 bash scripts/install_haproxy.sh
 bash scripts/install_agents.sh
+bash scripts/install_chromium.sh
 export PYTHONDONTWRITEBYTECODE=1
 .venv/bin/ruff check gmlx_server gmlx_plan gmlx_top tests bench grafana deploy
 .venv/bin/mypy
 .venv/bin/lint-imports
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict -q  # every page and link of docs/, into build/site
 set +e
 .venv/bin/python -m pytest "$@"
 rc=$?

@@ -1,4 +1,4 @@
-"""Write docs/top.svg, the README's screenshot of `gmlx top`, from the recorded busy snapshot.
+"""Write docs/top.svg, the Operations page's screenshot of `gmlx top`, from the recorded busy snapshot.
 
     .venv/bin/python -m tests.top.screenshot [PATH]
 """
