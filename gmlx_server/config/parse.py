@@ -44,8 +44,6 @@ _MODEL_KINDS = {
     "weights": "str", "clamp_max_tokens": "bool", "backend": "str", "tool_format": "str", "mmproj": "str",
     "reasoning_format": "str",
 }
-# Keys the file format reserves for features not built yet: refused by name rather than accepted and ignored.
-_UNBUILT_MODEL_KEYS: dict[str, str] = {}
 _KV_QUANT_KINDS = {"scheme": "str", "bits": "int", "group_size": "int", "value_bits": "int", "tail_tokens": "int"}
 # The engine's SamplingParams fields a profile may set (logit_bias is per request); a test keeps them equal.
 SAMPLING_KINDS = {
@@ -57,12 +55,6 @@ SAMPLING_KINDS = {
 _PROFILE_KEYS = frozenset({"intent", "system", "chat_template_kwargs", "max_tokens", "stop", "priority",
                            *SAMPLING_KINDS})
 _TOP_KEYS = frozenset({"server", "models", "profiles", "aliases", "services", "mcp_servers", "assistants"})
-
-
-def _refuse_unbuilt(c: Checker, data: Mapping[str, Any], key: str, unbuilt: Mapping[str, str]) -> None:
-    for name, what in unbuilt.items():
-        if data.get(name) is not None:
-            raise c.fail(f"{key}.{name}" if key else name, f"not implemented yet ({what}); remove this key")
 
 
 def _server(c: Checker, raw: Any) -> ServerSettings:
@@ -103,9 +95,8 @@ def _cache_bytes(c: Checker, v: Any) -> int:
 def _model(c: Checker, mid: str, raw: Any, base: Path, drafts: RawDrafts) -> ModelEntry:
     """The entry without its Draft: `drafts` collects the draft keys, resolved once every id is known."""
     key = f"models.{mid}"
-    data = c.section(raw, key, frozenset(_MODEL_KINDS) | frozenset(_UNBUILT_MODEL_KEYS) | {"kv_quant"} | DRAFT_KEYS
+    data = c.section(raw, key, frozenset(_MODEL_KINDS) | {"kv_quant"} | DRAFT_KEYS
                      | {"reasoning_budgets"})
-    _refuse_unbuilt(c, data, key, _UNBUILT_MODEL_KEYS)
     draft = raw_draft(c, data, key)
     if draft is not None:
         drafts[mid] = draft

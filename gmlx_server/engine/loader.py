@@ -11,7 +11,7 @@ from typing import Any
 import mlx.core as mx
 
 from gmlx_plan.geometry import DEFAULT_CONTEXT, geometry_from_header
-from gmlx_plan.gguf_header import GGUFHeader, ggml_type_name, read_header
+from gmlx_plan.gguf_header import GGUFHeader, read_header
 from gmlx_plan.memory import KVQuant, quantized_layers
 from gmlx_server.engine.arch import ArchSpec, arch_spec, make_cache, vocab_size
 from gmlx_server.engine.attention import install_attention
@@ -119,11 +119,3 @@ def _log_load(info: ModelInfo, report: LoadReport, why: str, template_source: st
     if q is not None:
         log.info("  KV cache: %s %d-bit, group %d: %d layers quantized, %d not (%s)", q.scheme, q.bits, q.group_size,
                  q.layers_quantized, q.layers_fp16, q.verdict)
-
-
-def describe_types(header: GGUFHeader) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for t in header.tensors:
-        name = ggml_type_name(t.ggml_type)
-        counts[name] = counts.get(name, 0) + 1
-    return counts

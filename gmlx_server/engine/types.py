@@ -240,8 +240,14 @@ class Engine(Protocol):
         """Stop; afterwards every submitted request has had its final event."""
 
 
-ENGINE_MEMBERS = ("info", "tokenizer", "template", "memory", "submit", "generate_sync", "stats", "cache_stats",
-                  "cache_peek", "reset_cache", "shed", "fault", "close")
+def _protocol_members(protocol: type) -> tuple[str, ...]:
+    """A Protocol's own members, in declaration order: what a structural check must find."""
+    own = vars(protocol)
+    names = [*own.get("__annotations__", {}), *own]
+    return tuple(dict.fromkeys(n for n in names if not n.startswith("_")))
+
+
+ENGINE_MEMBERS = _protocol_members(Engine)  # derived, so a member added to Engine is checked at once
 
 
 def check_engine(engine: object) -> None:

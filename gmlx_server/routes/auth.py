@@ -17,6 +17,7 @@ import falcon.asgi
 from gmlx_server.config import ApiKey, FairShare
 from gmlx_server.errors import InsufficientScope, Unauthorized
 from gmlx_server.log_format import FIELDS, kv_text
+from gmlx_server.routes.common import GmlxRequest
 from gmlx_server.routes.request_log import request_record
 from gmlx_server.service.fair_share import Caller
 from gmlx_server.service.telemetry import Telemetry
@@ -44,12 +45,12 @@ class AuthMiddleware:
                 found = key
         return found
 
-    def _presented(self, req: falcon.asgi.Request) -> ApiKey | None:
+    def _presented(self, req: GmlxRequest) -> ApiKey | None:
         scheme, _, token = (req.get_header("Authorization") or "").partition(" ")
         bearer = token.strip() if scheme.lower() == "bearer" else None
         return self._match(bearer) or self._match(req.get_header("x-api-key"))
 
-    async def process_request(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+    async def process_request(self, req: GmlxRequest, resp: falcon.asgi.Response) -> None:
         address = req.remote_addr or "-"
         key = self._presented(req) if self._keys else None
         req.context.key_ok = key is not None or not self._keys
@@ -66,9 +67,9 @@ class AuthMiddleware:
         if req.path in self._admin and caller.scope != "admin" and req.method != "OPTIONS":
             raise InsufficientScope(caller.label, req.path)
 
-    async def process_response(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, resource: Any,
+    async def process_response(self, req: GmlxRequest, resp: falcon.asgi.Response, resource: Any,
                                req_succeeded: bool) -> None:
-        caller: Caller | None = req.context.get("caller")  # unset: an earlier middleware refused the request
+        caller = req.context.caller  # None: an earlier middleware refused the request
         if caller is None or req.path in PUBLIC_PATHS:
             return
         status = resp.status_code
@@ -77,8 +78,8 @@ class AuthMiddleware:
             self._audit(req, caller, status)
 
     @staticmethod
-    def _audit(req: falcon.asgi.Request, caller: Caller, status: int) -> None:
-        body = req.context.get("body")
+    def _audit(req: GmlxRequest, caller: Caller, status: int) -> None:
+        body = req.context.body
         target = body.get("model") if isinstance(body, dict) else None
         fields: dict[str, Any] = {
             "key": caller.key, "client": caller.address, "action": f"{req.method} {req.path}",

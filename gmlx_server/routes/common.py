@@ -10,12 +10,16 @@ import falcon.asgi
 
 from gmlx_server.errors import PayloadTooLarge, RequestTimeout
 from gmlx_server.protocol import jsonsafe
+from gmlx_server.routes.context import RawBody, RequestContext
 
 _OFF_LOOP_JSON_BYTES = 1 << 20
 
 
 class GmlxRequest(falcon.asgi.Request):
-    """Keeps the ASGI receive callable so a response can watch for the client leaving."""
+    """Keeps the ASGI receive callable so a response can watch for the client leaving; its context is typed."""
+
+    context_type = RequestContext
+    context: RequestContext
 
     def __init__(self, scope: Any, receive: Any, first_event: Any = None, options: Any = None) -> None:
         super().__init__(scope, receive, first_event=first_event, options=options)
@@ -33,19 +37,19 @@ class JsonBodyMiddleware:
         self.max_bytes = max_bytes
         self.timeout_s = timeout_s  # the whole body, so a trickle cannot hold a request open either
 
-    async def process_request(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+    async def process_request(self, req: GmlxRequest, resp: falcon.asgi.Response) -> None:
         length = req.content_length
         if length is not None and length > self.max_bytes:
             raise PayloadTooLarge(self.max_bytes)
 
-    async def process_resource(self, req: falcon.asgi.Request, resp: falcon.asgi.Response,
+    async def process_resource(self, req: GmlxRequest, resp: falcon.asgi.Response,
                                resource: object, params: dict[str, Any]) -> None:
         req.context.body = None
         if resource is None or req.method not in ("POST", "PUT", "PATCH"):
             return
         raw = await self._read(req)
         req.context.body_bytes = len(raw)
-        if getattr(resource, "raw_body", False):  # a multipart upload: the resource parses the bytes itself
+        if isinstance(resource, RawBody):  # a multipart upload: the resource parses the bytes itself
             req.context.raw_body = raw
             return
         # A large body's checks (numpy passes, which release the GIL) run in a thread; json.loads holds it anyway.
@@ -74,8 +78,8 @@ def parse_json(raw: bytes) -> Any:
     return jsonsafe.loads(raw)
 
 
-def body_of(req: falcon.asgi.Request) -> Any:
-    return getattr(req.context, "body", None)
+def body_of(req: GmlxRequest) -> Any:
+    return req.context.body
 
 
 def report_clamp(resp: falcon.asgi.Response, requested: int | None, granted: int) -> None:

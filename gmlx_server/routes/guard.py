@@ -11,6 +11,7 @@ from typing import Any
 import falcon.asgi
 
 from gmlx_server.errors import HeadersTooLarge, HostNotAllowed, OriginNotAllowed, UnsupportedMediaType
+from gmlx_server.routes.context import RawBody
 from gmlx_server.web_policy import HostPolicy, OriginPolicy
 
 # What the official SDKs send from a browser, so their preflights pass without listing each request.
@@ -93,7 +94,7 @@ class RequestGuard:
         kind, browser = media_type(req.content_type), req.get_header("Origin") is not None
         if is_json(kind) or (not browser and kind in (None, "application/x-www-form-urlencoded")):
             return
-        if kind == "multipart/form-data" and getattr(resource, "raw_body", False):
+        if kind == "multipart/form-data" and isinstance(resource, RawBody):
             return  # an upload route (audio files); an Origin, if any, has passed the allowlist already
         raise UnsupportedMediaType(kind or "(none)", browser)
 

@@ -19,7 +19,7 @@ class Health:
         self.key_required = key_required
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        full = not self.key_required or getattr(req.context, "key_ok", False)
+        full = not self.key_required or req.context.key_ok
         body: dict[str, object] = {"status": "healthy"}
         if full:
             body["pid"] = os.getpid()

@@ -10,15 +10,13 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import falcon.asgi
-
-from gmlx_server.routes.common import body_of
+from gmlx_server.routes.common import GmlxRequest, body_of
 
 T = TypeVar("T")
 OFF_LOOP_BODY_BYTES = 64 << 10  # a smaller body converts in well under a millisecond
 
 
-async def parse_body(req: falcon.asgi.Request, parse: Callable[[Any, str], T]) -> T:
+async def parse_body(req: GmlxRequest, parse: Callable[[Any, str], T]) -> T:
     length = req.content_length
     if length is not None and length <= OFF_LOOP_BODY_BYTES:
         return parse(body_of(req), req.path)

@@ -9,14 +9,15 @@ from typing import Any
 
 import falcon.asgi
 
+from gmlx_server.routes.common import GmlxRequest
 from gmlx_server.service.request_log import RequestRecord
 
 GENERATION_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses"})
 
 
-def request_record(req: falcon.asgi.Request) -> RequestRecord | None:
+def request_record(req: GmlxRequest) -> RequestRecord | None:
     """The record the route hands to the service (None outside the generation routes)."""
-    return getattr(req.context, "request_record", None)
+    return req.context.request_record
 
 
 def _error_type(resp: falcon.asgi.Response) -> str | None:
@@ -40,11 +41,11 @@ async def _logged(stream: AsyncIterable[bytes], record: RequestRecord, status: i
 class RequestLogMiddleware:
     """First in the chain, so a request refused by any other middleware is logged too."""
 
-    async def process_request(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+    async def process_request(self, req: GmlxRequest, resp: falcon.asgi.Response) -> None:
         if req.method == "POST" and req.path in GENERATION_ROUTES:
             req.context.request_record = RequestRecord(req.path)
 
-    async def process_response(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, resource: Any,
+    async def process_response(self, req: GmlxRequest, resp: falcon.asgi.Response, resource: Any,
                                req_succeeded: bool) -> None:
         record = request_record(req)
         if record is None:

@@ -10,6 +10,7 @@ import falcon
 import falcon.asgi
 
 from gmlx_server.routes.common import GmlxRequest, body_of
+from gmlx_server.routes.context import RawBody
 from gmlx_server.services.audio_out import CONTENT_TYPES
 from gmlx_server.services.audio_wire import parse_form, parse_speech, parse_transcription
 from gmlx_server.services.embeddings_wire import parse_embeddings
@@ -26,7 +27,7 @@ ROUTES = {"embeddings": "POST /v1/embeddings", "rerank": "POST /v1/rerank", "stt
 
 
 def body_bytes(req: GmlxRequest) -> int:
-    return int(getattr(req.context, "body_bytes", 0) or req.content_length or 0)
+    return int(req.context.body_bytes or req.content_length or 0)
 
 
 def lookup(services: ServiceHost, kind: str, route: str, parse: Callable[[Service], T]) -> tuple[Service, T]:
@@ -77,16 +78,15 @@ class Rerank:
             send_json(resp, lease, payload)
 
 
-class Transcriptions:
-    """POST /v1/audio/transcriptions and /v1/audio/translations: OpenAI's multipart form."""
-
-    raw_body = True  # the body middleware hands over the bytes instead of parsing JSON
+class Transcriptions(RawBody):
+    """POST /v1/audio/transcriptions and /v1/audio/translations: OpenAI's multipart form (the body middleware
+    hands over the bytes instead of parsing JSON)."""
 
     def __init__(self, services: ServiceHost, task: str) -> None:
         self.services, self.task = services, task
 
     async def on_post(self, req: GmlxRequest, resp: falcon.asgi.Response) -> None:
-        raw = getattr(req.context, "raw_body", b"")
+        raw = req.context.raw_body
         svc, parsed = lookup(self.services, "stt", f"POST {req.path}", lambda s: parse_transcription(
             parse_form(req.content_type, raw), int(s.entry.options["max_file_bytes"])))
         async with svc.admitted(body_bytes(req)) as lease:

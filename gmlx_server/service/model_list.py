@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gmlx_plan.capacity import kv_quant_json
 from gmlx_plan.gguf_header import GGUFFormatError, read_header
@@ -15,15 +16,29 @@ from gmlx_server.engine.dir_tokenizer import read_json
 from gmlx_server.engine.vision.dir_vision import vision_family
 
 if TYPE_CHECKING:
-    from gmlx_server.config import ModelEntry
+    from gmlx_server.config import ModelEntry, ServerConfig
     from gmlx_server.engine.types import Engine
-    from gmlx_server.service.host import ModelHost
+    from gmlx_server.service.capacity import CapacityService
+    from gmlx_server.service.model_files import ModelFiles
 
 log = logging.getLogger("gmlx.host")
 
 
+class ListHost(Protocol):
+    """What the listing reads of the model host."""
+
+    config: ServerConfig
+    capacity: CapacityService
+    files: ModelFiles
+
+    @property
+    def resident(self) -> Mapping[str, Engine]: ...
+
+    def verify_files(self, entries: list[ModelEntry]) -> None: ...
+
+
 class ModelList:
-    def __init__(self, host: ModelHost) -> None:
+    def __init__(self, host: ListHost) -> None:
         self.host = host
         self._context: dict[str, int | None] = {}  # model id -> trained context length (GGUF header)
         self._vision: dict[str, bool] = {}  # model directories with a vision tower (their config.json)

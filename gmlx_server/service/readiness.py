@@ -2,13 +2,32 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from gmlx_server.service.drain import RETRY_AFTER_S
 
 if TYPE_CHECKING:
-    from gmlx_server.service.host import ModelHost
+    from gmlx_server.engine.types import Engine
+    from gmlx_server.service.drain import Drain
+    from gmlx_server.service.governor import Governor
+    from gmlx_server.service.model_files import ModelFiles
+    from gmlx_server.service.supervisor import Supervisor
+
+
+class ReadyHost(Protocol):
+    """What the readiness verdict reads of the model host."""
+
+    drain: Drain
+    files: ModelFiles
+    supervisor: Supervisor
+    governor: Governor
+
+    @property
+    def resident(self) -> Mapping[str, Engine]: ...
+
+    def default_id(self) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -20,7 +39,7 @@ class Readiness:
     waiting: int
 
 
-def readiness_of(host: ModelHost) -> Readiness:
+def readiness_of(host: ReadyHost) -> Readiness:
     """draining (SIGTERM: the host is stopping), model (the default model's file cannot load), restarting
     (an engine died and waits out its backoff), pressure (orange/red band), then queue (someone waits), then
     busy (no free slot)."""

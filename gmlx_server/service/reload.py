@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gmlx_server.config import ConfigError, ModelEntry, ServerConfig, reload_config
 from gmlx_server.errors import GmlxError
@@ -18,7 +18,20 @@ from gmlx_server.service.hf_policy import local_entry
 from gmlx_server.service.model_files import file_problem
 
 if TYPE_CHECKING:  # the host calls into this module; only its type is needed here
-    from gmlx_server.service.host import ModelHost
+    from gmlx_server.engine.types import Engine
+    from gmlx_server.service.model_files import ModelFiles
+
+
+class ReloadHost(Protocol):
+    """What /v1/reload needs of the model host: its config, its files' checks and its reconfigure verb."""
+
+    config: ServerConfig
+    files: ModelFiles
+
+    @property
+    def resident(self) -> Mapping[str, Engine]: ...
+
+    async def reconfigure(self, config: ServerConfig) -> ModelChanges: ...
 
 
 class InvalidConfig(GmlxError):
@@ -73,7 +86,7 @@ def check_new_files(old: ServerConfig, new: ServerConfig) -> None:
                                 f"loaded: {problem}", param=f"models.{model_id}.path", code="model_file_invalid")
 
 
-async def reload(host: ModelHost, check: Callable[[ServerConfig], Awaitable[None]] | None = None) -> dict[str, Any]:
+async def reload(host: ReloadHost, check: Callable[[ServerConfig], Awaitable[None]] | None = None) -> dict[str, Any]:
     """{"status": "unsupported"} outside config mode; else the re-registered models (400 on a broken file, or
     when `check`, which sees the new config before anything changes, raises a ConfigError)."""
     if host.config.source is None:

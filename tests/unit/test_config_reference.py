@@ -18,7 +18,7 @@ README = (ROOT / "README.md").read_text()
 
 def accepted_keys() -> set[str]:
     return (set(parse._SERVER_KINDS) | set(parse._MODEL_KINDS) | set(parse._KV_QUANT_KINDS) | parse._PROFILE_KEYS
-            | parse._TOP_KEYS | set(parse._UNBUILT_MODEL_KEYS) | DRAFT_KEYS | {"kv_quant"} | set(services.KINDS)
+            | parse._TOP_KEYS | DRAFT_KEYS | {"kv_quant"} | set(services.KINDS)
             | set(services._COMMON) | {"aliases"} | {k for kind in services.OPTIONS.values() for k in kind}
             | assistants.KEYS)
 
