@@ -1,10 +1,14 @@
 """Engine speed and memory on the real test models, beside llama.cpp's llama-bench when it is on PATH.
 
     .venv/bin/python bench/engine.py [--layout auto|dense|packed] [--prompt 512] [--gen 128] [--runs 3]
+                                     [--models smollm2,gemma,qwen0.5b,qwen1.5b] [--activations f32,auto]
 
-Prints, per model: load time, prefill tok/s (512-token prompt), decode tok/s (128 tokens, batch 1),
-peak memory, the process's resident growth from loading; then llama.cpp's figures for the same file (its
-decode at a depth of the prompt's length, as gmlx's follows its prompt) and the ratio. Medians over --runs.
+Prints, per model: load time, prefill tok/s (512-token prompt), decode tok/s (128 tokens, batch 1), the
+GB/s a decode step reads (the weights a step multiplies: every matrix, the output head, not the embedding
+table's lookup), graph nodes per step, peak memory, the process's resident growth from loading; then
+llama.cpp's figures for the same file (its decode at a depth of the prompt's length, as gmlx's follows its
+prompt) and the ratio. Medians over --runs. --activations runs gmlx once per CPU-kernel activation mode
+(f32: fp32 activations, the kernels before integer dot products; auto: the default), in one process.
 """
 
 from __future__ import annotations
@@ -29,16 +33,20 @@ import bench.blas_first  # noqa: F401  (OpenBLAS before mlx is first imported)
 # isort: split
 import mlx.core as mx
 
+from gmlx_plan.gguf_header import read_header
 from gmlx_server.engine.arch import make_cache
 from gmlx_server.engine.blas import current_blas
-from gmlx_server.engine.kernels import fast_ops
+from gmlx_server.engine.kernels import fast_ops, probe
 from gmlx_server.engine.kernels.modules import FusedGGUFLinear, GGUFEmbedding, GGUFLinear
-from gmlx_server.engine.loader import load_gguf_model
+from gmlx_server.engine.loader import LoadedModel, load_gguf_model
 from gmlx_server.engine.mlx_engine import MLXEngine
 from gmlx_server.engine.types import GenerationRequest, SamplingParams, TokenEvent
 from gmlx_server.engine.weights import TransposedLinear
 from gmlx_server.service.residency import release_memory
-from tests.conftest import gemma_path, smollm2_path
+from tests.conftest import gemma_path, qwen_coder_path, smollm2_path
+
+PATHS = {"smollm2": smollm2_path, "gemma": gemma_path, "qwen0.5b": lambda: qwen_coder_path("0.5b"),
+         "qwen1.5b": lambda: qwen_coder_path("1.5b")}
 
 
 def _prompt(engine: MLXEngine, n: int) -> list[int]:
@@ -62,23 +70,47 @@ def _rss() -> int:
         return int(f.read().split()[1]) * resource.getpagesize()
 
 
-def bench_gmlx(path: str, layout: str, n_prompt: int, n_gen: int, runs: int) -> dict[str, float]:
+def step_bytes(path: str) -> int:
+    """Bytes one decode step reads: every tensor but the embedding table, which it reads one row of,
+    unless the output head is that table (tied)."""
+    tensors = read_header(path, strings=False).tensors
+    tied = not any(t.name == "output.weight" for t in tensors)
+    return sum(t.nbytes for t in tensors if tied or t.name != "token_embd.weight")
+
+
+def bench_gmlx(path: str, layout: str, n_prompt: int, n_gen: int, runs: int,
+               modes: list[str]) -> dict[str, Any]:
     rss0, t0 = _rss(), time.perf_counter()
-    engine = MLXEngine(lambda: load_gguf_model(path, layout=layout))  # type: ignore[arg-type]
+    loaded: list[LoadedModel] = []  # the engine's model, for counting its graph's nodes
+
+    def load() -> LoadedModel:
+        loaded.append(load_gguf_model(path, layout=layout))  # type: ignore[arg-type]
+        return loaded[0]
+
+    engine = MLXEngine(load)
     load_s = time.perf_counter() - t0
     release_memory()  # as the server does after a load
     resident = (_rss() - rss0) / 1e6
+    ext = probe().ext
+    decode: dict[str, float] = {}
     try:
         prompt = _prompt(engine, n_prompt)
         _one(engine, prompt[:32], 4, "warm")
-        res = [_one(engine, prompt, n_gen, f"r{i}") for i in range(runs)]
+        for mode in modes:
+            if ext is not None:
+                ext.set_activations(mode)
+            res = [_one(engine, prompt, n_gen, f"{mode}{i}") for i in range(runs)]
+            decode[mode] = statistics.median(r[1] for r in res)
+        prefill = statistics.median(r[0] for r in res)
+        nodes = _ops_per_step(loaded[0].model)
     finally:
         engine.close()
+        if ext is not None:
+            ext.set_activations("auto")
     return {
         "load_s": load_s, "resident_mb": resident, "file_mb": Path(path).stat().st_size / 1e6,
-        "layout": engine.info.weights_layout,  # type: ignore[dict-item]
-        "prefill_tok_s": statistics.median(r[0] for r in res),
-        "decode_tok_s": statistics.median(r[1] for r in res),
+        "layout": engine.info.weights_layout, "step_gb": step_bytes(path) / 1e9, "nodes": nodes,
+        "prefill_tok_s": prefill, "decode": decode, "decode_tok_s": decode[modes[-1]],
         "peak_mlx_mb": mx.get_peak_memory() / 1e6,
         "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3,
     }
@@ -197,7 +229,8 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--models", default="smollm2,gemma")
+    ap.add_argument("--models", default="smollm2,gemma", help=f"comma-separated: {', '.join(PATHS)}")
+    ap.add_argument("--activations", default="auto", help="CPU-kernel activation modes, each timed (f32,auto)")
     ap.add_argument("--profile", action="store_true", help="time one decode step per op class instead")
     ap.add_argument("--width", type=int, default=1, help="--profile also this many rows per step")
     ap.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)
@@ -205,9 +238,9 @@ def main() -> None:
     if args.profile:
         for name in args.models.split(","):
             for width in sorted({1, args.width}):
-                profile({"smollm2": smollm2_path, "gemma": gemma_path}[name](), args.layout, width)
+                profile(PATHS[name](), args.layout, width)
         return
-    paths = {"smollm2": smollm2_path, "gemma": gemma_path}
+    paths = PATHS
     names = args.models.split(",")
     if not args.quiet:
         print(f"BLAS: {current_blas().name} ({current_blas().note}); device {mx.default_device()}")
@@ -217,10 +250,16 @@ def main() -> None:
         return
     for name in names:
         path = paths[name]()
-        g = bench_gmlx(path, args.layout, args.prompt, args.gen, args.runs)
+        modes = args.activations.split(",")
+        g = bench_gmlx(path, args.layout, args.prompt, args.gen, args.runs, modes)
         print(f"{name:8s} gmlx      layout {g['layout']:6s} load {g['load_s']:.2f} s  "
               f"prefill {g['prefill_tok_s']:7.1f} tok/s  decode {g['decode_tok_s']:6.1f} tok/s  "
               f"peak MLX {g['peak_mlx_mb']:.0f} MB  max RSS {g['max_rss_mb']:.0f} MB")
+        for mode in modes:
+            tok_s = g["decode"][mode]
+            print(f"{name:8s} gmlx      activations {mode:5s} decode {tok_s:6.1f} tok/s = "
+                  f"{tok_s * g['step_gb']:5.1f} GB/s ({g['step_gb'] * 1e3:.0f} MB a step); {g['nodes']} graph nodes "
+                  f"a step; x{tok_s / g['decode'][modes[0]]:.2f} of {modes[0]}")
         print(f"{name:8s} gmlx      resident after load +{g['resident_mb']:.0f} MB for a {g['file_mb']:.0f} MB file "
               f"({g['resident_mb'] / g['file_mb']:.2f}x, weights, tokenizer and the rest)")
         ref = bench_llama_cpp(path, args.prompt, args.gen, args.runs)

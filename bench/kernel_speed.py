@@ -1,6 +1,12 @@
 """GB/s of gmlx's GGUF kernels per format and shape, beside memory-bandwidth ceilings and dense fp32 sgemm.
 
     .venv/bin/python bench/kernel_speed.py [--threads N] [--rows 1,4,64,512] [--formats Q4_1,Q4_K,...]
+                                           [--modes f32,auto] [--warm]
+
+--modes times each activation mode of the few-row kernels on the same weights, in turn, and prints the
+last one's speed-up over the first: f32 (fp32 activations, the kernels before integer dot products),
+int16 (int16 activations, integer dot products), auto (the default: int16 up to a per-format row count).
+--warm keeps one copy of the weights (L2/L3-resident: what the kernel computes, not what memory feeds).
 
 Shapes are the test models' projections (SmolLM2 576/1536, Gemma 3 640/2048 and their vocab heads; the
 K-quants take 1024/2048 since their 256-element blocks do not divide 576 or 640). Weights are random
@@ -80,10 +86,10 @@ def best_time(fn: Callable[[int], list[mx.array]], reps: int) -> float:
 
 
 def bench_one(ext: object, name: str, n: int, k: int, rows: int, reps: int, cold_mb: int,
-              ceilings: tuple[float, float]) -> str:
+              ceilings: tuple[float, float], modes: list[str]) -> str:
     rng = np.random.default_rng(0)
     blocks = random_blocks(rng, name, n, k)
-    copies = max(PER_EVAL, -(-(cold_mb << 20) // blocks.nbytes))
+    copies = max(PER_EVAL, -(-(cold_mb << 20) // blocks.nbytes)) if cold_mb else 1
     big = mx.array(np.tile(blocks, (copies, 1)))  # the copies back to back; each slice is one matrix
     ws = [big[i * n:(i + 1) * n] for i in range(copies)]
     x = mx.array(rng.standard_normal((rows, k)).astype(np.float32))
@@ -93,10 +99,17 @@ def bench_one(ext: object, name: str, n: int, k: int, rows: int, reps: int, cold
         return [ext.matmul(x, ws[(i * PER_EVAL + j) % copies], qtype, k)  # type: ignore[attr-defined]
                 for j in range(PER_EVAL)]
 
-    dt = best_time(calls, reps) / PER_EVAL
+    times = {}
+    for mode in modes:
+        ext.set_activations(mode)  # type: ignore[attr-defined]
+        times[mode] = best_time(calls, reps) / PER_EVAL
+    dt = times[modes[-1]]
     gbs, flops = blocks.nbytes / dt / 1e9, 2 * rows * n * k / dt / 1e9
     line = f"{name:5s} {n:6d}x{k:<5d} rows {rows:4d}  {dt * 1e6:9.1f} us  {gbs:6.1f} GB/s  "
     if rows < SGEMM_FROM:
+        if len(modes) > 1:
+            each = "  ".join(f"{m} {blocks.nbytes / times[m] / 1e9:5.1f}" for m in modes)
+            line += f"[{each} GB/s: {times[modes[0]] / dt:4.2f}x]  "
         return line + f"{gbs / ceilings[0]:5.2f}x read  {gbs / ceilings[1]:5.2f}x copy  {flops:6.1f} GFLOP/s"
     dense = mx.array(gguf.quants.dequantize(blocks, GGMLQuantizationType[name]).T.copy())
     dt_dense = best_time(lambda i: [x @ dense], max(3, reps // 3))
@@ -110,7 +123,10 @@ def main() -> None:
     ap.add_argument("--formats", default=",".join(NATIVE_TYPES))
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--cold-mb", type=int, default=256, help="weight copies per shape, so reads miss the caches")
+    ap.add_argument("--warm", action="store_true", help="one copy of the weights (cache-resident)")
+    ap.add_argument("--modes", default="auto", help="activation modes timed in turn (f32,int16,int8,auto)")
     args = ap.parse_args()
+    modes = args.modes.split(",")
     status = probe()
     if status.ext is None:
         sys.exit(f"kernels unavailable: {status.reason}")
@@ -118,14 +134,15 @@ def main() -> None:
     ext.set_threads(args.threads)
     ceilings = (read_ceiling(ext.threads()), copy_ceiling())
     print(f"kernels {ext.isa()} ({', '.join(ext.isas())} usable), {ext.threads()} threads, activations "
-          f"{ext.activations()}; memory read {ceilings[0]:.1f} GB/s (numpy, {ext.threads()} threads), "
+          f"{'/'.join(modes)}; memory read {ceilings[0]:.1f} GB/s (numpy, {ext.threads()} threads), "
           f"copy {ceilings[1]:.1f} GB/s (numpy, 1 thread, read+write)")
     for name in args.formats.split(","):
         shapes = SHAPES_256 if name.endswith("_K") else SHAPES_32
         for n, k in shapes:
             for rows in (int(r) for r in args.rows.split(",")):
                 reps = args.reps if rows * n < 2_000_000 else max(3, args.reps // 3)
-                print(bench_one(ext, name, n, k, rows, reps, args.cold_mb, ceilings), flush=True)
+                cold = 0 if args.warm else args.cold_mb
+                print(bench_one(ext, name, n, k, rows, reps, cold, ceilings, modes), flush=True)
 
 
 if __name__ == "__main__":

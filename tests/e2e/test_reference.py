@@ -42,9 +42,10 @@ NEW_TOKENS = 32
 #   Gemma 3 0.064, all of it mlx-vlm's gemma3 embedding scale, which rounds sqrt(640) to bf16 (25.25 for
 #   25.298; with the exact scale the difference drops to 3e-5);
 # - packed (MLX affine group 32; Gemma's Q6_K re-quantized to 8 bits): SmolLM2 0.069, Gemma 3 0.17.
-# - native (GGUF blocks read by gmlx's CPU kernels; decode rows round activations to int16 per 32, prefill
-#   runs dequantized panels through sgemm): SmolLM2 0.004, Gemma 3 0.065 (the same bf16 scale as dense).
-#   int8 activations, llama.cpp's choice, moved SmolLM2's logits by 2.8.
+# - native (GGUF blocks read by gmlx's CPU kernels; decode rows round activations to int16 per 32, or per
+#   256 for the K-quants, for integer dot products; prefill runs dequantized panels through sgemm):
+#   SmolLM2 0.004, Gemma 3 0.066 (the same bf16 scale as dense). int8 activations, llama.cpp's choice,
+#   moved SmolLM2's logits by 2.8.
 MAX_LOGIT_DIFF = {"dense": 0.25, "packed": 0.5, "native": 0.25}
 # Where the greedy sequences part, the reference's top-1 minus top-2 logit there must be below this: with
 # every logit within d of the reference, the argmax can only flip where the top two are within 2d.

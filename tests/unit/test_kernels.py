@@ -1,12 +1,13 @@
 """The CPU kernels against float64 references on random GGUF blocks of every format they read.
 
-Below 48 rows the kernels keep fp32 activations (the default: weights decoded to fp32, products summed
-in fp32), or round each 32-activation block to int16 (scale max|x| / 32767, round half to even) or to
-int8 as llama.cpp does (scale max|x| / 127) and sum codes times activations exactly in integers. A
-rounded path is checked tightly against a float64 product with the same rounded activations (only fp32
-scaling and sums may differ) and against the exact activations within the bound that rounding implies;
-the fp32 path, and from 48 rows on dequantized panels of W through a preloaded sgemm (the suite
-preloads OpenBLAS), against the exact product.
+Below 48 rows the kernels keep fp32 activations (weights decoded to fp32, products summed in fp32), or
+round activations to int16 (scale max|x| / 32767 per 32, or per 256 for the K-quants, round half to even)
+or to int8 per 32 as llama.cpp does (scale max|x| / 127) and sum codes times activations exactly in
+integers; "auto" (the default) takes int16 up to a per-format row count and fp32 beyond. A rounded path
+is checked tightly against a float64 product with the same rounded activations (only fp32 scaling and
+sums may differ) and against the exact activations within the bound that rounding implies; the fp32
+path, and from 48 rows on dequantized panels of W through a preloaded sgemm (the suite preloads
+OpenBLAS), against the exact product; auto within the int16 bound.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ from tests.conftest import smollm2_path
 F64 = npt.NDArray[np.float64]
 SGEMM_ROWS = 48  # from this many rows on the kernels use a preloaded BLAS's sgemm (dispatch.cpp)
 # (activations, sgemm for many rows); levels of the rounding (0: none)
-MODES = [("f32", False), ("int16", False), ("int8", False), ("f32", True)]
-LEVELS = {"int16": 32767, "int8": 127, "f32": 0}
+MODES = [("f32", False), ("int16", False), ("int8", False), ("auto", False), ("f32", True)]
+LEVELS = {"int16": 32767, "int8": 127, "f32": 0, "auto": 32767}
 # fp16 field offsets (scale, min) and a scale range keeping |w| comparable across formats
 FP16_FIELDS: dict[str, tuple[tuple[int, ...], float]] = {
     "Q4_0": ((0,), 0.1), "Q4_1": ((0, 2), 0.1), "Q5_0": ((0,), 0.1), "Q5_1": ((0, 2), 0.1), "Q8_0": ((0,), 0.01),
@@ -50,7 +51,7 @@ def every_isa(ext: ModuleType) -> Iterator[list[str]]:
     ext.set_isa(first)
     ext.set_threads(0)
     ext.set_sgemm(True)
-    ext.set_activations("f32")
+    ext.set_activations("auto")
 
 
 def random_blocks(rng: np.random.Generator, name: str, rows: int, k: int) -> npt.NDArray[np.uint8]:
@@ -64,17 +65,20 @@ def random_blocks(rng: np.random.Generator, name: str, rows: int, k: int) -> npt
     return blocks.reshape(rows, -1)
 
 
-def quantized_activations(x: npt.NDArray[np.float32], levels: int) -> F64:
+def quantized_activations(x: npt.NDArray[np.float32], levels: int, group: int) -> F64:
     """The kernels' activation rounding, in numpy's IEEE fp32 arithmetic (the same operations)."""
-    xb = x.reshape(x.shape[0], -1, 32)
+    xb = x.reshape(x.shape[0], -1, group)
     d = np.abs(xb).max(axis=-1, keepdims=True) / np.float32(levels)
     inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, np.float32(1)), np.float32(0)).astype(np.float32)
     return (np.rint(xb * inv) * d).reshape(x.shape).astype(np.float64)
 
 
 def check_matmul(ext: ModuleType, rng: np.random.Generator, name: str, n: int, blocks_per_row: int,
-                 m: int, levels: int) -> None:
+                 m: int, levels: int, exact_only: bool = False) -> None:
+    """levels: the activations' rounding (0: none); exact_only: check only the bound against the exact
+    activations (auto, which may take either path)."""
     qk = GGML_QUANT_SIZES[GGMLQuantizationType[name]][0]
+    group = qk if levels == LEVELS["int16"] else 32  # int16 scales a K-quant's whole 256-block
     k = qk * blocks_per_row
     w_blocks = random_blocks(rng, name, n, k)
     w = gguf.quants.dequantize(w_blocks, GGMLQuantizationType[name]).astype(np.float64)
@@ -85,12 +89,12 @@ def check_matmul(ext: ModuleType, rng: np.random.Generator, name: str, n: int, b
         ref = x.astype(np.float64) @ w.T
         np.testing.assert_array_less(np.abs(y - ref), 1e-5 * (np.abs(x) @ np.abs(w).T) + 1e-30)
         return
-    xq = quantized_activations(x, levels)
-    ref_q = xq @ w.T
+    xq = quantized_activations(x, levels, group)
     magnitude = np.abs(xq) @ np.abs(w).T
-    np.testing.assert_array_less(np.abs(y - ref_q), 2e-6 * magnitude + 1e-30)
-    # the activation rounding moves each x by at most half its block's step, max|x| / (2 * levels)
-    step = np.repeat(np.abs(x.reshape(m, -1, 32)).max(axis=-1) / (2.0 * levels), 32, axis=1)
+    if not exact_only:
+        np.testing.assert_array_less(np.abs(y - xq @ w.T), 2e-6 * magnitude + 1e-30)
+    # the activation rounding moves each x by at most half its group's step, max|x| / (2 * levels)
+    step = np.repeat(np.abs(x.reshape(m, -1, group)).max(axis=-1) / (2.0 * levels), group, axis=1)
     bound = step @ np.abs(w).T * (1 + 1e-5) + 2e-6 * magnitude
     np.testing.assert_array_less(np.abs(y - x.astype(np.float64) @ w.T), bound + 1e-30)
 
@@ -105,10 +109,11 @@ def test_matmul_matches_float64_reference(ext: ModuleType, every_isa: list[str],
     ext.set_threads(threads)
     for isa in every_isa:
         ext.set_isa(isa)
-        for mode, sgemm in MODES if ext.sgemm_available() else MODES[:3]:
+        for mode, sgemm in MODES if ext.sgemm_available() else MODES[:-1]:
             ext.set_activations(mode)
             ext.set_sgemm(sgemm)
-            check_matmul(ext, rng, name, n, blocks_per_row, m, 0 if sgemm and m >= SGEMM_ROWS else LEVELS[mode])
+            levels = 0 if sgemm and m >= SGEMM_ROWS else LEVELS[mode]
+            check_matmul(ext, rng, name, n, blocks_per_row, m, levels, exact_only=mode == "auto")
 
 
 @pytest.mark.parametrize("name", list(NATIVE_TYPES))
@@ -159,7 +164,7 @@ def test_bad_arguments_are_refused(ext: ModuleType) -> None:
         ext.matmul(mx.zeros((1, 32)), mx.zeros((4, 40), dtype=mx.uint8), NATIVE_TYPES["Q4_1"], 64)
     with pytest.raises(ValueError, match="not supported on this CPU"):
         ext.set_isa("no-such-isa")
-    with pytest.raises(ValueError, match="int16, int8 or f32"):
+    with pytest.raises(ValueError, match="auto, int16, int8 or f32"):
         ext.set_activations("int4")
     assert ext.row_bytes(NATIVE_TYPES["Q6_K"], 512) == 420 and ext.row_bytes(NATIVE_TYPES["Q4_K"], 640) == -1
 

@@ -170,9 +170,21 @@ std::mutex g_pool_mu;
 std::unique_ptr<Pool> g_pool;
 int g_threads = 0;  // 0: not chosen yet
 std::atomic<bool> g_sgemm_ok{true};
-enum Mode { kInt16 = 0, kInt8 = 1, kF32 = 2 };
-const char* const kModeNames[] = {"int16", "int8", "f32"};
-std::atomic<int> g_mode{kF32};
+enum Mode { kInt16 = 0, kInt8 = 1, kF32 = 2, kAuto = 3 };
+const char* const kModeNames[] = {"int16", "int8", "f32", "auto"};
+std::atomic<int> g_mode{kAuto};
+
+// auto: the most activation rows at which the int16 kernels (qdot.h) beat the fp32 ones for a format,
+// measured one thread, L3-resident weights (bench/kernel_speed.py): the 4-bit 32-blocks' fp32 decode
+// is cheap (a table lookup per 16 weights), the 5/6/8-bit ones' and the K-quants' is not.
+int64_t int16_rows(int type) {
+  switch (type) {
+    case 2: case 3: return 2;            // Q4_0, Q4_1: 1.5x at 1 row, 0.8x at 8
+    case 7: case 8: case 12: return 4;   // Q5_1, Q8_0, Q4_K: 1.1-1.2x at 4, even at 8
+    case 6: return 8;                    // Q5_0: 1.1x at 8
+    default: return 1 << 30;             // Q5_K, Q6_K: 1.3-1.8x up to the sgemm rows
+  }
+}
 
 Pool& pool() {
   std::lock_guard<std::mutex> lk(g_pool_mu);
@@ -270,6 +282,25 @@ void run_quantized(Pool& p, const float* x, int64_t m, int64_t k, Quantize quant
   });
 }
 
+// Activations to int16 once (one scale per 32, or per 256 for the K-quants), then the weight-row chunks.
+void run_q16(Pool& p, const Isa& s, int type, const uint8_t* w, int64_t rb, int64_t n, int64_t k, const float* x,
+             int64_t m, float* y, int64_t per, int64_t chunks) {
+  const int group = type == 12 || type == 13 || type == 14 ? 256 : 32;  // Q4_K, Q5_K, Q6_K
+  thread_local std::vector<int16_t> codes;  // the caller's own (a thread_local named in a lambda is the runner's)
+  thread_local std::vector<float> scales;
+  if (static_cast<int64_t>(codes.size()) < m * k) codes.resize(m * k);
+  if (static_cast<int64_t>(scales.size()) < 2 * m * (k / 32)) scales.resize(2 * m * (k / 32));
+  const XRows xr{codes.data(), scales.data(), scales.data() + m * (k / 32), k};
+  const int64_t qtasks = m >= 8 ? p.size() : 1;
+  p.run(qtasks, [&](int64_t t) {
+    for (int64_t i = t; i < m; i += qtasks) s.quantize_q16(x + i * k, k, group, i, xr);
+  });
+  p.run(chunks, [&](int64_t c) {
+    const int64_t n0 = c * per;
+    s.rows_q16(type, w, rb, n0, std::min(n, n0 + per), xr, m, y, n);
+  });
+}
+
 }  // namespace
 
 void matmul(int type, const uint8_t* w, int64_t n, int64_t k, const float* x, int64_t m, float* y) {
@@ -282,16 +313,15 @@ void matmul(int type, const uint8_t* w, int64_t n, int64_t k, const float* x, in
   // Enough chunks to balance cores that other processes also use; each a whole number of rows.
   const int64_t per = (std::max<int64_t>(4, (n + 4 * p.size() - 1) / (4 * p.size())) + 3) / 4 * 4;  // whole tiles
   const int64_t chunks = (n + per - 1) / per;
-  const int mode = g_mode.load(std::memory_order_relaxed);
+  int mode = g_mode.load(std::memory_order_relaxed);
+  if (mode == kAuto) mode = m <= int16_rows(type) ? kInt16 : kF32;
   if (mode == kF32) {
     p.run(chunks, [&](int64_t c) {
       const int64_t n0 = c * per, n1 = std::min(n, n0 + per);
       s.rows_f(type, w, rb, n0, n1, x, m, k, y, n);
     });
   } else if (mode == kInt16) {
-    run_quantized<XBlock16>(p, x, m, k, s.quantize_row16, [&](const XBlock16* xb, int64_t n0, int64_t n1) {
-      s.rows16(type, w, rb, n0, n1, xb, m, k / 32, y, n);
-    }, per, chunks, n);
+    run_q16(p, s, type, w, rb, n, k, x, m, y, per, chunks);
   } else {
     run_quantized<XBlock>(p, x, m, k, s.quantize_row, [&](const XBlock* xb, int64_t n0, int64_t n1) {
       s.rows(type, w, rb, n0, n1, xb, m, k / 32, y, n);
@@ -304,13 +334,13 @@ bool sgemm_available() { return global_sgemm() != nullptr; }
 void set_sgemm(bool on) { g_sgemm_ok.store(on, std::memory_order_relaxed); }
 
 void set_activations(const std::string& mode) {
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < 4; ++i) {
     if (mode == kModeNames[i]) {
       g_mode.store(i, std::memory_order_relaxed);
       return;
     }
   }
-  throw std::invalid_argument("activations must be int16, int8 or f32, not '" + mode + "'");
+  throw std::invalid_argument("activations must be auto, int16, int8 or f32, not '" + mode + "'");
 }
 
 std::string activations() { return kModeNames[g_mode.load(std::memory_order_relaxed)]; }

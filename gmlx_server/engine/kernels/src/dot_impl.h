@@ -9,6 +9,7 @@
 #include "floats.h"
 #include "formats.h"
 #include "kernels.h"
+#include "qdot.h"
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -170,121 +171,7 @@ inline void quantize_row_to(const float* x, int64_t k, Block* out) {
 
 inline void quantize_row(const float* x, int64_t k, XBlock* out) { quantize_row_to<XBlock, 127>(x, k, out); }
 
-// --- int16 activations: 256x finer than int8 (a block's outlier no longer erases its neighbours), and
-// still integer dot products: pairs of int16 products summed into int32 lanes (VNNI vpdpwssd or pmaddwd).
-typedef int16_t i16x16 __attribute__((vector_size(32)));
-typedef int32_t i32x16 __attribute__((vector_size(64)));
-
-struct Codes16 {
-  i16x16 lo, hi;  // elements 0..15 and 16..31, widened
-};
-
-template <bool SIGNED>
-inline Codes16 widen(u8x32 q) {
-  const u8x16 lo = __builtin_shufflevector(q, q, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  const u8x16 hi = __builtin_shufflevector(q, q, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
-  if constexpr (SIGNED) {
-    typedef int8_t i8x16 __attribute__((vector_size(16)));
-    return {__builtin_convertvector((i8x16)lo, i16x16), __builtin_convertvector((i8x16)hi, i16x16)};
-  }
-  return {__builtin_convertvector(lo, i16x16), __builtin_convertvector(hi, i16x16)};
-}
-
-// acc + 8 int32 lanes, lane l = c[2l] * x[2l] + c[2l + 1] * x[2l + 1]
-inline i32x8 dot16(i32x8 acc, i16x16 c, i16x16 x) {
-#if defined(GK_AVXVNNI)
-  return (i32x8)_mm256_dpwssd_avx_epi32((__m256i)acc, (__m256i)c, (__m256i)x);
-#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return (i32x8)_mm256_dpwssd_epi32((__m256i)acc, (__m256i)c, (__m256i)x);
-#elif defined(__AVX2__)
-  return acc + (i32x8)_mm256_madd_epi16((__m256i)c, (__m256i)x);
-#else
-  const i32x16 p = __builtin_convertvector(c, i32x16) * __builtin_convertvector(x, i32x16);
-  return acc + __builtin_shufflevector(p, p, 0, 2, 4, 6, 8, 10, 12, 14) +
-         __builtin_shufflevector(p, p, 1, 3, 5, 7, 9, 11, 13, 15);
-#endif
-}
-
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
-// AVX-512: one vpdpwssd covers a whole 32-element group (16 lanes: 0-7 the first half, 8-15 the second).
-template <class F, int NR>
-inline void dot_tile16(const uint8_t* w, int64_t nblocks, const XBlock16* x, int64_t xstride, float* y,
-                       int64_t ldy) {
-  __m512 acc[NR];
-  float bias[NR];
-  for (int r = 0; r < NR; ++r) acc[r] = _mm512_setzero_ps(), bias[r] = 0.0f;
-  for (int64_t b = 0; b < nblocks; ++b, w += F::BYTES) {
-    const typename F::State st(w);
-    const XBlock16* xb = x + b * F::GROUPS;
-#pragma GCC unroll 8
-    for (int g = 0; g < F::GROUPS; ++g) {
-      const Group G = st.group(g);
-      const __m512i c = F::SIGNED ? _mm512_cvtepi8_epi16((__m256i)G.q) : _mm512_cvtepu8_epi16((__m256i)G.q);
-      const __m512 a = F::HALF_SCALES ? _mm512_insertf32x8(_mm512_set1_ps(G.a[0]), _mm256_set1_ps(G.a[4]), 1)
-                                      : _mm512_set1_ps(G.a[0]);
-#pragma GCC unroll 4
-      for (int r = 0; r < NR; ++r) {
-        const XBlock16& xr = xb[r * xstride + g];
-        const __m512i p = _mm512_dpwssd_epi32(_mm512_setzero_si512(), c, _mm512_loadu_si512(xr.q));
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(a, _mm512_set1_ps(xr.d)), acc[r]);
-        bias[r] += G.b0 * xr.s0 + G.b1 * xr.s1;
-      }
-    }
-  }
-  for (int r = 0; r < NR; ++r) y[r * ldy] = _mm512_reduce_add_ps(acc[r]) + bias[r];
-}
-#else
-template <class F, int NR>
-inline void dot_tile16(const uint8_t* w, int64_t nblocks, const XBlock16* x, int64_t xstride, float* y,
-                       int64_t ldy) {
-  f32x8 acc[NR];
-  float bias[NR];
-  for (int r = 0; r < NR; ++r) acc[r] = splat(0.0f), bias[r] = 0.0f;
-  const i32x8 zero = {};
-  for (int64_t b = 0; b < nblocks; ++b, w += F::BYTES) {
-    const typename F::State st(w);
-    const XBlock16* xb = x + b * F::GROUPS;
-#pragma GCC unroll 8
-    for (int g = 0; g < F::GROUPS; ++g) {
-      const Group G = st.group(g);
-      const Codes16 c = widen<F::SIGNED>(G.q);
-#pragma GCC unroll 4
-      for (int r = 0; r < NR; ++r) {
-        const XBlock16& xr = xb[r * xstride + g];
-        i16x16 x0, x1;
-        std::memcpy(&x0, xr.q, 32);
-        std::memcpy(&x1, xr.q + 16, 32);
-        if constexpr (F::HALF_SCALES) {
-          acc[r] += __builtin_convertvector(dot16(zero, c.lo, x0), f32x8) * (G.a[0] * xr.d) +
-                    __builtin_convertvector(dot16(zero, c.hi, x1), f32x8) * (G.a[4] * xr.d);
-        } else {
-          acc[r] += __builtin_convertvector(dot16(dot16(zero, c.lo, x0), c.hi, x1), f32x8) * (G.a[0] * xr.d);
-        }
-        bias[r] += G.b0 * xr.s0 + G.b1 * xr.s1;
-      }
-    }
-  }
-  for (int r = 0; r < NR; ++r) y[r * ldy] = hsum(acc[r]) + bias[r];
-}
-#endif
-
-template <class F, int NR>
-struct Int16Tile {
-  static void run(const uint8_t* w, int64_t nb, const XBlock16* x, int64_t xs, float* y, int64_t ldy) {
-    dot_tile16<F, NR>(w, nb, x, xs, y, ldy);
-  }
-};
-
-inline void rows16(int type, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const XBlock16* x,
-                   int64_t m_rows, int64_t xstride, float* y, int64_t ldy) {
-  with_format(type, [&]<class F>() { rows_tiled<F, Int16Tile>(w, row_bytes, n0, n1, x, m_rows, xstride, y, ldy); });
-}
-
-inline void quantize_row16(const float* x, int64_t k, XBlock16* out) {
-  quantize_row_to<XBlock16, 32767>(x, k, out);
-}
-
-inline const Isa table = {GK_ISA_NAME, &rows, &rows16, &rows_f, &quantize_row, &quantize_row16, &dequant_row};
+inline const Isa table = {GK_ISA_NAME, &rows, &rows_q16, &rows_f, &quantize_row, &quantize_q16, &dequant_row};
 
 }  // namespace GK_ISA
 }  // namespace gk

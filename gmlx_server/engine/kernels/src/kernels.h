@@ -14,23 +14,26 @@ struct XBlock {
   int8_t q[32];
 };
 
-// 32 activations quantized to int16 (the default few-row path): x[i] ~= d * q[i], s0/s1 as above.
-struct XBlock16 {
-  float d, s0, s1, pad;
-  int16_t q[32];
+// Activation rows quantized to int16 (qdot.h): row r's k codes at q + r * k, one scale per group (32
+// elements, or 256 for the K-quants) at d + r * k / group, and d * (sum of codes) per 32 at s + r * k / 32.
+struct XRows {
+  int16_t* q;
+  float* d;
+  float* s;
+  int64_t k;
 };
 
 struct Isa {
   const char* name;
   void (*rows)(int type, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const XBlock* x,
                int64_t m_rows, int64_t xstride, float* y, int64_t ldy);
-  void (*rows16)(int type, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const XBlock16* x,
-                 int64_t m_rows, int64_t xstride, float* y, int64_t ldy);
+  void (*rows_q16)(int type, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const XRows& x,
+                   int64_t m_rows, float* y, int64_t ldy);
   // the same product with fp32 activations (x is (m_rows, k) row-major): no activation rounding
   void (*rows_f)(int type, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const float* x,
                  int64_t m_rows, int64_t k, float* y, int64_t ldy);
   void (*quantize_row)(const float* x, int64_t k, XBlock* out);
-  void (*quantize_row16)(const float* x, int64_t k, XBlock16* out);
+  void (*quantize_q16)(const float* x, int64_t k, int group, int64_t row, const XRows& out);
   void (*dequant_row)(int type, const uint8_t* w, int64_t k, float* out);
 };
 
@@ -51,10 +54,11 @@ void set_threads(int n);  // n <= 0: the cores this process may run on
 // Many-row matmuls dequantize W panels into a preloaded BLAS's sgemm when one is there (and allowed).
 bool sgemm_available();
 void set_sgemm(bool on);
-// How few-row matmuls take activations: "f32" (default: exact; weights decoded to fp32 in registers,
-// faster than the integer paths here since the decode, not the multiply, bounds them), "int16" (per-32
-// int16 rounding, integer dot products) or "int8" (llama.cpp's rounding: a block's largest activation
-// sets the step of the other 31, and some models' outliers make that visible in the logits).
+// How few-row matmuls take activations: "auto" (default: int16 up to a per-format row count, fp32 beyond),
+// "f32" (exact; weights decoded to fp32 in registers), "int16" (rounded per 32, or per 256 for the
+// K-quants, to 1/32767 of the group's largest: integer dot products, qdot.h) or "int8" (llama.cpp's
+// rounding: a block's largest activation sets the step of the other 31, and some models' outliers make
+// that visible in the logits: SmolLM2's moved by 1.2, Gemma 3's by 0.8, where int16 moves them by 0.008).
 void set_activations(const std::string& mode);
 std::string activations();
 

@@ -1,0 +1,453 @@
+// Integer dot products on int16 activations (XRows, kernels.h), one kernel per format: a weight block's
+// codes are widened to int16 once and multiplied with each activation row by vpdpwssd (AVX-512 VNNI on
+// 512 bits, AVX-VNNI on 256) or vpmaddwd (AVX2). The K-quants fold their 6/8-bit sub-block scales into the
+// codes (products fit int16) and sum a whole 256-block in int32: one float multiply-add per block and row.
+#pragma once
+
+#include <cmath>
+
+#include "formats.h"
+#include "kernels.h"
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+namespace gk {
+namespace GK_ISA {
+namespace q16 {
+
+#if defined(__AVX512BW__) && defined(__AVX512VNNI__)
+// V: 32 int16 lanes; A: 16 int32 lanes (lane l sums elements 2l, 2l + 1); F: 16 floats
+struct V { __m512i v; };
+struct A { __m512i v; };
+struct F { __m512 v; };
+inline V ld(const int16_t* p) { return {_mm512_loadu_si512(p)}; }
+inline V u8w(const uint8_t* p) { return {_mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))}; }
+inline V i8w(const uint8_t* p) { return {_mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))}; }
+// 16 bytes -> lanes 0..15 their low nibbles, lanes 16..31 their high nibbles (Q4_0/Q4_1/Q5 layout)
+inline V nib32(const uint8_t* p) {
+  const __m512i b = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  const __m512i sh = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+  return {_mm512_and_si512(_mm512_srlv_epi16(b, sh), _mm512_set1_epi16(15))};
+}
+inline V band(V a, int16_t m) { return {_mm512_and_si512(a.v, _mm512_set1_epi16(m))}; }
+inline V bor(V a, V b) { return {_mm512_or_si512(a.v, b.v)}; }
+inline V srli(V a, int s) { return {_mm512_srli_epi16(a.v, s)}; }
+inline V slli(V a, int s) { return {_mm512_slli_epi16(a.v, s)}; }
+inline V subc(V a, int16_t c) { return {_mm512_sub_epi16(a.v, _mm512_set1_epi16(c))}; }
+inline V mul(V a, V b) { return {_mm512_mullo_epi16(a.v, b.v)}; }
+inline V set1(int16_t a) { return {_mm512_set1_epi16(a)}; }
+inline V halves(int16_t a, int16_t b) {
+  return {_mm512_inserti64x4(_mm512_set1_epi16(a), _mm256_set1_epi16(b), 1)};
+}
+// lane i plus 16 where bit i of `bits` is set (a 5th code bit)
+inline V add16(V a, uint32_t bits) {
+  return {_mm512_mask_add_epi16(a.v, static_cast<__mmask32>(bits), a.v, _mm512_set1_epi16(16))};
+}
+inline A azero() { return {_mm512_setzero_si512()}; }
+inline A dot(A acc, V a, V b) { return {_mm512_dpwssd_epi32(acc.v, a.v, b.v)}; }
+inline A add(A a, A b) { return {_mm512_add_epi32(a.v, b.v)}; }
+inline F fzero() { return {_mm512_setzero_ps()}; }
+inline F fma(A a, float s, F acc) { return {_mm512_fmadd_ps(_mm512_cvtepi32_ps(a.v), _mm512_set1_ps(s), acc.v)}; }
+inline F fadd(F a, F b) { return {_mm512_add_ps(a.v, b.v)}; }
+inline float hsum(F a) { return _mm512_reduce_add_ps(a.v); }
+#endif
+#if defined(__AVX2__)
+// 8 floats: the K-quants' per-group min terms
+using F8 = __m256;
+inline F8 f8zero() { return _mm256_setzero_ps(); }
+// acc + float(m[g]) * scale * s[g] for the 8 groups
+inline F8 f8_mins(F8 acc, const uint8_t* m, float scale, const float* s) {
+  const __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(m))));
+  return _mm256_fmadd_ps(_mm256_mul_ps(mf, _mm256_set1_ps(scale)), _mm256_loadu_ps(s), acc);
+}
+inline float f8sum(F8 v) {
+  const __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 b = _mm_add_ps(a, _mm_movehl_ps(a, a));
+  return _mm_cvtss_f32(_mm_add_ss(b, _mm_movehdup_ps(b)));
+}
+#else
+typedef float F8 __attribute__((vector_size(32)));
+inline F8 f8zero() { return F8{}; }
+inline F8 f8_mins(F8 acc, const uint8_t* m, float scale, const float* s) {
+  for (int g = 0; g < 8; ++g) acc[g] += static_cast<float>(m[g]) * scale * s[g];
+  return acc;
+}
+inline float f8sum(F8 v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
+#endif
+
+#if defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#elif defined(__AVX2__)
+struct V { __m256i lo, hi; };  // elements 0..15, 16..31
+struct A { __m256i lo, hi; };
+struct F { __m256 lo, hi; };
+inline __m256i w16(const uint8_t* p) { return _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline V ld(const int16_t* p) {
+  return {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16))};
+}
+inline V u8w(const uint8_t* p) { return {w16(p), w16(p + 16)}; }
+inline V i8w(const uint8_t* p) {
+  return {_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+          _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)))};
+}
+inline V nib32(const uint8_t* p) {
+  const __m256i b = w16(p);
+  return {_mm256_and_si256(b, _mm256_set1_epi16(15)), _mm256_srli_epi16(b, 4)};
+}
+inline V band(V a, int16_t m) {
+  const __m256i k = _mm256_set1_epi16(m);
+  return {_mm256_and_si256(a.lo, k), _mm256_and_si256(a.hi, k)};
+}
+inline V bor(V a, V b) { return {_mm256_or_si256(a.lo, b.lo), _mm256_or_si256(a.hi, b.hi)}; }
+inline V srli(V a, int s) { return {_mm256_srli_epi16(a.lo, s), _mm256_srli_epi16(a.hi, s)}; }
+inline V slli(V a, int s) { return {_mm256_slli_epi16(a.lo, s), _mm256_slli_epi16(a.hi, s)}; }
+inline V subc(V a, int16_t c) {
+  const __m256i k = _mm256_set1_epi16(c);
+  return {_mm256_sub_epi16(a.lo, k), _mm256_sub_epi16(a.hi, k)};
+}
+inline V mul(V a, V b) { return {_mm256_mullo_epi16(a.lo, b.lo), _mm256_mullo_epi16(a.hi, b.hi)}; }
+inline V set1(int16_t a) { return {_mm256_set1_epi16(a), _mm256_set1_epi16(a)}; }
+inline V halves(int16_t a, int16_t b) { return {_mm256_set1_epi16(a), _mm256_set1_epi16(b)}; }
+inline __m256i bits16(uint32_t bits) {  // bit i of the low 16 -> lane i = 16 or 0
+  const __m256i bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
+                                        static_cast<int16_t>(-32768));
+  const __m256i v = _mm256_and_si256(_mm256_set1_epi16(static_cast<int16_t>(bits & 0xFFFF)), bit);
+  return _mm256_and_si256(_mm256_cmpeq_epi16(v, bit), _mm256_set1_epi16(16));
+}
+inline V add16(V a, uint32_t bits) {
+  return {_mm256_add_epi16(a.lo, bits16(bits)), _mm256_add_epi16(a.hi, bits16(bits >> 16))};
+}
+inline A azero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
+inline __m256i dot8(__m256i acc, __m256i a, __m256i b) {
+#if defined(GK_AVXVNNI)
+  return _mm256_dpwssd_avx_epi32(acc, a, b);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+#endif
+}
+inline A dot(A acc, V a, V b) { return {dot8(acc.lo, a.lo, b.lo), dot8(acc.hi, a.hi, b.hi)}; }
+inline A add(A a, A b) { return {_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)}; }
+inline F fzero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+inline F fma(A a, float s, F acc) {
+  const __m256 k = _mm256_set1_ps(s);
+  return {_mm256_fmadd_ps(_mm256_cvtepi32_ps(a.lo), k, acc.lo), _mm256_fmadd_ps(_mm256_cvtepi32_ps(a.hi), k, acc.hi)};
+}
+inline F fadd(F a, F b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+inline float hsum(F a) {
+  const __m256 v = _mm256_add_ps(a.lo, a.hi);
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+#else
+// portable: GCC/Clang vector extensions (NEON on arm64)
+typedef int16_t i16x32 __attribute__((vector_size(64)));
+typedef int32_t i32x32 __attribute__((vector_size(128)));
+typedef int32_t i32x16 __attribute__((vector_size(64)));
+typedef float f32x16 __attribute__((vector_size(64)));
+typedef uint16_t u16x32 __attribute__((vector_size(64)));
+struct V { i16x32 v; };
+struct A { i32x16 v; };
+struct F { f32x16 v; };
+inline V ld(const int16_t* p) {
+  V r;
+  std::memcpy(&r.v, p, 64);
+  return r;
+}
+inline V u8w(const uint8_t* p) {
+  V r;
+  for (int i = 0; i < 32; ++i) r.v[i] = p[i];
+  return r;
+}
+inline V i8w(const uint8_t* p) {
+  V r;
+  for (int i = 0; i < 32; ++i) r.v[i] = static_cast<int8_t>(p[i]);
+  return r;
+}
+inline V nib32(const uint8_t* p) {
+  V r;
+  for (int i = 0; i < 16; ++i) r.v[i] = p[i] & 15, r.v[i + 16] = p[i] >> 4;
+  return r;
+}
+inline V band(V a, int16_t m) { return {a.v & m}; }
+inline V bor(V a, V b) { return {a.v | b.v}; }
+inline V srli(V a, int s) { return {(i16x32)((u16x32)a.v >> s)}; }
+inline V slli(V a, int s) { return {a.v << s}; }
+inline V subc(V a, int16_t c) { return {a.v - c}; }
+inline V mul(V a, V b) { return {a.v * b.v}; }
+inline V set1(int16_t a) { return {i16x32{} + a}; }
+inline V halves(int16_t a, int16_t b) {
+  V r;
+  for (int i = 0; i < 32; ++i) r.v[i] = i < 16 ? a : b;
+  return r;
+}
+inline V add16(V a, uint32_t bits) {
+  for (int i = 0; i < 32; ++i) a.v[i] += static_cast<int16_t>(((bits >> i) & 1) << 4);
+  return a;
+}
+inline A azero() { return {i32x16{}}; }
+inline A dot(A acc, V a, V b) {
+  for (int l = 0; l < 16; ++l)
+    acc.v[l] += static_cast<int32_t>(a.v[2 * l]) * b.v[2 * l] + static_cast<int32_t>(a.v[2 * l + 1]) * b.v[2 * l + 1];
+  return acc;
+}
+inline A add(A a, A b) { return {a.v + b.v}; }
+inline F fzero() { return {f32x16{}}; }
+inline F fma(A a, float s, F acc) { return {__builtin_convertvector(a.v, f32x16) * s + acc.v}; }
+inline F fadd(F a, F b) { return {a.v + b.v}; }
+inline float hsum(F a) {
+  float s = 0.0f;
+  for (int i = 0; i < 16; ++i) s += a.v[i];
+  return s;
+}
+#endif
+
+inline uint32_t u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// --- 32-element blocks: codes (offset folded in, so signed), scale d and, for Q4_1/Q5_1, min m.
+struct B4_0 {
+  static constexpr int BYTES = 18;
+  static constexpr bool MIN = false;
+  static V codes(const uint8_t* p) { return subc(nib32(p + 2), 8); }
+};
+struct B4_1 {
+  static constexpr int BYTES = 20;
+  static constexpr bool MIN = true;
+  static V codes(const uint8_t* p) { return nib32(p + 4); }
+};
+struct B5_0 {
+  static constexpr int BYTES = 22;
+  static constexpr bool MIN = false;
+  static V codes(const uint8_t* p) { return subc(add16(nib32(p + 6), u32(p + 2)), 16); }
+};
+struct B5_1 {
+  static constexpr int BYTES = 24;
+  static constexpr bool MIN = true;
+  static V codes(const uint8_t* p) { return add16(nib32(p + 8), u32(p + 4)); }
+};
+struct B8_0 {
+  static constexpr int BYTES = 34;
+  static constexpr bool MIN = false;
+  static V codes(const uint8_t* p) { return i8w(p + 2); }
+};
+
+// One weight row against NR activation rows (row r0 + r of x): y[r * ldy]. Blocks go 16 at a time: their
+// fp16 scales (and mins) gathered once, times each row's activation scales, so the inner loop is one
+// vpdpwssd, a conversion and a multiply-add with a broadcast scale per block and row, on two accumulators.
+template <class B, int NR>
+inline void row32(const uint8_t* w, int64_t nb, const XRows& x, int64_t r0, float* y, int64_t ldy) {
+  constexpr int J = 16;
+  F acc[NR][2];
+  float bias[NR][J];
+  for (int r = 0; r < NR; ++r) {
+    acc[r][0] = acc[r][1] = fzero();
+    for (int j = 0; j < J; ++j) bias[r][j] = 0.0f;
+  }
+  const int64_t xb = x.k / 32;
+  const int16_t* xq = x.q + r0 * x.k;
+  for (int64_t b0 = 0; b0 < nb; b0 += J, w += J * B::BYTES) {
+    const int64_t nj = nb - b0 < J ? nb - b0 : J;
+    alignas(64) float dw[J], mw[J], sc[NR][J];
+    f16_cols(w, B::BYTES, nj, dw, B::MIN ? mw : nullptr);
+    for (int r = 0; r < NR; ++r) {
+      const float* xd = x.d + (r0 + r) * xb + b0;
+      const float* xs = x.s + (r0 + r) * xb + b0;
+      for (int64_t j = 0; j < nj; ++j) sc[r][j] = dw[j] * xd[j];
+      if constexpr (B::MIN)
+        for (int64_t j = 0; j < nj; ++j) bias[r][j] += mw[j] * xs[j];
+    }
+    int64_t j = 0;
+    for (; j + 2 <= nj; j += 2) {
+      const V c0 = B::codes(w + j * B::BYTES), c1 = B::codes(w + (j + 1) * B::BYTES);
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) {
+        const int16_t* xr = xq + r * x.k + 32 * (b0 + j);
+        acc[r][0] = fma(dot(azero(), c0, ld(xr)), sc[r][j], acc[r][0]);
+        acc[r][1] = fma(dot(azero(), c1, ld(xr + 32)), sc[r][j + 1], acc[r][1]);
+      }
+    }
+    if (j < nj) {
+      const V c0 = B::codes(w + j * B::BYTES);
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r)
+        acc[r][0] = fma(dot(azero(), c0, ld(xq + r * x.k + 32 * (b0 + j))), sc[r][j], acc[r][0]);
+    }
+  }
+  for (int r = 0; r < NR; ++r) {
+    float t = 0.0f;
+    for (int j = 0; j < J; ++j) t += bias[r][j];
+    y[r * ldy] = hsum(fadd(acc[r][0], acc[r][1])) + t;
+  }
+}
+
+// --- K-quants: 256-blocks; codes times their sub-block scales in int16, summed over the block in int32.
+// Q4_K / Q5_K: the 12 bytes of 6-bit (scale, min) pairs; sc[0..7] then mn[0..7].
+inline void k_scales_u8(const uint8_t* s, uint8_t* out) {
+  const uint32_t u0 = u32(s), u1 = u32(s + 4), u2 = u32(s + 8);
+  const uint32_t v[4] = {u0 & 0x3F3F3F3Fu, (u2 & 0x0F0F0F0Fu) | (((u0 >> 6) & 0x03030303u) << 4),
+                         u1 & 0x3F3F3F3Fu, ((u2 >> 4) & 0x0F0F0F0Fu) | (((u1 >> 6) & 0x03030303u) << 4)};
+  std::memcpy(out, v, 16);
+}
+
+// Q4_K / Q5_K: four int32 accumulators per row when few rows (a vpdpwssd chain waits ~5 cycles per link);
+// the mins' term is summed per group lane, elementwise, and reduced once at the end.
+template <int NR, bool Q5>
+inline void row_q45k(const uint8_t* w, int64_t nb, const XRows& x, int64_t r0, float* y, int64_t ldy) {
+  constexpr int BYTES = Q5 ? 176 : 144, QS = Q5 ? 48 : 16, NA = NR <= 2 ? 4 : 2;
+  F acc[NR];
+  F8 bias[NR];
+  for (int r = 0; r < NR; ++r) acc[r] = fzero(), bias[r] = f8zero();
+  const int16_t* xq = x.q + r0 * x.k;
+  const int64_t xb = x.k / 256, xs32 = x.k / 32;
+  for (int64_t b = 0; b < nb; ++b, w += BYTES) {
+    alignas(16) uint8_t sm[16];
+    k_scales_u8(w + 4, sm);
+    alignas(16) int16_t sc[8];
+    for (int g = 0; g < 8; ++g) sc[g] = sm[g];
+    A ai[NR][NA];
+    for (int r = 0; r < NR; ++r)
+      for (int a = 0; a < NA; ++a) ai[r][a] = azero();
+    V qh;
+    if constexpr (Q5) qh = u8w(w + 16);
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      const V raw = u8w(w + QS + 32 * c);
+      V lo = band(raw, 15), hi = srli(raw, 4);
+      if constexpr (Q5) {
+        lo = bor(lo, slli(band(srli(qh, 2 * c), 1), 4));
+        hi = bor(hi, slli(band(srli(qh, 2 * c + 1), 1), 4));
+      }
+      lo = mul(lo, set1(sc[2 * c]));
+      hi = mul(hi, set1(sc[2 * c + 1]));
+      const int a0 = (2 * c) % NA, a1 = (2 * c + 1) % NA;
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) {
+        const int16_t* xr = xq + r * x.k + 256 * b + 64 * c;
+        ai[r][a0] = dot(ai[r][a0], lo, ld(xr));
+        ai[r][a1] = dot(ai[r][a1], hi, ld(xr + 32));
+      }
+    }
+    const float d = f16_at(w), dmin = f16_at(w + 2);
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      A t = ai[r][0];
+      for (int a = 1; a < NA; ++a) t = add(t, ai[r][a]);
+      acc[r] = fma(t, d * x.d[(r0 + r) * xb + b], acc[r]);
+      bias[r] = f8_mins(bias[r], sm + 8, -dmin, x.s + (r0 + r) * xs32 + 8 * b);
+    }
+  }
+  for (int r = 0; r < NR; ++r) y[r * ldy] = hsum(acc[r]) + f8sum(bias[r]);
+}
+
+// Q6_K: ql[128] qh[64] int8 scales[16] d (formats.h); codes - 32 times signed scales, |product| <= 4096:
+// each half-block's int32 sums stay below 2^31, so the halves convert separately.
+template <int NR>
+inline void row_q6k(const uint8_t* w, int64_t nb, const XRows& x, int64_t r0, float* y, int64_t ldy) {
+  F acc[NR];
+  for (int r = 0; r < NR; ++r) acc[r] = fzero();
+  const int16_t* xq = x.q + r0 * x.k;
+  const int64_t xb = x.k / 256;
+  for (int64_t b = 0; b < nb; ++b, w += 210) {
+    const int8_t* sc = reinterpret_cast<const int8_t*>(w + 192);
+    const float d = f16_at(w + 208);
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      A ai[NR][2];
+      for (int r = 0; r < NR; ++r) ai[r][0] = ai[r][1] = azero();
+      const V qh = u8w(w + 128 + 32 * h);
+#pragma GCC unroll 2
+      for (int half = 0; half < 2; ++half) {
+        const V ql = u8w(w + 64 * h + 32 * half);
+        // groups k = half (low nibbles) and k = half + 2 (high nibbles) of this half-block
+#pragma GCC unroll 2
+        for (int hiq = 0; hiq < 2; ++hiq) {
+          const int k = half + 2 * hiq, g = 4 * h + k;
+          const V q = bor(hiq ? srli(ql, 4) : band(ql, 15), slli(band(srli(qh, 2 * k), 3), 4));
+          const V c = mul(subc(q, 32), halves(sc[2 * g], sc[2 * g + 1]));
+#pragma GCC unroll 4
+          for (int r = 0; r < NR; ++r) ai[r][hiq] = dot(ai[r][hiq], c, ld(xq + r * x.k + 256 * b + 32 * g));
+        }
+      }
+      // each accumulator holds two groups: within int32 (the four of a half would be, too)
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) acc[r] = fma(add(ai[r][0], ai[r][1]), d * x.d[(r0 + r) * xb + b], acc[r]);
+    }
+  }
+  for (int r = 0; r < NR; ++r) y[r * ldy] = hsum(acc[r]);
+}
+
+template <int NR>
+inline void row_any(int type, const uint8_t* w, int64_t nb, const XRows& x, int64_t r0, float* y, int64_t ldy) {
+  switch (type) {
+    case Q4_0: return row32<B4_0, NR>(w, nb, x, r0, y, ldy);
+    case Q4_1: return row32<B4_1, NR>(w, nb, x, r0, y, ldy);
+    case Q5_0: return row32<B5_0, NR>(w, nb, x, r0, y, ldy);
+    case Q5_1: return row32<B5_1, NR>(w, nb, x, r0, y, ldy);
+    case Q8_0: return row32<B8_0, NR>(w, nb, x, r0, y, ldy);
+    case Q4_K: return row_q45k<NR, false>(w, nb, x, r0, y, ldy);
+    case Q5_K: return row_q45k<NR, true>(w, nb, x, r0, y, ldy);
+    case Q6_K: return row_q6k<NR>(w, nb, x, r0, y, ldy);
+    default: return;
+  }
+}
+
+}  // namespace q16
+
+// Weight rows [n0, n1) against the m_rows activation rows of x; y is (m_rows, ldy). Four activation
+// rows share each weight block's decode; 64 at a time stay in L2 while the weight rows stream past.
+inline void rows_q16(int type, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const XRows& x,
+                     int64_t m_rows, float* y, int64_t ldy) {
+  int64_t block = 0;
+  with_format(type, [&]<class T>() { block = T::BYTES; });
+  const int64_t nb = row_bytes / block;
+  constexpr int64_t MB = 64, kAhead = 8;
+  for (int64_t m0 = 0; m0 < m_rows; m0 += MB) {
+    const int64_t m1 = m0 + MB < m_rows ? m0 + MB : m_rows;
+    for (int64_t n = n0; n < n1; ++n) {
+      const uint8_t* wr = w + n * row_bytes;
+      // 8 rows ahead: the hardware prefetcher alone left cold matrices at 0.7-0.8x the fp32 path's GB/s
+      if (n + kAhead < n1)
+        for (int64_t i = 0; i < row_bytes; i += 64) __builtin_prefetch(wr + kAhead * row_bytes + i, 0, 3);
+      int64_t m = m0;
+      for (; m + 4 <= m1; m += 4) q16::row_any<4>(type, wr, nb, x, m, y + m * ldy + n, ldy);
+      switch (m1 - m) {
+        case 3: q16::row_any<3>(type, wr, nb, x, m, y + m * ldy + n, ldy); break;
+        case 2: q16::row_any<2>(type, wr, nb, x, m, y + m * ldy + n, ldy); break;
+        case 1: q16::row_any<1>(type, wr, nb, x, m, y + m * ldy + n, ldy); break;
+        default: break;
+      }
+    }
+  }
+}
+
+// Row `row` of x (k floats) -> int16 codes with one scale per `group` elements (32, or a K-quant's 256):
+// d = max|x| / 32767, q = round-half-even(x / d); s[j] = d * (sum of the codes of 32-group j).
+inline void quantize_q16(const float* x, int64_t k, int group, int64_t row, const XRows& out) {
+  int16_t* q = out.q + row * k;
+  float* d = out.d + row * (k / group);
+  float* s = out.s + row * (k / 32);
+  for (int64_t g0 = 0; g0 < k; g0 += group) {
+    float amax = 0.0f;
+    for (int i = 0; i < group; ++i) amax = std::fmax(amax, std::fabs(x[g0 + i]));
+    const float dg = amax / 32767.0f;
+    const float id = dg != 0.0f ? 1.0f / dg : 0.0f;
+    d[g0 / group] = dg;
+    for (int64_t j = g0; j < g0 + group; j += 32) {
+      int sum = 0;
+      for (int i = 0; i < 32; ++i) {
+        const int v = static_cast<int>(std::nearbyint(x[j + i] * id));
+        q[j + i] = static_cast<int16_t>(v);
+        sum += v;
+      }
+      s[j / 32] = dg * static_cast<float>(sum);
+    }
+  }
+}
+
+}  // namespace GK_ISA
+}  // namespace gk
