@@ -1,6 +1,12 @@
-"""What tool_choice auto's grammar costs on a model without a call syntax of its own (gmlx's JSON convention).
+"""What tool_choice auto's grammar costs on a model without a call syntax of its own (gmlx's JSON convention),
+and how often a tool request's reply is read as a call, before and after reading calls written without markers.
 
     .venv/bin/python bench/tool_calls.py [--models smollm2,gemma] [--gen 48] [--runs 3]
+    .venv/bin/python bench/tool_calls.py --rate [--models smollm2,gemma,qwen0.5,qwen1.5]
+
+The rate: each model answers a fixed set of weather questions (one get_weather tool, in its template's syntax or
+gmlx's JSON convention, greedy, `--gen` tokens at most), and each reply is read twice, by the syntax's own parser
+(before: the template's markers only) and by the lenient reader (after: bare JSON, fenced json, marker slips).
 
 Per model: the same prompt (a question, the tools in gmlx's system block), greedy, EOS banned so every run
 decodes `--gen` tokens, with and without the auto grammar (free text, or text that opens one valid call),
@@ -32,16 +38,20 @@ from gmlx_server.engine.tool_grammar import compile_tool_grammar
 from gmlx_server.engine.tool_syntax import GMLX_JSON
 from gmlx_server.engine.types import GenerationRequest, SamplingParams, TokenEvent
 from gmlx_server.neutral import GenerationParams
+from gmlx_server.protocol.tools import FORMATS, CallParser, LenientCalls, ToolCallEnd, new_call_id
 from gmlx_server.service.addressing import Settings
 from gmlx_server.service.generate import render_chat
-from gmlx_server.service.tool_prompt import ToolPlan
-from tests.conftest import gemma_path, smollm2_path
+from gmlx_server.service.tool_prompt import ToolPlan, plan_tools
+from tests.conftest import gemma_path, qwen_coder_path, smollm2_path
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather now in a city",
                                            "parameters": {"type": "object", "required": ["city"],
                                                           "properties": {"city": {"type": "string"}}}}}]
 QUESTION = "Write a short poem about the sea."
+WEATHER = ("Weather in Paris?", "What's the temperature in Tokyo right now?", "Is it raining in London?",
+           "Get me the weather for Berlin.", "How hot is it in Cairo today?", "Weather in New York, please.",
+           "Tell me the weather in Sydney.", "Should I bring an umbrella in Seattle today?")
 
 
 def _run(engine: MLXEngine, prompt: list[int], gen: int, grammar: CompiledGrammar | None) -> tuple[str, float]:
@@ -94,6 +104,33 @@ def _mask_cost(engine: MLXEngine, grammar: CompiledGrammar, text: str) -> tuple[
     return (t1 - t0) / len(ids) * 1e3, (t2 - t1) / len(ids) * 1e3
 
 
+def _reads_a_call(parser: CallParser, text: str) -> bool:
+    events = parser.feed(text) + parser.finish()
+    return any(isinstance(e, ToolCallEnd) for e in events)
+
+
+def call_rate(path: str, gen: int) -> None:
+    """Replies read as calls, by the syntax's own parser and by the lenient reader, over the same texts."""
+    engine = MLXEngine(lambda: load_gguf_model(path))
+    try:
+        before = after = 0
+        for question in WEATHER:
+            inp = GenerationParams(messages=({"role": "user", "content": question},), tools=tuple(TOOLS))
+            plan = plan_tools(inp, engine.template, "auto")
+            assert plan is not None
+            prompt = engine.tokenizer.encode(render_chat(inp, Settings({}), engine.template, plan), False)
+            events: list[TokenEvent] = []
+            engine.generate_sync(GenerationRequest("rate", prompt, gen, SamplingParams(temperature=0.0)), events.append)
+            text = "".join(e.text for e in events)
+            fmt = FORMATS[plan.syntax.name]
+            before += _reads_a_call(fmt.streaming(TOOLS), text)
+            after += _reads_a_call(LenientCalls(fmt, TOOLS, new_call_id), text)
+        n = len(WEATHER)
+        print(f"{Path(path).name:40s} {plan.syntax.name:6s} tool-call rate before {before}/{n}  after {after}/{n}")
+    finally:
+        engine.close()
+
+
 def compile_claude_tools() -> None:
     body = json.loads((ROOT / "tests/data/agents/claude-session.json").read_text())["requests"][0]["body"]
     tools = [{"type": "function", "function": {"name": t["name"], "parameters": t["input_schema"]}}
@@ -111,11 +148,17 @@ def main() -> None:
     ap.add_argument("--models", default="smollm2,gemma")
     ap.add_argument("--gen", type=int, default=48)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--rate", action="store_true", help="the tool-call rate before/after, instead of the speed")
     args = ap.parse_args()
-    paths = {"smollm2": smollm2_path, "gemma": gemma_path}
+    paths = {"smollm2": smollm2_path, "gemma": gemma_path, "qwen0.5": lambda: qwen_coder_path("0.5b"),
+             "qwen1.5": lambda: qwen_coder_path("1.5b")}
     for name in args.models.split(","):
-        bench_model(paths[name](), args.gen, args.runs)
-    compile_claude_tools()
+        if args.rate:
+            call_rate(paths[name](), args.gen)
+        else:
+            bench_model(paths[name](), args.gen, args.runs)
+    if not args.rate:
+        compile_claude_tools()
 
 
 if __name__ == "__main__":

@@ -13,12 +13,14 @@ from gmlx_server.engine.types import TokenEvent
 from gmlx_server.neutral import GenerationParams
 from gmlx_server.protocol.neutral import Event, EventEncoder, Forwarding, Tally
 from gmlx_server.protocol.tools import (
+    CallParser,
+    LenientCalls,
     TextDelta,
     ToolCallArgsDelta,
     ToolCallStart,
     ToolEvent,
-    ToolStreamParser,
     format_of,
+    new_call_id,
 )
 
 log = logging.getLogger("gmlx.tools")
@@ -27,7 +29,7 @@ log = logging.getLogger("gmlx.tools")
 class ToolCallEncoder(Forwarding):
     """An EventEncoder that parses tool calls out of the text before `inner` sees it."""
 
-    def __init__(self, inner: EventEncoder, parser: ToolStreamParser, params: GenerationParams,
+    def __init__(self, inner: EventEncoder, parser: CallParser, params: GenerationParams,
                  use: ToolUse) -> None:
         self.inner, self.parser, self.use = inner, parser, use
         self._choice = params.tool_choice
@@ -69,4 +71,5 @@ def with_tool_calls(encoder: EventEncoder, params: GenerationParams, tools: Tool
     """`encoder` as is, unless the reply is read for tool calls (the service's ToolUse says in which syntax)."""
     if tools is None:
         return encoder
-    return ToolCallEncoder(encoder, format_of(tools.syntax).streaming(params.tools), params, tools)
+    parser = LenientCalls(format_of(tools.syntax), params.tools, new_call_id)  # markerless calls too
+    return ToolCallEncoder(encoder, parser, params, tools)

@@ -15,10 +15,13 @@ from gmlx_server.protocol.tools.events import (
     ToolEvent,
 )
 from gmlx_server.protocol.tools.formats import FORMATS, format_of, infer_tool_format
-from gmlx_server.protocol.tools.stream import ToolFormat, ToolStreamParser
+from gmlx_server.protocol.tools.lenient import LenientCalls
+from gmlx_server.protocol.tools.stream import CallParser, ToolFormat, ToolStreamParser, new_call_id
 
 __all__ = [
     "FORMATS",
+    "CallParser",
+    "LenientCalls",
     "ParsedCall",
     "TextDelta",
     "ToolCallArgsDelta",
@@ -29,4 +32,5 @@ __all__ = [
     "ToolStreamParser",
     "format_of",
     "infer_tool_format",
+    "new_call_id",
 ]

@@ -14,7 +14,7 @@ import re
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from gmlx_server.engine.tool_syntax import ToolSyntax
 from gmlx_server.protocol.tools.events import (
@@ -64,7 +64,7 @@ class ToolFormat:
 
     def streaming(self, tools: Tools = None, new_id: Callable[[], str] | None = None) -> ToolStreamParser:
         """A parser for one response; `tools` are the request's (some formats read argument types there)."""
-        return ToolStreamParser(self, tools, new_id or _random_id)
+        return ToolStreamParser(self, tools, new_id or new_call_id)
 
     def parse_text(self, text: str, tools: Tools = None) -> tuple[str, list[ParsedCall]]:
         """Whole-text convenience: (the text outside calls, the calls)."""
@@ -75,8 +75,22 @@ class ToolFormat:
         return shown, [ParsedCall(names[e.index], e.arguments) for e in events if isinstance(e, ToolCallEnd)]
 
 
-def _random_id() -> str:
+def new_call_id() -> str:
     return secrets.token_hex(12)
+
+
+class CallParser(Protocol):
+    """What reads one reply's calls: text deltas in, events out; counts for the finish reason and the log."""
+
+    @property
+    def calls(self) -> int: ...
+
+    @property
+    def failed(self) -> int: ...
+
+    def feed(self, text: str) -> list[ToolEvent]: ...
+
+    def finish(self) -> list[ToolEvent]: ...
 
 
 class ToolStreamParser:

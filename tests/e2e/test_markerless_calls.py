@@ -1,0 +1,73 @@
+"""Tool calls written without the template's markers, on the project's own tool-capable model
+(Qwen2.5-Coder 0.5B, Hermes template) through the openai SDK, against a real `gmlx serve`.
+
+Asked "Weather in Paris?" with one get_weather tool, the 0.5B model answers greedily with a fenced json
+block of the call, not `<tool_call>` tags. That reply is a call (finish_reason tool_calls), streamed and not;
+the tool's result sent back gets a final text answer. What that answer says is the 0.5B model's: it restates
+its call and the result it was given.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+
+from tests.conftest import qwen_coder_path
+from tests.e2e.server import LiveServer, gmlx_serve, openai_client
+
+pytestmark = pytest.mark.slow
+MODEL = "qwen2.5-coder-0.5b-instruct-q4_k_m"  # the file's stem: served alone
+TOOLS: list[Any] = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather now in a city",
+    "parameters": {"type": "object", "required": ["city"], "properties": {"city": {"type": "string"}}}}}]
+ASK: list[Any] = [{"role": "user", "content": "Weather in Paris?"}]
+RESULT = json.dumps({"temperature_c": 22, "sky": "sunny"})
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    with gmlx_serve([qwen_coder_path("0.5b")], tmp_path_factory.mktemp("markerless")) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def oai(server: LiveServer) -> openai.OpenAI:
+    return openai_client(server)
+
+
+def _ask(oai: openai.OpenAI, messages: list[Any], stream: bool) -> tuple[str | None, str, list[dict[str, Any]]]:
+    """(finish_reason, content, tool calls) of one greedy turn, read the way a harness reads it."""
+    body: dict[str, Any] = {"model": MODEL, "messages": messages, "tools": TOOLS, "max_tokens": 60,
+                            "temperature": 0}
+    if not stream:
+        choice = oai.chat.completions.create(**body).choices[0]
+        calls = [c.model_dump() for c in choice.message.tool_calls or ()]
+        return choice.finish_reason, choice.message.content or "", calls
+    content, calls, finish = "", {}, None
+    for chunk in oai.chat.completions.create(**body, stream=True):
+        choice = chunk.choices[0]
+        content += choice.delta.content or ""
+        for d in choice.delta.tool_calls or ():
+            call = calls.setdefault(d.index, {"id": d.id, "type": "function",
+                                              "function": {"name": "", "arguments": ""}})
+            call["function"]["name"] += d.function.name or ""
+            call["function"]["arguments"] += d.function.arguments or ""
+        finish = choice.finish_reason or finish
+    return finish, content, list(calls.values())
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_get_weather_round_trip(oai: openai.OpenAI, stream: bool) -> None:
+    finish, content, calls = _ask(oai, ASK, stream)
+    assert finish == "tool_calls" and content == ""
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("get_weather", {"city": "Paris"})]
+    history = [*ASK, {"role": "assistant", "content": None, "tool_calls": calls},
+               {"role": "tool", "tool_call_id": calls[0]["id"], "content": RESULT}]
+    finish, answer, calls = _ask(oai, history, stream)
+    assert finish == "stop" and not calls
+    assert "22" in answer and "sunny" in answer  # the tool's result reached the answer
