@@ -37,6 +37,7 @@ class GenerationParams:
     prompt: str | None = None
     tools: tuple[dict[str, Any], ...] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True  # False: at most one call in the reply (the first)
     sampling: Mapping[str, Any] = field(default_factory=dict)  # explicit fields only
     logit_bias: Mapping[int, float] = field(default_factory=dict)
     max_tokens: int | None = None

@@ -159,6 +159,12 @@ def _tool_choice(body: Mapping[str, Any]) -> str | dict[str, Any] | None:
     return mapped
 
 
+def _parallel(body: Mapping[str, Any]) -> bool:
+    """tool_choice.disable_parallel_tool_use: true asks for one call at most."""
+    choice = p.obj(body, "tool_choice") or {}
+    return p.nested(p.boolean, choice, "disable_parallel_tool_use", "tool_choice.disable_parallel_tool_use") is not True
+
+
 def _tools(body: Mapping[str, Any]) -> tuple[tuple[dict[str, Any], ...] | None, str | dict[str, Any] | None]:
     return p.array_of(body, "tools", _tool) or None, _tool_choice(body)
 
@@ -205,7 +211,7 @@ def parse_messages(raw: Any, path: str = "/v1/messages") -> GenerationParams:
     tools, choice = _tools(body)
     return GenerationParams(
         **p.generation_basics(body), **_thinking_fields(body),
-        messages=_conversation(body), tools=tools, tool_choice=choice,
+        messages=_conversation(body), tools=tools, tool_choice=choice, parallel_tool_calls=_parallel(body),
         max_tokens=p.max_tokens(body, ("max_tokens", "max_output_tokens")),
         stop=p.stop(body, "stop_sequences", STOP_SEQUENCES_LIMIT),
         template_kwargs=p.obj(body, "chat_template_kwargs") or {},

@@ -189,6 +189,7 @@ def parse_chat(raw: Any, path: str = "/v1/chat/completions") -> GenerationParams
     return GenerationParams(
         **_common(body), **thinking_controls(body),
         messages=_messages(body), tools=tools, tool_choice=choice,
+        parallel_tool_calls=p.boolean(body, "parallel_tool_calls") is not False,
         max_tokens=p.max_tokens(body, ("max_completion_tokens", "max_tokens", "max_output_tokens")),
         logprobs=logprobs, top_logprobs=top_logprobs,
         template_kwargs=p.obj(body, "chat_template_kwargs") or {},

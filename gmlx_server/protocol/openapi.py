@@ -90,7 +90,7 @@ def _chat() -> Schema:
     fmt = obj(("type",), type={"enum": ["text", "json_object", "json_schema"]},
               json_schema=obj(("schema",), name=STRING, schema=OBJECT, strict=BOOL))
     return obj(("messages",), **_generation(
-        messages=array(ref("ChatMessage"), minItems=1), tools=array(tool), tool_choice=choice,
+        messages=array(ref("ChatMessage"), minItems=1), tools=array(tool), tool_choice=choice, parallel_tool_calls=BOOL,
         response_format=fmt, stream_options=obj(include_usage=BOOL), stop=ref("Stop"),
         max_tokens=TOKENS, max_completion_tokens=TOKENS, max_output_tokens=TOKENS,
         logprobs=BOOL, top_logprobs={"type": "integer", "minimum": 0, "maximum": 20},
@@ -117,7 +117,8 @@ def _messages() -> Schema:
     msg = obj(("role", "content"), role={"enum": ["user", "assistant", "system"]},
               content=one_of(STRING, array(ref("AnthropicBlock"))))
     tool = obj(("name",), name=STRING, description=STRING, input_schema=OBJECT)
-    choice = obj(("type",), type={"enum": ["auto", "any", "tool", "none"]}, name=STRING)
+    choice = obj(("type",), type={"enum": ["auto", "any", "tool", "none"]}, name=STRING,
+                 disable_parallel_tool_use=BOOL)
     return obj(("messages",), **_generation(
         messages=array(msg, minItems=1), system=one_of(STRING, array(obj(("type", "text"), type={"enum": ["text"]},
                                                                           text=STRING))),
@@ -145,6 +146,7 @@ def _responses() -> Schema:
     fmt = obj(("type",), type={"enum": ["text", "json_object", "json_schema"]}, name=STRING, schema=OBJECT)
     return obj(("input",), **_generation(
         input=one_of(STRING, array(item, minItems=1)), instructions=STRING, tools=array(tool), tool_choice=choice,
+        parallel_tool_calls=BOOL,
         text=obj(format=fmt), max_output_tokens=TOKENS, max_tokens=TOKENS, store=BOOL,
         previous_response_id=STRING, metadata=OBJECT, **_thinking()))
 

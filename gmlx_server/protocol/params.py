@@ -31,7 +31,7 @@ PARAMETER_TABLE: Mapping[str, tuple[str, str, str, str]] = {
     "max_completion_tokens": (_H, _I, _I, _I),
     "n": (_I, _I, _I, _CHECKED),
     "user": (_I, _I, _I, _I),
-    "parallel_tool_calls": (_I, _I, _I, _I),
+    "parallel_tool_calls": (_H, _H, _I, _I),  # Anthropic's is tool_choice.disable_parallel_tool_use
     "tool_choice": (_H, _H, _H, _I),
     "metadata": (_I, _I, _I, _I),
     "output_config": (_I, _I, _H, _I),

@@ -174,6 +174,7 @@ def parse_responses(raw: Any, path: str = "/v1/responses") -> ResponsesRequest:
     params = GenerationParams(
         **p.generation_basics(body), **thinking_controls(body),
         messages=messages, tools=p.array_of(body, "tools", _tool) or None, tool_choice=_tool_choice(body),
+        parallel_tool_calls=p.boolean(body, "parallel_tool_calls") is not False,
         max_tokens=max_tokens,
         template_kwargs=p.obj(body, "chat_template_kwargs") or {}, grammar=grammar, ignored=ignored,
         messages_param="input", format_param="text.format",

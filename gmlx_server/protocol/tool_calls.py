@@ -34,14 +34,18 @@ class ToolCallEncoder(Forwarding):
         self.inner, self.parser, self.use = inner, parser, use
         self._choice = params.tool_choice
         self._format_stops = tuple(s for s in use.syntax.stop if s not in params.stop)
+        self._one_call = not params.parallel_tool_calls
+        self._dropped: set[int] = set()  # calls past the first under parallel_tool_calls false
 
     def feed(self, ev: TokenEvent) -> list[Event]:
         events = self._render(self.parser.feed(ev.text))
         if ev.finish_reason is not None:
             events += self._render(self.parser.finish())
             self._check_forced(ev)
+            if self._dropped:
+                log.info("parallel_tool_calls false: %d more call(s) after the first dropped", len(self._dropped))
             if self.use.report is not None:
-                self.use.report(self.parser.calls, self.parser.failed)
+                self.use.report(self.parser.calls - len(self._dropped), self.parser.failed)
             if ev.stop_string in self._format_stops:  # our stop, not the client's: no stop_sequence
                 ev = replace(ev, stop_string=None)
         return events + self.inner.feed(replace(ev, text=""))
@@ -49,6 +53,10 @@ class ToolCallEncoder(Forwarding):
     def _render(self, parsed: list[ToolEvent]) -> list[Event]:
         out: list[Event] = []
         for e in parsed:
+            if isinstance(e, ToolCallStart) and self._one_call and e.index > 0:
+                self._dropped.add(e.index)
+            if not isinstance(e, TextDelta) and e.index in self._dropped:
+                continue
             if isinstance(e, TextDelta):
                 out += self.inner.text(e.text)
             elif isinstance(e, ToolCallStart):
@@ -65,6 +73,11 @@ class ToolCallEncoder(Forwarding):
             log.warning("tool_choice %s asked for a call, but the model produced none%s", self._choice,
                         " (the constrained call was cut short)" if self.use.constrained
                         else " (the choice was not enforced)")
+
+
+def parallel_honoured(params: GenerationParams, tools: ToolUse | None) -> bool:
+    """What parallel_tool_calls the reply gets: a call grammar holds it to one call whatever was asked."""
+    return params.parallel_tool_calls and not (tools is not None and tools.constrained)
 
 
 def with_tool_calls(encoder: EventEncoder, params: GenerationParams, tools: ToolUse | None) -> EventEncoder:

@@ -11,7 +11,7 @@ from gmlx_server.protocol.neutral import new_id
 from gmlx_server.protocol.reasoning import with_reasoning
 from gmlx_server.protocol.responses import parse_responses
 from gmlx_server.protocol.responses_out import ResponsesEncoder, ResponsesMeta
-from gmlx_server.protocol.tool_calls import with_tool_calls
+from gmlx_server.protocol.tool_calls import parallel_honoured, with_tool_calls
 from gmlx_server.routes.common import GmlxRequest, report_clamp
 from gmlx_server.routes.events import send
 from gmlx_server.routes.parsing import parse_body
@@ -31,7 +31,8 @@ class Responses:
         params = request.with_history(history)
         response_id = new_id("resp_")
         started = await start_reply(self.host, self.assistants, params, response_id, request_record(req))
-        meta = ResponsesMeta(response_id, started.model_id, int(time.time()), started.prompt_tokens, request.echo)
+        echo = {**request.echo, "parallel_tool_calls": parallel_honoured(params, started.tools)}
+        meta = ResponsesMeta(response_id, started.model_id, int(time.time()), started.prompt_tokens, echo)
         encoder = ResponsesEncoder(meta)
         report_clamp(resp, started.requested_max_tokens, started.max_tokens)
 

@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from tests.conftest import qwen_coder_path
-from tests.e2e.server import LiveServer, gmlx_serve, openai_client
+from tests.e2e.server import LiveServer, anthropic_client, gmlx_serve, openai_client
 
 pytestmark = pytest.mark.slow
 MODEL = "qwen2.5-coder-0.5b-instruct-q4_k_m"  # the file's stem: served alone
@@ -71,3 +71,33 @@ def test_get_weather_round_trip(oai: openai.OpenAI, stream: bool) -> None:
     finish, answer, calls = _ask(oai, history, stream)
     assert finish == "stop" and not calls
     assert "22" in answer and "sunny" in answer  # the tool's result reached the answer
+
+
+TWO_TOOLS: list[Any] = [*TOOLS, {"type": "function", "function": {
+    "name": "get_time", "description": "The local time in a city",
+    "parameters": {"type": "object", "required": ["city"], "properties": {"city": {"type": "string"}}}}}]
+SEVERAL = "You can call several functions in one reply, each in its own <tool_call></tool_call> block."
+BOTH: list[Any] = [{"role": "system", "content": SEVERAL},
+                   {"role": "user", "content": "What's the weather and the local time in Paris?"}]
+
+
+def test_parallel_tool_calls_false_gives_one_call(oai: openai.OpenAI, server: LiveServer) -> None:
+    """Greedy, the model writes two calls (as JSON lines); parallel_tool_calls false keeps the first."""
+    body: dict[str, Any] = {"model": MODEL, "messages": BOTH, "tools": TWO_TOOLS, "max_tokens": 150,
+                            "temperature": 0}
+    names = [[c.function.name for c in oai.chat.completions.create(**body, **extra).choices[0].message.tool_calls]
+             for extra in ({}, {"parallel_tool_calls": False})]
+    assert names == [["get_weather", "get_time"], ["get_weather"]]
+    tools = [{"type": "function", **t["function"]} for t in TWO_TOOLS]
+    for flag, expected in ((True, ["get_weather", "get_time"]), (False, ["get_weather"])):
+        r = oai.responses.create(model=MODEL, input=BOTH, tools=tools, max_output_tokens=150, temperature=0,
+                                 parallel_tool_calls=flag)
+        assert r.parallel_tool_calls is flag and [o.name for o in r.output if o.type == "function_call"] == expected
+    claude = anthropic_client(server)
+    for one, expected in ((False, ["get_weather", "get_time"]), (True, ["get_weather"])):
+        msg = claude.messages.create(
+            model=MODEL, max_tokens=150, system=SEVERAL, messages=BOTH[1:], extra_body={"temperature": 0},
+            tools=[{"name": t["function"]["name"], "input_schema": t["function"]["parameters"]} for t in TWO_TOOLS],
+            tool_choice={"type": "auto", "disable_parallel_tool_use": one})
+        assert [b.name for b in msg.content if b.type == "tool_use"] == expected
+    assert "parallel_tool_calls false: 1 more call(s) after the first dropped" in server.log()

@@ -24,6 +24,8 @@ CASES: list[tuple[str, str, str, list[tuple[str, dict[str, Any]]]]] = [
      [PARIS]),  # Qwen2.5-Coder 0.5B's greedy answer to "Weather in Paris?"
     ("hermes", f"\n{CALL}\n", "", [PARIS]),
     ("json", f'[{CALL}, {{"name": "get_time", "parameters": {{}}}}]', "", [PARIS, ("get_time", {})]),
+    ("hermes", f'{CALL}\n{{"name": "get_time", "arguments": {{}}}}', "", [PARIS, ("get_time", {})]),  # JSON lines
+    ("hermes", f'{CALL}\n{{"temperature_c": 22}}', f'{CALL}\n{{"temperature_c": 22}}', []),  # a call, then not
     ("hermes", f"<Tool_Call>\n{CALL}\n< /tool_call >", "", [PARIS]),
     ("hermes", f"Sure. <tool_call >{CALL}</tool_call>", "Sure.", [PARIS]),
     ("hermes", '{"name": "get_forecast", "arguments": {"city": "Paris"}}',

@@ -5,8 +5,8 @@ object of the call shape, the same in a fenced ```json block, or the markers wit
 (`<Tool_Call>`, `< /tool_call>`). Two readers in front of the syntax's own parser:
 
 - slipped markers are written back as the template's before the parser sees them (anywhere in the reply);
-- a reply that is exactly one bare or fenced JSON call (or a list of them) of offered tools becomes those
-  calls. While the reply may still be one it is held back; anything else is shown as it comes.
+- a reply that is nothing but bare or fenced JSON calls of offered tools (one object, a list, or one object per
+  line) becomes those calls. While the reply may still be one it is held back; anything else is shown as it comes.
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ class LenientCalls:
         return out
 
     def _could_be_call(self, text: str) -> bool:
-        """Still possibly exactly one bare or fenced call: a JSON value in the making, or one just complete."""
+        """Still possibly exactly bare or fenced calls: JSON values in the making, or calls just complete."""
         s = text.lstrip()
         if not s:
             return True
@@ -151,27 +151,40 @@ class LenientCalls:
             fence = _FENCE.match(s)
             if fence is None:
                 return False
-            s = s[fence.end():].lstrip()
-            if not s:
+            s = s[fence.end():]
+        at, seen = 0, 0
+        while True:
+            at += len(s[at:]) - len(s[at:].lstrip())
+            if at == len(s):
                 return True
-        if s[0] not in "{[":
-            return False
-        try:
-            value, end = _DECODER.raw_decode(s)
-        except json.JSONDecodeError:
-            return True  # not complete yet (a malformed one shows at the end)
-        tail = s[end:].strip()
-        return bare_calls(value, self._names) is not None and "```".startswith(tail)
+            if s[at] not in "{[":
+                return seen > 0 and "```".startswith(s[at:].rstrip())  # the closing fence
+            try:
+                value, at = _DECODER.raw_decode(s, at)
+            except json.JSONDecodeError:
+                return True  # not complete yet (a malformed one shows at the end)
+            if bare_calls(value, self._names) is None:
+                return False
+            seen += 1
 
     def _whole_call(self, text: str) -> list[tuple[str, dict[str, Any]]] | None:
+        """The calls of a reply that is nothing but bare JSON calls (one per value), fenced or not."""
         s = text.strip()
         fence = _FENCE.match(s)
         if fence is not None:
             if not s.endswith("```"):
                 return None
             s = s[fence.end():-3].strip()
-        try:
-            return bare_calls(json.loads(s), self._names)
-        except ValueError:
-            return None
-
+        calls: list[tuple[str, dict[str, Any]]] = []
+        at = 0
+        while at < len(s):
+            try:
+                value, at = _DECODER.raw_decode(s, at)
+            except json.JSONDecodeError:
+                return None
+            found = bare_calls(value, self._names)
+            if found is None:
+                return None
+            calls += found
+            at += len(s[at:]) - len(s[at:].lstrip())
+        return calls or None
