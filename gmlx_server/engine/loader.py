@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 
 from gmlx_plan.geometry import DEFAULT_CONTEXT, geometry_from_header
-from gmlx_plan.gguf_header import GGUFHeader, read_header
+from gmlx_plan.gguf_header import GGUFHeader, SkippedArray, read_header
 from gmlx_plan.memory import KVQuant, quantized_layers
 from gmlx_server.engine.arch import ArchSpec, arch_spec, make_cache, vocab_size
 from gmlx_server.engine.attention import install_attention
@@ -66,6 +66,7 @@ def load_gguf_model(path: str | Path, model_id: str | None = None, layout: Layou
     mx.clear_cache()  # the buffers of replaced arrays (fused parts, transposed originals) stay cached otherwise
     tokenizer = GGUFTokenizer.from_metadata(header.metadata)
     template = JinjaChatTemplate.from_metadata(header.metadata, spec.family, chat_template)
+    header = without_vocabulary_arrays(header)
     trained = int(header.arch_value("context_length", DEFAULT_CONTEXT))
     caches = CacheFactory(lambda: make_cache(model), kv_quant,
                           quantized_layers(geometry_from_header(header), kv_quant))
@@ -81,6 +82,18 @@ def load_gguf_model(path: str | Path, model_id: str | None = None, layout: Layou
     )
     _log_load(info, report, why, template.source, "mx.fast" if on_gpu else "gmlx CPU (folded GQA, exp2 softmax)")
     return LoadedModel(model, header, spec, info, tokenizer, template, report, caches)
+
+
+# Read only while the tokenizer is built: Gemma 3's 262K scores and types are ~11 MB of Python objects.
+# The token list stays (the tokenizer holds the same list; a drafter's is compared against it).
+VOCABULARY_ARRAYS = ("tokenizer.ggml.scores", "tokenizer.ggml.token_type", "tokenizer.ggml.merges")
+
+
+def without_vocabulary_arrays(header: GGUFHeader) -> GGUFHeader:
+    """The header with the tokenizer-only arrays replaced by their lengths (as read_header(strings=False))."""
+    meta = {k: SkippedArray(len(v)) if k in VOCABULARY_ARRAYS and isinstance(v, list) else v
+            for k, v in header.metadata.items()}
+    return replace(header, metadata=meta)
 
 
 def _layout(requested: LayoutChoice, on_gpu: bool, native_kernels: bool, header: GGUFHeader) -> tuple[str, str]:

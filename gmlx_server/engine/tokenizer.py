@@ -94,7 +94,9 @@ class _Vocab:
 
     @classmethod
     def read(cls, metadata: Mapping[str, Any]) -> _Vocab:
-        tokens: list[str] = list(metadata["tokenizer.ggml.tokens"])
+        raw_tokens = metadata["tokenizer.ggml.tokens"]
+        # the header's own list, not a copy: the loader keeps that key and drops the other arrays
+        tokens: list[str] = raw_tokens if isinstance(raw_tokens, list) else list(raw_tokens)
         raw = metadata.get("tokenizer.ggml.token_type")
         types = np.asarray(raw, dtype=np.int64) if raw else np.full(len(tokens), NORMAL, dtype=np.int64)
         return cls(tokens, types, {t: i for i, t in enumerate(tokens)})

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import mlx.core as mx
 import pytest
 
+from gmlx_plan.gguf_header import SkippedArray, read_header, token_list_difference
 from gmlx_server.engine.loader import load_gguf_model
 from tests.conftest import gemma_path, smollm2_path
 
@@ -44,3 +45,16 @@ def test_native_load_holds_the_file_once(path: Callable[[], str]) -> None:
     assert lm.info.weights_layout == "native"
     assert held <= 1.02 * size, f"{held / 1e6:.0f} MB held for a {size / 1e6:.0f} MB file"
     assert peak <= 1.05 * held, f"load peak {peak / 1e6:.0f} MB for {held / 1e6:.0f} MB of weights"
+
+
+def test_load_drops_the_tokenizer_only_arrays_of_the_header() -> None:
+    """Gemma 3's 262K scores and token types are read once to build the tokenizer, then held as lengths;
+    the token list stays, as the tokenizer's own list (a drafter's is still compared against it)."""
+    path = gemma_path()
+    lm = load_gguf_model(path, layout="native")
+    meta = lm.header.metadata
+    assert isinstance(meta["tokenizer.ggml.scores"], SkippedArray)
+    assert isinstance(meta["tokenizer.ggml.token_type"], SkippedArray)
+    assert len(meta["tokenizer.ggml.scores"]) == len(meta["tokenizer.ggml.tokens"]) == lm.tokenizer.vocab_size
+    assert token_list_difference(read_header(path), lm.header) is None
+    assert lm.tokenizer.decode(lm.tokenizer.encode("The Eiffel Tower", add_special_tokens=False)) == "The Eiffel Tower"
