@@ -159,14 +159,15 @@ def create_app(
     config: ServerConfig,
     engine_factory: EngineFactory | None = None,
     *,
+    check_headers: bool = True,
     host: ModelHost | None = None,
     services: ServiceHost | None = None,
     assistants: Assistants | None = None,
 ) -> GmlxApp:
     """The ASGI app. Engines are created lazily, on a model's first request, by `engine_factory`
-    (default: gmlx_server.engine.factory.create_engine). Pass `host` (or `services`, `assistants`) to share or
-    inspect it."""
-    host = host if host is not None else ModelHost(config, engine_factory)
+    (default: gmlx_server.engine.factory.create_engine); `check_headers` off for engines whose entries name no
+    real file (a test's fakes). Pass `host` (or `services`, `assistants`) to share or inspect it."""
+    host = host if host is not None else ModelHost(config, engine_factory, check_headers=check_headers)
     services = services if services is not None else ServiceHost(config, host)
     assistants = assistants if assistants is not None else Assistants(config, host.telemetry)
     host.services_weights = services.weights  # the chat load gate counts the service models as held

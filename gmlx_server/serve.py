@@ -107,8 +107,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from gmlx_server.header_timeout import uvicorn_limits
     from gmlx_server.service.host import ModelHost
 
-    host = ModelHost(config)  # the default factory, which also checks each model's GGUF header
-    host.drain.deadline_s = args.drain_timeout
+    host = ModelHost(config, drain_deadline_s=args.drain_timeout)  # the default factory; GGUF headers checked
     app = create_app(config, host=host)
     s = config.server
     log.info("listening on %s://%s:%d%s", "https" if tls else "http", s.host, s.port,

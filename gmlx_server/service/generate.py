@@ -34,6 +34,7 @@ from gmlx_server.service.fair_share import Released
 from gmlx_server.service.host import ModelHost
 from gmlx_server.service.images import ImagePolicy
 from gmlx_server.service.reasoning import reasoning_syntax, reasoning_use, with_effort_budget
+from gmlx_server.service.request_log import OutputCap
 from gmlx_server.service.roles import REPAIRS
 from gmlx_server.service.tool_choice import constrain_tools, tool_use
 from gmlx_server.service.tool_prompt import ToolPlan, plan_tools, prompted_messages
@@ -117,12 +118,6 @@ def render_messages(inp: GenerationParams, settings: Settings, template: ChatTem
         except Exception:
             continue
     raise InvalidRequest(f"the chat template rejected the request: {refused}", param=inp.messages_param) from refused
-
-
-@dataclass(frozen=True)
-class OutputCap:
-    max_tokens: int
-    requested: int | None = None  # the client's max_tokens when the clamp lowered it
 
 
 def fit_context(prompt_tokens: int, explicit: int | None, profile_cap: int | None, budget: int,
@@ -337,7 +332,7 @@ def _submit(host: ModelHost, prep: Prepared, record: RequestRecord | None) -> Re
             if ev.timings is not None:
                 host.telemetry.keys.used(caller.label, ev.timings.prompt_tokens, ev.timings.generated)
 
-    return host.telemetry.track(model_id, host.submit(model_id, engine, prep.request), finished)
+    return host.start(prep.prompt.model_id, prep.prompt.engine, prep.request, finished)
 
 
 def check_speculative(inp: GenerationParams, settings: Settings, sampling: SamplingParams) -> None:

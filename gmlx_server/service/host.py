@@ -15,13 +15,20 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from gmlx_server.config import ModelEntry, RuntimeEnv, ServerConfig
-from gmlx_server.engine.types import Engine, EngineClosed, GenerationRequest, RequestHandle, check_engine
+from gmlx_server.engine.types import (
+    Engine,
+    EngineClosed,
+    GenerationRequest,
+    RequestHandle,
+    TokenEvent,
+    check_engine,
+)
 from gmlx_server.errors import EngineRestarting, GmlxError, ModelNotFound
 from gmlx_server.service.addressing import Catalog, resolve_address
 from gmlx_server.service.admission import Admission
 from gmlx_server.service.cache_points import TokenMemo
 from gmlx_server.service.capacity import CapacityService
-from gmlx_server.service.drain import Drain
+from gmlx_server.service.drain import DEFAULT_DRAIN_S, Drain
 from gmlx_server.service.fair_share import FairShares
 from gmlx_server.service.governor import Governor
 from gmlx_server.service.hf_policy import local_entry
@@ -56,7 +63,10 @@ class ModelBusy(GmlxError):
 
 class ModelHost:
     def __init__(self, config: ServerConfig, engine_factory: EngineFactory | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, *, check_headers: bool = True,
+                 drain_deadline_s: float = DEFAULT_DRAIN_S) -> None:
+        """`check_headers` off only for engines whose entries name no real file (a test's fakes);
+        `drain_deadline_s` is SIGTERM's grace (gmlx serve --drain-timeout)."""
         self.config = config
         self.catalog = Catalog.from_config(config)
         self._factory = engine_factory or default_engine_factory
@@ -70,13 +80,12 @@ class ModelHost:
         self.capacity = CapacityService(config)
         self.residency = Residency(clock)
         self.supervisor = Supervisor(clock)
-        self.drain = Drain(clock)  # SIGTERM's graceful stop (gmlx serve begins it; readiness reads it)
+        self.drain = Drain(clock, drain_deadline_s)  # SIGTERM's graceful stop (gmlx serve begins it)
         self.gate = LoadGate(self)  # real time: its 3 s wait is wall-clock
         # the service models' weights by name, which the load gate counts as held (create_app sets it)
         self.services_weights: Callable[[], Mapping[str, int]] = dict
         self.listing = ModelList(self)
-        # Header checks need real files: an injected factory's entries name none.
-        self.files = ModelFiles(check_headers=self._factory is default_engine_factory)
+        self.files = ModelFiles(check_headers=check_headers)
         default = self.default_id()
         self.verify_files([self.entry(default)] if default is not None else [])  # so ready=1 knows at boot
 
@@ -156,6 +165,13 @@ class ModelHost:
         return mm.weights_bytes if mm is not None else None
 
     # --- supervision: an engine whose thread died is unloaded now and loaded again after a backoff ---
+
+    def start(self, model_id: str, engine: Engine, request: GenerationRequest,
+              on_final: Callable[[TokenEvent], None] | None = None) -> RequestHandle:
+        """admit -> submit -> track: the one way a generation reaches an engine (the queue cap's 503 first, with
+        no await between it and the submit; its final event reaches telemetry and `on_final`)."""
+        self.admission.admit(model_id, engine.stats())
+        return self.telemetry.track(model_id, self.submit(model_id, engine, request), on_final)
 
     def submit(self, model_id: str, engine: Engine, request: GenerationRequest) -> RequestHandle:
         """Hand a request to the engine; one that died since it was handed out answers a typed 503."""

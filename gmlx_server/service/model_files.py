@@ -65,8 +65,8 @@ def _about_the_file(exc: BaseException) -> str | None:
 
 
 class ModelFiles:
-    """Per model id, the last verdict on its file. `check_headers` is off for injected (fake) engine factories,
-    whose entries name no real file; their load failures are remembered all the same."""
+    """Per model id, the last verdict on its file. `check_headers` is off for engines whose entries name no real
+    file (a test's fakes); their load failures are remembered all the same."""
 
     def __init__(self, check_headers: bool) -> None:
         self.check_headers = check_headers

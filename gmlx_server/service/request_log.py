@@ -22,9 +22,16 @@ from gmlx_server.log_format import FIELDS, kv_text
 
 if TYPE_CHECKING:
     from gmlx_server.service.fair_share import Caller
-    from gmlx_server.service.generate import OutputCap
 
 log = logging.getLogger("gmlx.request")
+
+
+@dataclass(frozen=True)
+class OutputCap:
+    """A request's output cap: what it was granted, and what the client asked when the clamp lowered it."""
+
+    max_tokens: int
+    requested: int | None = None  # the client's max_tokens when the clamp lowered it
 
 
 @dataclass

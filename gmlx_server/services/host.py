@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from pathlib import Path
 from typing import Any
 
 from gmlx_server.config import ServerConfig, ServiceEntry, hf_hub_cache_dir
 from gmlx_server.errors import ModelNotFound
 from gmlx_server.service.host import ModelHost
+from gmlx_server.services.backends import default_loader
 from gmlx_server.services.errors import ServiceNotConfigured
 from gmlx_server.services.fetch import ModelSource
 from gmlx_server.services.worker import Loader, Service
@@ -18,23 +18,6 @@ log = logging.getLogger("gmlx.services")
 # Until a service loads; then its backend object says (stt and tts: by what the directory holds).
 BACKENDS = {"embeddings": "mlx-embeddings", "rerank": "mlx-embeddings", "stt": "faster-whisper or mlx-audio",
             "tts": "piper or mlx-audio"}
-
-
-def default_loader(entry: ServiceEntry, path: Path | None) -> Any:
-    """The kind's backend, its library imported only now (an ImportError names the missing extra)."""
-    if path is None:
-        raise ValueError("no model path")
-    if entry.kind in ("embeddings", "rerank"):
-        from gmlx_server.services.embeddings import load_embedder
-
-        return load_embedder(path, int(entry.options.get("max_batch", 32)))
-    if entry.kind == "stt":
-        from gmlx_server.services.stt import load_transcriber
-
-        return load_transcriber(path, str(entry.options["compute_type"]))
-    from gmlx_server.services.tts import load_voice
-
-    return load_voice(path)
 
 
 def backend_name(svc: Service) -> str:

@@ -17,6 +17,7 @@ from gmlx_server.errors import EngineFailure, InvalidRequest
 from gmlx_server.neutral import GenerationParams
 from gmlx_server.service.generate import prepare_prompt
 from gmlx_server.service.host import ModelHost
+from gmlx_server.service.request_log import OutputCap, RequestRecord
 from gmlx_server.services.rerank import RerankRequest
 
 SYSTEM = ('Judge whether the Document meets the requirements based on the Query. Note that the answer can only '
@@ -65,13 +66,19 @@ async def _score(host: ModelHost, model_id: str, query: str, doc: str, yes: set[
     request = GenerationRequest(f"rerank-{uuid.uuid4().hex[:16]}", prompt.ids, max_tokens=1,
                                 sampling=SamplingParams(temperature=0.0, logit_bias=bias), logprobs=True,
                                 top_logprobs=len(bias))
-    host.admission.admit(model_id, prompt.engine.stats())
-    handle = host.telemetry.track(model_id, host.submit(model_id, prompt.engine, request))
+    host.capacity.preflight(model_id, len(prompt.ids), 1)  # the memory 400 a generation gets
+    record = RequestRecord("/v1/rerank", request_id=request.request_id)
+    record.started(model_id, None, len(prompt.ids), OutputCap(1, None), prompt.text)
     tops: dict[int, float] = {}
-    async for event in handle:
-        if event.error:
-            raise EngineFailure(f"scoring with model '{model_id}' failed: {event.error}")
-        tops.update(event.top_logprobs)
+    status = 500
+    try:
+        async for event in host.start(model_id, prompt.engine, request, record.finished):
+            if event.error:
+                raise EngineFailure(f"scoring with model '{model_id}' failed: {event.error}")
+            tops.update(event.top_logprobs)
+        status = 200
+    finally:
+        record.emit(status, None if status == 200 else "engine_error")  # each scored document is a line
     p_yes = sum(math.exp(tops[t]) for t in yes if t in tops)
     p_no = sum(math.exp(tops[t]) for t in no if t in tops)
     return (p_yes / (p_yes + p_no) if p_yes + p_no > 0 else 0.0), len(prompt.ids)

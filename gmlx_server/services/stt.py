@@ -113,17 +113,3 @@ class Ct2Transcriber(Transcriber):
 def too_long(seconds: float, max_s: float) -> InvalidRequest:
     return InvalidRequest(f"'file' is {seconds:.1f} s of audio, longer than the {max_s:g} s allowed "
                           "(services.stt.max_audio_s)", param="file")
-
-
-def load_transcriber(path: Path, compute_type: str = "auto") -> Transcriber:
-    """The backend by what the directory holds: model.bin is CTranslate2 (faster-whisper); config.json with
-    safetensors or npz weights is MLX (mlx-audio's Whisper)."""
-    if (path / "model.bin").exists():
-        ct2_type = "int8" if compute_type == "auto" else compute_type
-        return Ct2Transcriber(path, ct2_type)
-    from gmlx_server.services.stt_mlx import is_mlx_whisper, load_mlx_transcriber
-
-    if is_mlx_whisper(path):
-        return load_mlx_transcriber(path, compute_type)
-    raise ValueError(f"{path} is not a Whisper directory: neither CTranslate2 (model.bin, for faster-whisper) nor "
-                     "MLX (config.json of a Whisper model with .safetensors or .npz weights, for mlx-audio)")

@@ -68,12 +68,3 @@ class Voice:
         syn = self._config(speaker_id=choice, length_scale=self.length_scale / speed)
         for chunk in self.voice.synthesize(text, syn):
             emit(chunk.audio_int16_bytes)
-
-
-def load_voice(path: Path) -> Speaker:
-    """mlx-audio for a directory with config.json and .safetensors weights; a Piper voice otherwise."""
-    from gmlx_server.services.tts_mlx import is_mlx_tts, load_mlx_voice
-
-    if is_mlx_tts(path):
-        return load_mlx_voice(path)
-    return Voice(path)

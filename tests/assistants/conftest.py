@@ -94,7 +94,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         path = tmp / "gmlx.yaml"
         path.write_text(config_text(call_log, web_url, HELPER_TOOLS))
         factory = FakeFactory(behavior=FakeBehavior(script=script), template_text=HERMES_TEXT)
-        app = create_app(load_config(str(path)), factory)
+        app = create_app(load_config(str(path)), factory, check_headers=False)
         with ThreadedServer(app) as url:
             yield Live(url, path, call_log, http_log, web_url, factory, lines)
     logging.getLogger("gmlx.mcp").removeHandler(lines)

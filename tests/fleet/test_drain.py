@@ -68,8 +68,7 @@ class Running:
 def draining_server(behavior: FakeBehavior, deadline_s: float) -> Iterator[Running]:
     """A real uvicorn (DrainingServer) in a thread over fake engines; signals are sent with handle_exit."""
     config = make_config()
-    host = ModelHost(config, FakeFactory(behavior))
-    host.drain.deadline_s = deadline_s
+    host = ModelHost(config, FakeFactory(behavior), check_headers=False, drain_deadline_s=deadline_s)
     server = DrainingServer(uvicorn.Config(create_app(config, host=host), host="127.0.0.1", port=0,
                                            log_level="warning", lifespan="on", timeout_graceful_shutdown=1), host)
     thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)

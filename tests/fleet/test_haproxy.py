@@ -64,7 +64,7 @@ def fleet() -> Iterator[Fleet]:
         hosts, urls = [], []
         for _ in range(3):
             config = make_config(env=RuntimeEnv(sse_keepalive_s=0.05, queue_depth_cap=1))
-            host = ModelHost(config, FakeFactory(FakeBehavior(pieces=("x",) * 4)))
+            host = ModelHost(config, FakeFactory(FakeBehavior(pieces=("x",) * 4)), check_headers=False)
             urls.append(stack.enter_context(ThreadedServer(create_app(config, host=host))))
             hosts.append(host)
         for url in urls:  # each host loads its (fake) model

@@ -20,7 +20,7 @@ MODEL = "m1"
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[Client]:
-    c = Client(create_app(make_config((MODEL,)), FakeFactory()))
+    c = Client(create_app(make_config((MODEL,)), FakeFactory(), check_headers=False))
     yield c
     c.close()
 

@@ -55,7 +55,7 @@ def keyed() -> Served:
                   server=replace(cfg.server, fair_share=FairShare(3, 2), api_keys=(
                       ApiKey("alice", "a1", share=FairShare(1, 1)), ApiKey("ops", ADMIN, "admin"))))
     factory = FakeFactory()
-    app = create_app(cfg, host=ModelHost(cfg, factory))
+    app = create_app(cfg, host=ModelHost(cfg, factory, check_headers=False))
     return Served(app, SyncClient(app), factory, cfg)
 
 

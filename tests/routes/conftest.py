@@ -77,7 +77,7 @@ class Served:
 def serve(config: ServerConfig | None = None, factory: FakeFactory | None = None) -> Served:
     config = config or make_config()
     factory = factory or FakeFactory()
-    app = create_app(config, factory)
+    app = create_app(config, factory, check_headers=False)
     return Served(app, SyncClient(app), factory, config)
 
 

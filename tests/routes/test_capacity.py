@@ -27,7 +27,7 @@ def _serve(env: RuntimeEnv | None = None) -> Served:
     models = {m: replace(e, path=smollm2_path()) for m, e in cfg.models.items()}
     cfg = replace(cfg, models=models)
     factory = FakeFactory()
-    host = ModelHost(cfg, factory)
+    host = ModelHost(cfg, factory, check_headers=False)
     app = create_app(cfg, host=host)
     served = Served(app, SyncClient(app), factory, cfg)
     HOSTS[id(served)] = host

@@ -62,7 +62,7 @@ class BoundFactory(FakeFactory):
 def s() -> Iterator[Served]:
     cfg = make_config()
     factory = BoundFactory(context_length=CONTEXT)
-    app = create_app(cfg, factory)
+    app = create_app(cfg, factory, check_headers=False)
     served = Served(app, SyncClient(app), factory, cfg)
     yield served
     served.client.close()
@@ -162,7 +162,7 @@ def test_estimate_of_a_model_not_loaded_bounds_by_its_gguf_vocabulary() -> None:
     """SmolLM2's longest token is 81 characters: 8192 x 81 characters cannot fit, one fewer can be counted."""
     cfg = make_config(env=RuntimeEnv(sse_keepalive_s=0.05))
     cfg = replace(cfg, models={m: replace(e, path=smollm2_path()) for m, e in cfg.models.items()})
-    app = create_app(cfg, host=ModelHost(cfg, FakeFactory()))
+    app = create_app(cfg, host=ModelHost(cfg, FakeFactory(), check_headers=False))
     client = SyncClient(app)
     try:
         far = {"model": "m1", "messages": [{"role": "user", "content": "a " * (8192 * 81 // 2)}]}

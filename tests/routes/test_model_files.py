@@ -40,8 +40,7 @@ def host_for(paths: dict[str, Path], factory: FakeFactory | None = None, **kw: A
     cfg = make_config(tuple(paths), env=RuntimeEnv(sse_keepalive_s=0.05), **kw)
     cfg = replace(cfg, models={m: replace(e, path=str(paths[m])) for m, e in cfg.models.items()})
     factory = factory or FakeFactory()
-    host = ModelHost(cfg, factory)
-    host.files.check_headers = True  # as with the real factory
+    host = ModelHost(cfg, factory, check_headers=True)  # as with the real factory
     app = create_app(cfg, host=host)
     return Served(app, SyncClient(app), factory, cfg), host
 
@@ -98,7 +97,7 @@ def test_estimate_of_a_bad_file_is_the_same_503(bad_files: dict[str, Path]) -> N
 def test_a_repo_id_path_is_the_loaders_403_everywhere() -> None:
     cfg = make_config(env=RuntimeEnv(sse_keepalive_s=0.05))
     cfg = replace(cfg, models={"m1": replace(cfg.models["m1"], path="someorg/some-model-GGUF")})
-    app = create_app(cfg, FakeFactory())
+    app = create_app(cfg, FakeFactory(), check_headers=False)
     client = SyncClient(app)
     try:
         for path in ("/v1/chat/completions", "/v1/estimate", "/v1/keep"):
@@ -128,13 +127,15 @@ def test_a_load_failure_about_the_file_is_remembered_and_another_is_retried() ->
             raise self.exc
 
     factory = Failing()
-    s = Served(app := create_app(make_config(), factory), SyncClient(app), factory, make_config())
+    app = create_app(make_config(), factory, check_headers=False)
+    s = Served(app, SyncClient(app), factory, make_config())
     _load_failed(s.chat(), "model 'm1' cannot be loaded: /fake/m1.gguf: truncated header (needs byte 99")
     _load_failed(s.chat(), "needs byte 99")
     assert factory.calls == 1  # the same (missing) file is not tried again
     factory2 = Failing()
     factory2.exc = MemoryError("out of memory while loading")
-    s2 = Served(app2 := create_app(make_config(), factory2), SyncClient(app2), factory2, make_config())
+    app2 = create_app(make_config(), factory2, check_headers=False)
+    s2 = Served(app2, SyncClient(app2), factory2, make_config())
     _load_failed(s2.chat(), "model 'm1' failed to load: out of memory")
     _load_failed(s2.chat())
     assert factory2.calls == 2  # memory may come back: tried again
@@ -180,8 +181,7 @@ def yaml_host(tmp_path: Path) -> Iterator[tuple[Served, ModelHost, Path]]:
     path.write_text(MODELS)
     cfg = load_config(str(path), env=RuntimeEnv(sse_keepalive_s=0.05))
     factory = FakeFactory()
-    host = ModelHost(cfg, factory)
-    host.files.check_headers = True
+    host = ModelHost(cfg, factory, check_headers=True)
     app = create_app(cfg, host=host)
     s = Served(app, SyncClient(app), factory, cfg)
     yield s, host, path

@@ -92,7 +92,7 @@ def sized(weights: dict[str, int], pinned: tuple[str, ...] = (), env: RuntimeEnv
                        env=env or RuntimeEnv(sse_keepalive_s=0.05))
     factory = SizedFactory(behavior=behavior or FakeBehavior(), weights=weights)
     clock = Clock()
-    host = ModelHost(cfg, factory, clock=clock)
+    host = ModelHost(cfg, factory, clock=clock, check_headers=False)
     host.residency.grace_s, host.gate.wait_s = 0.0, 0.3
     for model_id, size in weights.items():  # as if loaded before: the gate knows each model's weights
         host.residency.state(model_id).weights_bytes = size
@@ -299,7 +299,7 @@ def yaml_served(tmp_path: Path) -> Iterator[tuple[Served, ModelHost, Path]]:
     path.write_text(MODELS)
     cfg = load_config(str(path), env=RuntimeEnv(sse_keepalive_s=0.05))
     factory = SizedFactory(weights={"a": 1, "b": 1, "c": 1})
-    host = ModelHost(cfg, factory)
+    host = ModelHost(cfg, factory, check_headers=False)
     host.residency.grace_s = 0.0
     app = create_app(cfg, host=host)
     s = Served(app, SyncClient(app), factory, cfg)
@@ -359,7 +359,7 @@ def test_mlx_memory_is_counted_once_however_many_engines_are_resident() -> None:
     cfg = ServerConfig(ServerSettings(memory_budget=1000), MappingProxyType(
         {m: ModelEntry(id=m, path=f"/fake/{m}.gguf") for m in ("a", "b")}))
     factory = FakeFactory()
-    host = ModelHost(cfg, factory)
+    host = ModelHost(cfg, factory, check_headers=False)
     app = create_app(cfg, host=host)
     s = Served(app, SyncClient(app), factory, cfg)
     for model, active in (("a", 300), ("b", 400)):  # each engine's snapshot reads the one process-wide allocator

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gmlx_server.services.stt import load_transcriber
+from gmlx_server.services.backends import load_transcriber
 from gmlx_server.services.stt_mlx import dtype_for, is_mlx_whisper
 
 
@@ -35,7 +35,8 @@ def test_compute_type_on_mlx() -> None:
 
 
 def test_tts_picks_mlx_audio_by_the_directory_and_refuses_what_it_does_not_serve(tmp_path: Path) -> None:
-    from gmlx_server.services.tts import load_voice, voice_files
+    from gmlx_server.services.backends import load_voice
+    from gmlx_server.services.tts import voice_files
     from gmlx_server.services.tts_mlx import is_mlx_tts
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bark"}))

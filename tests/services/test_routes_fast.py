@@ -33,7 +33,7 @@ ROUTES = [("/v1/embeddings", "embeddings"), ("/v1/rerank", "rerank"), ("/rerank"
 
 def app_with(services: dict[str, ServiceEntry], backend: Any = None) -> tuple[SyncClient, ServiceHost]:
     config: ServerConfig = replace(make_config(), services=MappingProxyType(services))
-    host = ModelHost(config, FakeFactory())
+    host = ModelHost(config, FakeFactory(), check_headers=False)
     svc = ServiceHost(config, host, scripted_loader(backend)) if backend is not None else ServiceHost(config, host)
     return SyncClient(create_app(config, host=host, services=svc)), svc
 
@@ -149,7 +149,7 @@ def test_cosine_rerank_on_the_embeddings_service_orders_and_cuts() -> None:
 def fuzzed() -> Iterator[Client]:
     config: ServerConfig = replace(make_config(), services=MappingProxyType(
         {"embeddings": entry("embeddings"), "rerank": entry("rerank", model=None)}))
-    host = ModelHost(config, FakeFactory())
+    host = ModelHost(config, FakeFactory(), check_headers=False)
     c = Client(create_app(config, host=host, services=ServiceHost(config, host, scripted_loader(ScriptedEmbedder()))))
     yield c
     c.close()

@@ -12,7 +12,8 @@ import httpx
 import openai
 import pytest
 
-from gmlx_server.services.stt import Ct2Transcriber, load_transcriber
+from gmlx_server.services.backends import load_transcriber
+from gmlx_server.services.stt import Ct2Transcriber
 from tests.e2e.server import LiveServer, gmlx_serve
 from tests.services.conftest import SENTENCE, piper_voice, whisper_tiny_dir, write_config
 from tests.services.test_audio_real import transcribe, wer

@@ -57,7 +57,7 @@ def test_the_host_refuses_an_incomplete_engine_at_load_and_closes_it() -> None:
     def factory(entry: object, env: object) -> NoShed:
         return NoShed(fake_info("m1"))
 
-    host = ModelHost(make_config(), factory)  # type: ignore[arg-type]
+    host = ModelHost(make_config(), factory, check_headers=False)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="NoShed is not a complete engine: it lacks shed"):
         asyncio.run(host.engine("m1"))
     assert closed == ["m1"] and "m1" not in host.resident
@@ -65,7 +65,7 @@ def test_the_host_refuses_an_incomplete_engine_at_load_and_closes_it() -> None:
 
 def test_cache_reset_lives_in_the_host() -> None:
     factory = FakeFactory()
-    host = ModelHost(make_config(("m1", "m2")), factory)
+    host = ModelHost(make_config(("m1", "m2")), factory, check_headers=False)
     asyncio.run(host.engine("m1"))
     asyncio.run(host.engine("m2"))
     factory.engines["m2"].reset_cache = lambda: True  # type: ignore[method-assign]
