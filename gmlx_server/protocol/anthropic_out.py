@@ -129,8 +129,9 @@ class AnthropicEncoder(TextFeed):
                 ("ping", {"type": "ping"})]
 
     def _finish(self, ev: TokenEvent) -> list[Event]:
-        if any(b["type"] == "tool_use" for b in self.blocks):
-            self.stop_reason = "tool_use"
+        calls = [b for b in self.blocks if b["type"] == "tool_use"]
+        if calls and not (ev.finish_reason == "length" and not isinstance(calls[-1]["input"], dict)):
+            self.stop_reason = "tool_use"  # a call cut short by max_tokens (its input streamed) stays max_tokens
         elif ev.finish_reason == "length":
             self.stop_reason = "max_tokens"
         elif ev.stop_string is not None:

@@ -33,6 +33,14 @@ class ResponseMeta:
     logprobs: bool = False
 
 
+def _whole(call: dict[str, Any]) -> bool:
+    try:
+        json.loads(call["function"]["arguments"])
+    except ValueError:
+        return False
+    return True
+
+
 def event_error(ev: TokenEvent) -> GmlxError | None:
     """A final event that ends the request in error: the engine failed, or the governor shed it."""
     if ev.finish_reason == "error":
@@ -136,8 +144,8 @@ class OpenAIEncoder:
     def _finish(self, ev: TokenEvent) -> list[Event]:
         # An engine error ends the stream with fail()'s error event instead of a finish chunk.
         reason = {"cancelled": "stop", "error": None}.get(ev.finish_reason or "", ev.finish_reason)
-        if self.tool_calls and reason in ("stop", "length"):
-            reason = "tool_calls"
+        if self.tool_calls and (reason == "stop" or (reason == "length" and _whole(self.tool_calls[-1]))):
+            reason = "tool_calls"  # a call cut short by max_tokens (its arguments streamed) stays `length`
         self.finish_reason = reason
         t = ev.timings
         if t is not None:

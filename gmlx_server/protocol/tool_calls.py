@@ -84,5 +84,5 @@ def with_tool_calls(encoder: EventEncoder, params: GenerationParams, tools: Tool
     """`encoder` as is, unless the reply is read for tool calls (the service's ToolUse says in which syntax)."""
     if tools is None:
         return encoder
-    parser = LenientCalls(format_of(tools.syntax), params.tools, new_call_id)  # markerless calls too
+    parser = LenientCalls(format_of(tools.syntax), params.tools, new_call_id, tools.constrained)
     return ToolCallEncoder(encoder, parser, params, tools)

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import itertools
+import json
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gmlx_server.protocol.tools import FORMATS, LenientCalls, TextDelta, ToolCallEnd, ToolCallStart
+from gmlx_server.engine.types import TokenEvent
+from gmlx_server.protocol.anthropic_out import AnthropicEncoder, MessageMeta
+from gmlx_server.protocol.openai_out import OpenAIEncoder, ResponseMeta
+from gmlx_server.protocol.tools import FORMATS, LenientCalls, TextDelta, ToolCallArgsDelta, ToolCallEnd, ToolCallStart
 
 TOOLS: list[dict[str, Any]] = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -67,3 +71,40 @@ def test_text_is_not_held_back() -> None:
     assert parser.feed("Hello") == [TextDelta("Hello")]
     assert parser.feed(", the weather <to") == [TextDelta(", the weather")]  # a marker may be starting
     assert parser.feed("day> is fine") == [TextDelta(" <today> is fine")]
+
+
+def _constrained(pieces: list[str]) -> list[Any]:
+    parser = LenientCalls(FORMATS["json"], TOOLS, lambda: "c1", constrained=True)
+    return [e for p in pieces for e in parser.feed(p)] + parser.finish()
+
+
+def test_a_constrained_call_streams_its_arguments_as_written() -> None:
+    args = '{"city": "Paris", "note": "a}\\"b"}'  # a brace and a quote inside a string
+    reply = f'Checking.<tool_call>\n{{"name": "get_weather", "arguments": {args}}}\n</tool_call>'
+    events = _constrained(list(reply))  # one character at a time
+    kinds = [type(e).__name__ for e in events]
+    start, end = kinds.index("ToolCallStart"), kinds.index("ToolCallEnd")
+    deltas = [e.json_fragment for e in events[start:end] if isinstance(e, ToolCallArgsDelta)]
+    assert len(deltas) > 20 and json.loads("".join(deltas)) == {"city": "Paris", "note": 'a}"b'}
+    assert "".join(deltas) == args and events[end].arguments == json.loads(args)
+    assert events[start] == ToolCallStart(0, "c1", "get_weather")
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "Checking."
+
+
+def test_a_constrained_call_cut_short_ends_with_what_it_had() -> None:
+    events = _constrained(['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa'])
+    assert [type(e).__name__ for e in events] == ["ToolCallStart", "ToolCallArgsDelta", "ToolCallEnd"]
+    assert events[1].json_fragment == '{"city": "Pa' and events[2].arguments == {}
+
+
+def test_a_call_cut_by_max_tokens_ends_by_length() -> None:
+    for args, chat, anthropic in (('{"city": "Pa', "length", "max_tokens"), ('{"city": "Paris"}', "tool_calls",
+                                                                             "tool_use")):
+        oai = OpenAIEncoder(ResponseMeta("id", "m", 0, 3), tokenizer=None)  # type: ignore[arg-type]
+        msg = AnthropicEncoder(MessageMeta("id", "m", 3))
+        for enc in (oai, msg):
+            enc.tool_start("c1", "get_weather")
+            enc.tool_arguments(args)
+            enc.tool_end()
+            enc.feed(TokenEvent("", None, finish_reason="length"))
+        assert (oai.finish_reason, msg.stop_reason) == (chat, anthropic)

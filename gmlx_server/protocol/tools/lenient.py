@@ -95,11 +95,12 @@ def bare_calls(body: Any, names: frozenset[str]) -> list[tuple[str, dict[str, An
 class LenientCalls:
     """A tool-call parser (ToolStreamParser's interface) that also reads calls written without markers."""
 
-    def __init__(self, fmt: ToolFormat, tools: Tools, new_id: Callable[[], str]) -> None:
-        self._inner: ToolStreamParser = fmt.streaming(tools, new_id)
+    def __init__(self, fmt: ToolFormat, tools: Tools, new_id: Callable[[], str], constrained: bool = False) -> None:
+        self._inner: ToolStreamParser = fmt.streaming(tools, new_id, stream_args=constrained)
         self._slips = MarkerSlips((*fmt.starts, *((fmt.end,) if fmt.end else ())))
         self._names, self._new_id = offered_names(tools), new_id
-        self._held: str | None = ""  # the reply so far while it may be one bare call; None: it is not
+        # The reply so far while it may be bare calls; None: it is not. A call grammar allows only its own shape.
+        self._held: str | None = None if constrained else ""
         self._found = 0
 
     @property

@@ -3,7 +3,8 @@
 A call is buffered whole, from its opening marker to its end, and only then emitted (start, the
 arguments as one JSON fragment, end): its arguments must be valid JSON to become a call, and a
 streamed fragment could not be taken back once the rest turns out malformed, so a malformed call
-comes out as text instead. Text that could be the beginning of a marker is held back until it can't,
+comes out as text instead. Under a call grammar the call is valid by construction, and its arguments
+stream as they are written (args_stream.py). Text that could be the beginning of a marker is held back until it can't,
 and whitespace right before or after a call is dropped (a reply of calls alone has no text).
 """
 
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gmlx_server.engine.tool_syntax import ToolSyntax
+from gmlx_server.protocol.tools.args_stream import ArgsStream
 from gmlx_server.protocol.tools.events import (
     ParsedCall,
     TextDelta,
@@ -62,9 +64,11 @@ class ToolFormat:
     def stop(self) -> tuple[str, ...]:
         return self.syntax.stop
 
-    def streaming(self, tools: Tools = None, new_id: Callable[[], str] | None = None) -> ToolStreamParser:
-        """A parser for one response; `tools` are the request's (some formats read argument types there)."""
-        return ToolStreamParser(self, tools, new_id or new_call_id)
+    def streaming(self, tools: Tools = None, new_id: Callable[[], str] | None = None,
+                  stream_args: bool = False) -> ToolStreamParser:
+        """A parser for one response; `tools` are the request's (some formats read argument types there).
+        `stream_args`: a call grammar holds the reply, so a call's arguments stream as they are written."""
+        return ToolStreamParser(self, tools, new_id or new_call_id, stream_args)
 
     def parse_text(self, text: str, tools: Tools = None) -> tuple[str, list[ParsedCall]]:
         """Whole-text convenience: (the text outside calls, the calls)."""
@@ -96,8 +100,10 @@ class CallParser(Protocol):
 class ToolStreamParser:
     """feed(text delta) -> events; finish() at the end of generation flushes what was held back."""
 
-    def __init__(self, fmt: ToolFormat, tools: Tools, new_id: Callable[[], str]) -> None:
+    def __init__(self, fmt: ToolFormat, tools: Tools, new_id: Callable[[], str], stream_args: bool = False) -> None:
         self._fmt, self._tools, self._new_id = fmt, tools, new_id
+        self._stream_args = stream_args
+        self._args: ArgsStream | None = None  # the open call's arguments as they stream
         self._buf = ""
         self._opener: str | None = None  # set while inside a call: the text that opened it
         self._bare = False  # the open call is a bare JSON object (no marker): not a call is no failure
@@ -173,6 +179,8 @@ class ToolStreamParser:
 
     def _step_call(self, out: list[ToolEvent]) -> bool:
         opener = self._opener or ""
+        if self._args is not None:
+            self._stream(out)
         if self._fmt.end is not None:
             at = self._buf.find(self._fmt.end)
             if at < 0:
@@ -190,8 +198,18 @@ class ToolStreamParser:
     def _open(self, marker: str, consumed: int, bare: bool = False) -> None:
         self._opener = self._pending_ws + marker  # the raw text, should the call turn out malformed
         self._bare = bare
+        self._args = ArgsStream() if self._stream_args else None
         self._pending_ws = ""
         self._buf = self._buf[consumed:]
+
+    def _stream(self, out: list[ToolEvent]) -> None:
+        """A constrained call's name once known, then its argument text as it comes."""
+        assert self._args is not None
+        named, fragment = self._args.feed(self._buf)
+        if named is not None:
+            out.append(ToolCallStart(self._calls, self._new_id(), named))
+        if fragment:
+            out.append(ToolCallArgsDelta(self._calls, fragment))
 
     def _close(self, out: list[ToolEvent], body: str, raw: str) -> None:
         self._opener = None
@@ -200,6 +218,14 @@ class ToolStreamParser:
         except ValueError:
             calls = []
         self._boundary = self._fmt.leading_json and bool(calls)
+        streamed, self._args = self._args is not None and self._args.name is not None, None
+        if streamed:  # announced already: it ends, cut short by max_tokens with what it had, or whole
+            index = self._calls
+            self._calls += len(calls) == 1
+            self._failed += len(calls) != 1
+            out.append(ToolCallEnd(index, calls[0].arguments if len(calls) == 1 else {}))
+            self._after_call = True
+            return
         if not calls:
             self._failed += not self._bare
             self._text(out, raw)

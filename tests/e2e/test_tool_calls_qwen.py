@@ -1,5 +1,6 @@
-"""Tool calls written without the template's markers, on the project's own tool-capable model
-(Qwen2.5-Coder 0.5B, Hermes template) through the openai SDK, against a real `gmlx serve`.
+"""Tool calls on the project's own tool-capable model (Qwen2.5-Coder 0.5B, Hermes template) through the
+official SDKs, against a real `gmlx serve`: calls written without the template's markers, parallel_tool_calls,
+and a constrained call's arguments streamed as they are written.
 
 Asked "Weather in Paris?" with one get_weather tool, the 0.5B model answers greedily with a fenced json
 block of the call, not `<tool_call>` tags. That reply is a call (finish_reason tool_calls), streamed and not;
@@ -101,3 +102,41 @@ def test_parallel_tool_calls_false_gives_one_call(oai: openai.OpenAI, server: Li
             tool_choice={"type": "auto", "disable_parallel_tool_use": one})
         assert [b.name for b in msg.content if b.type == "tool_use"] == expected
     assert "parallel_tool_calls false: 1 more call(s) after the first dropped" in server.log()
+
+
+WRITE: list[Any] = [{"type": "function", "function": {
+    "name": "write_file", "description": "Write a file",
+    "parameters": {"type": "object", "required": ["path", "content"],
+                   "properties": {"path": {"type": "string"}, "content": {"type": "string"}}}}}]
+SCRIPT: list[Any] = [{"role": "user", "content": "Write count.py: a Python script that prints the numbers 1 to 20, "
+                                                 "each with its square."}]
+
+
+def test_a_long_constrained_call_streams_its_arguments(oai: openai.OpenAI, server: LiveServer) -> None:
+    """tool_choice required holds the reply to a call grammar: its arguments arrive token by token. Each chunk
+    says how many tokens were generated so far (timings_per_token), so the first argument bytes are measured
+    to arrive many tokens before the call ends."""
+    at: list[int] = []  # generated tokens when each argument delta arrived
+    arguments, finish = "", None
+    for chunk in oai.chat.completions.create(model=MODEL, messages=SCRIPT, tools=WRITE, tool_choice="required",
+                                             max_tokens=200, temperature=0, stream=True,
+                                             extra_body={"timings_per_token": True}):
+        choice = chunk.choices[0]
+        finish = choice.finish_reason or finish
+        for d in choice.delta.tool_calls or ():
+            if d.function.arguments:
+                arguments += d.function.arguments
+                at.append(chunk.model_extra["timings"]["predicted_n"])
+    assert finish == "tool_calls" and set(json.loads(arguments)) == {"path", "content"}
+    assert len(at) >= 20 and at[-1] - at[0] >= 20, at  # the first piece came 20+ tokens before the last
+    claude = anthropic_client(server)
+    tool = {"name": "write_file", "input_schema": WRITE[0]["function"]["parameters"]}
+    with claude.messages.stream(model=MODEL, max_tokens=200, messages=SCRIPT, tools=[tool],  # type: ignore[list-item]
+                                tool_choice={"type": "any"}, extra_body={"temperature": 0}) as s:
+        pieces = [e.delta.partial_json for e in s if e.type == "content_block_delta"
+                  and e.delta.type == "input_json_delta"]
+    assert len(pieces) >= 20 and json.loads("".join(pieces)) == json.loads(arguments)
+    events = oai.responses.create(model=MODEL, input=SCRIPT, tools=[{"type": "function", **WRITE[0]["function"]}],
+                                  tool_choice="required", max_output_tokens=200, temperature=0, stream=True)
+    deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    assert len(deltas) >= 20 and json.loads("".join(deltas)) == json.loads(arguments)
