@@ -302,7 +302,7 @@ class ModelInfo:
     n_kv_heads: int
     head_dim: int
     sliding_window: int | None
-    weights_layout: str  # "packed" or "dense": what the device runs faster
+    weights_layout: str  # what loaded: native (GGUF blocks, CPU kernels), packed, dense, or mlx (a model dir)
     weights_bytes: int
     load_s: float
     tensor_types: Mapping[str, str] = field(default_factory=dict)  # GGUF type -> what it became

@@ -29,8 +29,8 @@ class GmlxRequest(falcon.asgi.Request):
 class JsonBodyMiddleware:
     """POST bodies: size limit (413), UTF-8 and JSON checks (400), parsed into req.context.body.
 
-    The content type is not checked: `curl -d` sends JSON as form-urlencoded, and README's own
-    examples do exactly that.
+    The content type is routes/guard.py's: it lets `curl -d`'s form-urlencoded through only without an
+    Origin header (no page), so this middleware parses whatever body it is handed.
     """
 
     def __init__(self, max_bytes: int, timeout_s: float = 60.0) -> None:
