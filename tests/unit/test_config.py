@@ -286,7 +286,8 @@ def test_allowed_origins_and_hosts_parse_normalize_and_env_wins(tree: Path) -> N
     ("  image_fetch_allowed_hosts: ['*']", "server.image_fetch_allowed_hosts", "a network like"),
     ("  image_fetch_allowed_hosts: ['http://imgs.lan']", "server.image_fetch_allowed_hosts", "a host name"),
     ("  image_fetch_allow_private: 'yes'", "server.image_fetch_allow_private", "expected bool"),
-])
+], ids=["origin-str", "origin-int", "origin-no-scheme", "origin-path", "origin-glob", "host-scheme", "host-port",
+        "host-str", "fetch-star", "fetch-url", "fetch-bool"])
 def test_bad_origin_and_host_entries_name_their_key(tree: Path, patch: str, key: str, what: str) -> None:
     with pytest.raises(ConfigError) as e:
         load_config(write(tree, FULL.replace("  memory_budget: 24GiB", patch)))
@@ -410,7 +411,8 @@ def test_named_keys_from_value_environment_and_file(tree: Path, monkeypatch: pyt
     ("{name: a, key: '  '}", "server.api_keys[0].key", "empty"),
     ("{name: a, key: x, max_concurrent: 0}", "server.api_keys[0].max_concurrent", "at least 1"),
     ("{name: a, key: x, color: red}", "server.api_keys[0].color", "unknown key"),
-])
+], ids=["no-key", "two-keys", "bad-name", "taken-name", "bad-scope", "unset-env", "no-file", "empty", "zero-share",
+        "unknown-field"])
 def test_bad_key_entries_name_their_key(tree: Path, entry: str, key: str, what: str) -> None:
     with pytest.raises(ConfigError) as e:
         braced = entry.replace("{", "{{").replace("}", "}}")  # write() formats the text

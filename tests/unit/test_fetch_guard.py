@@ -83,7 +83,8 @@ def test_public_v6_passes(ip: ipaddress.IPv6Address) -> None:
                                                                                        "IPv4-mapped IPv6)"),
     ("[64:ff9b::a9fe:a9fe]", "link-local (as NAT64 IPv6)"), ("0.0.0.0", "unspecified"), ("[::]", "unspecified"),
     ("239.1.1.1", "multicast"), ("192.0.2.1", "reserved (not globally routable)"),
-])
+], ids=["loopback", "hex", "decimal", "octal", "rfc1918", "cgnat", "metadata", "ula", "v6-link-local", "mapped",
+        "nat64", "unspecified", "v6-unspecified", "multicast", "reserved"])
 def test_the_refusal_names_the_rule(host: str, rule: str) -> None:
     with pytest.raises(FetchRefused) as e:
         address(FetchGuard(), host)
