@@ -43,6 +43,8 @@ from gmlx_plan.gguf_header import GGUFFormatError, read_header
 from gmlx_plan.key_share import KeySplit, key_split
 from gmlx_plan.memory import (
     DEFAULT_DRAFT_TOKENS,
+    LAYOUT_CHOICES,
+    LAYOUTS,
     PREFILL_CHUNK,
     Layout,
     MemoryModel,
@@ -79,7 +81,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory", help="memory budget (64GiB, 24G, 512MiB, bytes); default: measured available "
                                     "minus max(512 MiB, 10%%)")
     p.add_argument("--kv-quant", help="none, uniform:BITS[:GROUP] or kvarn:KEY_BITS:VALUE_BITS:TAIL[:GROUP]")
-    p.add_argument("--layout", choices=("auto", "packed", "dense", "native"), help="weights layout (default auto)")
+    p.add_argument("--layout", choices=LAYOUT_CHOICES, help="weights layout (default auto)")
     p.add_argument("--device", choices=("auto", "metal", "cpu"), default="auto",
                    help="where the model runs (auto: metal on macOS): Metal fuses prefill attention")
     p.add_argument("--kv-dtype", choices=("auto", "f16", "f32"), default="auto",
@@ -140,8 +142,8 @@ def _layout(flag: str | None, configured: str | None) -> Layout:
         if platform.system() == "Darwin":
             return "packed"
         return "native" if native_kernels_built() else "dense"
-    if choice not in ("packed", "dense", "native"):
-        raise PlanInputError(f"layout {choice!r}: expected auto, packed, dense or native")
+    if choice not in LAYOUTS:
+        raise PlanInputError(f"layout {choice!r}: expected one of {', '.join(LAYOUT_CHOICES)}")
     return "packed" if choice == "packed" else "native" if choice == "native" else "dense"
 
 

@@ -56,12 +56,15 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Literal
+from typing import Literal, get_args
 
 from gmlx_plan.geometry import Geometry, LayerKV, geometry_from_header
 from gmlx_plan.gguf_header import GGML_TYPES, GGUFHeader, TensorInfo, ggml_type_name
 
-Layout = Literal["packed", "dense", "native"]
+Layout = Literal["packed", "dense", "native"]  # how weights are held: the one list of layout names
+LayoutChoice = Literal["auto", "packed", "dense", "native"]  # what a config or flag may ask for
+LAYOUTS: tuple[Layout, ...] = get_args(Layout)
+LAYOUT_CHOICES: tuple[LayoutChoice, ...] = get_args(LayoutChoice)
 AFFINE_GROUP = 32  # MLX affine group size of every packed weight
 KV_STEP = 256  # mlx-vlm's KV caches grow in steps of this many tokens
 PREFILL_CHUNK = 512  # gmlx_server/engine/generate.py

@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from gmlx_plan.memory import LAYOUT_CHOICES
 from gmlx_server.config.assistants import check_assistant_refs, parse_assistants, parse_mcp_servers
 from gmlx_server.config.checker import KINDS, Checker
 from gmlx_server.config.draft import DRAFT_KEYS, RawDrafts, raw_draft, resolve_drafts
@@ -117,8 +118,8 @@ def _model(c: Checker, mid: str, raw: Any, base: Path, drafts: RawDrafts) -> Mod
     if kw["max_kv_size"] is not None and kw["max_kv_size"] < 1:
         raise c.fail(f"{key}.max_kv_size", "must be at least 1")
     kw["weights"] = kw["weights"] or "auto"
-    if kw["weights"] not in ("auto", "native", "packed", "dense"):
-        raise c.fail(f"{key}.weights", f"expected auto, native, packed or dense, got {kw['weights']!r}")
+    if kw["weights"] not in LAYOUT_CHOICES:
+        raise c.fail(f"{key}.weights", f"expected one of {', '.join(LAYOUT_CHOICES)}, got {kw['weights']!r}")
     kw["tool_format"] = kw["tool_format"] or "auto"
     if kw["tool_format"] not in TOOL_FORMATS:
         raise c.fail(f"{key}.tool_format", f"expected {', '.join(TOOL_FORMATS)}, got {kw['tool_format']!r}")

@@ -16,6 +16,7 @@ from gmlx_plan.memory import DEFAULT_DRAFT_TOKENS as DEFAULT_DRAFT_TOKENS  # mod
 from gmlx_plan.memory import MAX_DRAFT_TOKENS as MAX_DRAFT_TOKENS
 from gmlx_plan.memory import KVQuant as KVQuant  # one definition: the planner budgets what the engine builds
 from gmlx_plan.memory import KVQuantError as KVQuantError
+from gmlx_plan.memory import LayoutChoice
 from gmlx_server.config.assistant_entries import Assistant, McpServer
 
 BUILTIN_INTENTS = ("chat", "coding", "creative", "precise")
@@ -29,7 +30,7 @@ LEGACY_KEY_NAME = "default"  # server.api_key / --api-key / GMLX_API_KEY: one ad
 DEFAULT_MODEL_ID = "smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BLAS_OFF = frozenset({"off", "0", "none"})  # GMLX_BLAS values that keep the mlx-cpu wheel's reference BLAS
-WeightsLayout = Literal["auto", "native", "packed", "dense"]
+WeightsLayout = LayoutChoice  # models.<id>.weights: auto or a layout (gmlx_plan.memory names them)
 # A model's tool-call syntax: its template's where it has one, else gmlx's JSON (auto); only the template's
 # (template); gmlx's JSON convention always (json). README's "Tool calling on any model" says more.
 ToolFormatSetting = Literal["auto", "template", "json"]

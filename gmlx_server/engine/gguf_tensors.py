@@ -38,7 +38,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 import gguf.quants
 import mlx.core as mx
@@ -47,10 +46,9 @@ import numpy.typing as npt
 from gguf import GGMLQuantizationType
 
 from gmlx_plan.gguf_header import GGML_TYPES, GGUFFormatError, TensorInfo, ggml_type_name
+from gmlx_plan.memory import Layout
 from gmlx_server.engine.kernels import NATIVE_TYPES
 from gmlx_server.engine.quant_repack import GROUP, REPACKERS, U8, Affine, pack_bits, quantize_affine
-
-Layout = Literal["packed", "dense", "native"]
 
 # Types with no exact affine form: dequantize with gguf, then requantize at these bits (table above).
 REQUANT_BITS: dict[str, int] = {

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import platform
-from typing import Literal
 
 from gmlx_plan.budget import available_memory
 from gmlx_plan.gguf_header import GGUFHeader
 from gmlx_plan.memory import kv_bytes, model_from_header
 from gmlx_server.engine import kernels
 from gmlx_server.engine.blas import current_blas
-
-LayoutChoice = Literal["auto", "packed", "dense", "native"]
 
 
 def choose_layout(requested: str, on_gpu: bool | None = None, native: bool = True,

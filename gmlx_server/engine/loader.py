@@ -12,7 +12,7 @@ import mlx.core as mx
 
 from gmlx_plan.geometry import DEFAULT_CONTEXT, geometry_from_header
 from gmlx_plan.gguf_header import GGUFHeader, SkippedArray, read_header
-from gmlx_plan.memory import KVQuant, quantized_layers
+from gmlx_plan.memory import KVQuant, LayoutChoice, quantized_layers
 from gmlx_server.engine.arch import ArchSpec, arch_spec, make_cache, vocab_size
 from gmlx_server.engine.attention import install_attention
 from gmlx_server.engine.blas import current_blas
@@ -21,7 +21,7 @@ from gmlx_server.engine.gguf_tensors import LoadReport, load_gguf_tensors
 from gmlx_server.engine.kernels import fast_ops, probe
 from gmlx_server.engine.kernels.modules import fuse_projections
 from gmlx_server.engine.kv_quant import CacheFactory
-from gmlx_server.engine.layout import LayoutChoice, choose_layout
+from gmlx_server.engine.layout import choose_layout
 from gmlx_server.engine.tokenizer import GGUFTokenizer
 from gmlx_server.engine.types import ModelInfo
 from gmlx_server.engine.weights import install_weights, transpose_dense_linears

@@ -17,7 +17,7 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from gmlx_plan.memory import AFFINE_GROUP
+from gmlx_plan.memory import AFFINE_GROUP, PACKED_BITS
 
 U8 = npt.NDArray[np.uint8]
 F32 = npt.NDArray[np.float32]
@@ -132,12 +132,13 @@ def unpack_iq4_xs(blocks: U8) -> Affine:
     return Affine(codes, scale, -128.0 * scale)
 
 
-# ggml type name -> (MLX bits, unpacker) for every type with an exact affine repack.
-REPACKERS: dict[str, tuple[int, Callable[[U8], Affine]]] = {
-    "Q4_0": (4, unpack_q4_0), "Q4_1": (4, unpack_q4_1), "Q5_0": (5, unpack_q5_0), "Q5_1": (5, unpack_q5_1),
-    "Q8_0": (8, unpack_q8_0), "Q8_K": (8, unpack_q8_k), "Q4_K": (4, unpack_q4_k), "Q5_K": (5, unpack_q5_k),
-    "IQ4_NL": (8, unpack_iq4_nl), "IQ4_XS": (8, unpack_iq4_xs),
+_UNPACKERS: dict[str, Callable[[U8], Affine]] = {
+    "Q4_0": unpack_q4_0, "Q4_1": unpack_q4_1, "Q5_0": unpack_q5_0, "Q5_1": unpack_q5_1, "Q8_0": unpack_q8_0,
+    "Q8_K": unpack_q8_k, "Q4_K": unpack_q4_k, "Q5_K": unpack_q5_k, "IQ4_NL": unpack_iq4_nl, "IQ4_XS": unpack_iq4_xs,
 }
+# ggml type name -> (MLX bits, unpacker) for every type with an exact affine repack; the bits are the planner's
+REPACKERS: dict[str, tuple[int, Callable[[U8], Affine]]] = {
+    name: (PACKED_BITS[name], unpack) for name, unpack in _UNPACKERS.items()}
 
 
 def pack_bits(q: U8, bits: int) -> npt.NDArray[np.uint32]:

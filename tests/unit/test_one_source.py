@@ -80,3 +80,20 @@ def test_the_engines_bit_tables_are_the_planners() -> None:
 
     assert {t: bits for t, (bits, _) in REPACKERS.items()} | dict(REQUANT_BITS) == memory.PACKED_BITS
     assert GROUP == memory.AFFINE_GROUP
+
+
+def test_ggml_type_facts_have_one_table() -> None:
+    """Type ids: the header reader's table; the C++ enum says the same; bits: the planner's PACKED_BITS."""
+    import re
+
+    from gmlx_plan.gguf_header import GGML_TYPES
+    from gmlx_server.engine.kernels import NATIVE_TYPES
+    from gmlx_server.engine.quant_repack import REPACKERS
+
+    header = (Path(__file__).resolve().parents[2] / "gmlx_server/engine/kernels/src/formats.h").read_text()
+    enum = re.search(r"enum QType : int \{([^}]*)\}", header)
+    assert enum is not None
+    in_cpp = {k.strip(): int(v) for k, v in (item.split("=") for item in enum.group(1).split(","))}
+    assert in_cpp == NATIVE_TYPES and set(NATIVE_TYPES) == memory.NATIVE_TYPES
+    assert all(GGML_TYPES[i][0] == name for name, i in NATIVE_TYPES.items())
+    assert all(REPACKERS[name][0] == memory.PACKED_BITS[name] for name in REPACKERS)

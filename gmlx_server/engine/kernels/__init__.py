@@ -14,9 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-# ggml type numbers that a kernel reads as stored (gguf.GGMLQuantizationType)
-NATIVE_TYPES: dict[str, int] = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13,
-                                "Q6_K": 14}
+from gmlx_plan.gguf_header import GGML_TYPES
+from gmlx_plan.memory import NATIVE_TYPES as PLANNED_NATIVE
+
+# ggml type numbers that a kernel reads as stored: the planner's list, numbered by the header reader's table
+# (src/formats.h's QType enum is checked against it in tests/unit/test_one_source.py)
+NATIVE_TYPES: dict[str, int] = {name: type_id for type_id, (name, _, _) in sorted(GGML_TYPES.items())
+                                if name in PLANNED_NATIVE}
 HERE = Path(__file__).resolve().parent
 
 
