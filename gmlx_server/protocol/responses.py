@@ -180,5 +180,7 @@ def parse_responses(raw: Any, path: str = "/v1/responses") -> ResponsesRequest:
         messages_param="input", format_param="text.format",
     )
     store = p.boolean(body, "store") is not False
+    echo = {**_echo(body, max_tokens, instructions, store),
+            "reasoning": {"effort": params.reasoning_effort, "summary": None}}  # the effort asked for
     return ResponsesRequest(params, messages, instructions, p.string(body, "previous_response_id") or None, store,
-                            _echo(body, max_tokens, instructions, store))
+                            echo)

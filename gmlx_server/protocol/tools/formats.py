@@ -110,9 +110,35 @@ def _gemma(quote: str) -> BodyParser:
     def parse(body: str, tools: Tools) -> list[ParsedCall]:
         text = body.replace(quote, _GEMMA4_QUOTE)
         _check_gemma_shape(text)
-        return _calls(mlx_vlm_parser("gemma4").parse_tool_call(text, tools))
+        calls = _calls(mlx_vlm_parser("gemma4").parse_tool_call(text, tools))
+        return [ParsedCall(c.name, _typed(c.arguments, _properties(tools, c.name))) for c in calls]
 
     return parse
+
+
+def _properties(tools: Tools, name: str) -> dict[str, Any]:
+    for tool in tools or ():
+        fn = tool.get("function")
+        if isinstance(fn, dict) and fn.get("name") == name and isinstance(fn.get("parameters"), dict):
+            props = fn["parameters"].get("properties")
+            return props if isinstance(props, dict) else {}
+    return {}
+
+
+def _typed(args: dict[str, Any], properties: dict[str, Any]) -> dict[str, Any]:
+    """Quoted scalars as the tool's schema types them: FunctionGemma's template quotes every value."""
+    out = dict(args)
+    for key, value in args.items():
+        kind = properties.get(key, {}).get("type") if isinstance(properties.get(key), dict) else None
+        if not isinstance(value, str):
+            continue
+        if kind == "integer" and re.fullmatch(r"-?\d+", value):
+            out[key] = int(value)
+        elif kind == "number" and re.fullmatch(r"-?\d+(\.\d+)?([eE][-+]?\d+)?", value):
+            out[key] = float(value) if not re.fullmatch(r"-?\d+", value) else int(value)
+        elif kind == "boolean" and value in ("true", "false"):
+            out[key] = value == "true"
+    return out
 
 
 def _check_gemma_shape(text: str) -> None:
