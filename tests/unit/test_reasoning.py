@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from gmlx_server.config.settings import ModelEntry
 from gmlx_server.engine.chat_template import JinjaChatTemplate
 from gmlx_server.engine.thinking import MISTRAL_THINK, SEED_THINK, THINK, ReasoningUse, infer_reasoning
+from gmlx_server.engine.tool_syntax import HERMES, ToolUse
 from gmlx_server.engine.types import TokenEvent
 from gmlx_server.errors import InvalidRequest
 from gmlx_server.neutral import GenerationParams
@@ -18,6 +19,7 @@ from gmlx_server.protocol.openai import parse_chat
 from gmlx_server.protocol.openai_out import OpenAIEncoder, ResponseMeta
 from gmlx_server.protocol.reasoning import ReasoningSplitter, with_reasoning
 from gmlx_server.protocol.responses import parse_responses
+from gmlx_server.protocol.tool_calls import with_tool_calls
 from gmlx_server.service.reasoning import with_effort_budget
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "data" / "templates"
@@ -115,3 +117,19 @@ def test_chat_history_reasoning_must_be_text() -> None:
     with pytest.raises(InvalidRequest) as e:
         parse_chat({"messages": [{"role": "assistant", "content": "a", "reasoning_content": {"x": 1}}]})
     assert e.value.param == "messages[0].reasoning_content"
+
+
+def test_a_call_written_inside_the_thinking_block_is_reasoning() -> None:
+    """Qwen3's family (as vLLM reads it): calls are read from the answer only; one drafted while thinking is
+    part of the thought, and the answer's own call is the call."""
+    base = OpenAIEncoder(ResponseMeta("id", "m", 0, 3), tokenizer=None)  # type: ignore[arg-type]
+    tools = ({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}},)
+    params = GenerationParams(messages=({"role": "user", "content": "x"},), tools=tools)
+    enc = with_reasoning(with_tool_calls(base, params, ToolUse(HERMES, "template")), base, ReasoningUse(THINK))
+    draft = '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
+    for i, text in enumerate(["<think>", f"maybe {draft}", "</think>\n\n", draft.replace("1", "2")]):
+        enc.feed(TokenEvent(text, i))
+    enc.feed(TokenEvent("", None, finish_reason="stop"))
+    message = base.body()["choices"][0]["message"]
+    assert message["reasoning_content"] == f"maybe {draft}"
+    assert [c["function"]["arguments"] for c in message["tool_calls"]] == ['{"a": 2}']
