@@ -153,8 +153,7 @@ inline void rows(int type, const uint8_t* w, int64_t row_bytes, int64_t n0, int6
 template <class Block, int LEVELS>
 inline void quantize_row_to(const float* x, int64_t k, Block* out) {
   for (int64_t b = 0; b < k / 32; ++b, x += 32) {
-    float amax = 0.0f;
-    for (int i = 0; i < 32; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+    const float amax = q16::amax_of(x, 32);
     const float d = amax / static_cast<float>(LEVELS);
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     int s0 = 0, s1 = 0;

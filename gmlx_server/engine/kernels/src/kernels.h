@@ -58,7 +58,7 @@ void set_sgemm(bool on);
 // "f32" (exact; weights decoded to fp32 in registers), "int16" (rounded per 32, or per 256 for the
 // K-quants, to 1/32767 of the group's largest: integer dot products, qdot.h) or "int8" (llama.cpp's
 // rounding: a block's largest activation sets the step of the other 31, and some models' outliers make
-// that visible in the logits: SmolLM2's moved by 1.2, Gemma 3's by 0.8, where int16 moves them by 0.008).
+// that visible in the logits: SmolLM2's moved by 1.2, Gemma 3's by 0.8, where int16 moves them by 0.007).
 void set_activations(const std::string& mode);
 std::string activations();
 

@@ -203,6 +203,27 @@ inline float hsum(F a) {
 }
 #endif
 
+// max(amax, |v|) as a compare and select: std::fmax's NaN rules made GCC call fmaxf once per activation
+inline float amax_step(float amax, float v) {
+  const float a = std::fabs(v);
+  return a > amax ? a : amax;
+}
+
+// max |x[i]| over n (a multiple of 16) elements, 16 lanes at a time (one scalar chain would wait on each)
+inline float amax_of(const float* x, int64_t n) {
+  typedef float f16v __attribute__((vector_size(64)));
+  f16v m = {};
+  for (int64_t i = 0; i < n; i += 16) {
+    f16v v;
+    std::memcpy(&v, x + i, sizeof(v));
+    v = v < 0.0f ? -v : v;
+    m = v > m ? v : m;
+  }
+  float amax = 0.0f;
+  for (int j = 0; j < 16; ++j) amax = amax_step(amax, m[j]);
+  return amax;
+}
+
 inline uint32_t u32(const uint8_t* p) {
   uint32_t v;
   std::memcpy(&v, p, 4);
@@ -432,8 +453,7 @@ inline void quantize_q16(const float* x, int64_t k, int group, int64_t row, cons
   float* d = out.d + row * (k / group);
   float* s = out.s + row * (k / 32);
   for (int64_t g0 = 0; g0 < k; g0 += group) {
-    float amax = 0.0f;
-    for (int i = 0; i < group; ++i) amax = std::fmax(amax, std::fabs(x[g0 + i]));
+    const float amax = q16::amax_of(x + g0, group);
     const float dg = amax / 32767.0f;
     const float id = dg != 0.0f ? 1.0f / dg : 0.0f;
     d[g0 / group] = dg;
