@@ -26,7 +26,7 @@ from gmlx_server.routes.health import Health
 from gmlx_server.routes.messages import CountTokens, Messages
 from gmlx_server.routes.metrics import Metrics
 from gmlx_server.routes.models import Model, Models
-from gmlx_server.routes.openapi import OpenApi
+from gmlx_server.routes.openapi import OpenApi, Root
 from gmlx_server.routes.request_log import RequestLogMiddleware
 from gmlx_server.routes.residency import Keep, Reload, Unload
 from gmlx_server.routes.responses import Responses
@@ -35,6 +35,7 @@ from gmlx_server.service.cache_stats import resident_cache_stats
 from gmlx_server.service.conversations import ResponseStore
 from gmlx_server.service.estimate import Estimator
 from gmlx_server.service.host import EngineFactory, ModelHost
+from gmlx_server.service.ignored_fields import IgnoredFields
 from gmlx_server.service.prometheus import make_registry
 from gmlx_server.service.snapshot import Snapshotter
 from gmlx_server.services.host import ServiceHost
@@ -151,6 +152,7 @@ def _routes(host: ModelHost, config: ServerConfig, services: ServiceHost,
         ("/v1/cache/stats", CacheStats(host)),
         ("/v1/cache/reset", CacheReset(host)),
         ("/openapi.json", OpenApi()),
+        ("/", Root()),
         *_service_routes(services),
     ]
 
@@ -178,7 +180,8 @@ def create_app(
     middleware.insert(0, auth)  # every request's caller; with keys, the key and its scope
     guard = RequestGuard(OriginPolicy(config.server.allowed_origins), HostPolicy(config.server.allowed_hosts))
     middleware.insert(0, guard)  # first: a preflight carries no key, a refused page gets no further
-    middleware.insert(0, RequestLogMiddleware())  # before it: a refused generation request is logged too
+    # Before it: a refused generation request is logged too.
+    middleware.insert(0, RequestLogMiddleware(IgnoredFields(host.telemetry)))
     app = falcon.asgi.App(middleware=middleware, request_type=GmlxRequest)
     for path, resource in _routes(host, config, services, assistants):
         app.add_route(path, resource)

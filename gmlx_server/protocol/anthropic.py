@@ -139,9 +139,7 @@ def _tool(i: int, tool: Any) -> dict[str, Any] | None:
         raise p.bad(where, f"expected an object, got {p.json_type(tool)}")
     name = p.required_string(tool, "name", where)
     if "input_schema" not in tool:
-        # Anthropic-defined tools (bash_*, web_search_*, ...) carry no schema to show the model.
-        p.log.warning("tools[%d] %r has no input_schema: not offered to the model", i, name)
-        return None
+        return None  # server tools (web_search_*, ...) carry no schema: named in `ignored` (params.ignored_fields)
     schema = p.nested(p.obj, tool, "input_schema", f"{where}.input_schema")
     return tool_function(name, tool.get("description"), schema)
 
@@ -203,10 +201,10 @@ def _format_param(body: Mapping[str, Any]) -> str:
     return "output_config.format" if (p.obj(body, "output_config") or {}).get("format") else "response_format"
 
 
-def parse_messages(raw: Any, path: str = "/v1/messages") -> GenerationParams:
-    """A /v1/messages (or count_tokens) body -> GenerationParams; warns once about ignored parameters."""
+def parse_messages(raw: Any) -> GenerationParams:
+    """A /v1/messages (or count_tokens) body -> GenerationParams; `ignored` names the fields it ignores."""
     body = body_object(raw)
-    ignored = p.warn_ignored("messages", path, body)
+    ignored = p.ignored_fields("messages", body)
     grammar = _output_config(body)
     tools, choice = _tools(body)
     return GenerationParams(

@@ -176,10 +176,10 @@ def body_object(body: Any) -> Mapping[str, Any]:
     return body
 
 
-def parse_chat(raw: Any, path: str = "/v1/chat/completions") -> GenerationParams:
-    """A /v1/chat/completions body -> GenerationParams; warns once about ignored parameters."""
+def parse_chat(raw: Any) -> GenerationParams:
+    """A /v1/chat/completions body -> GenerationParams; `ignored` names the fields it ignores."""
     body = body_object(raw)
-    ignored = p.warn_ignored("chat", path, body)
+    ignored = p.ignored_fields("chat", body)
     grammar = response_format(body)
     tools, choice = _tools(body)
     top_logprobs = p.integer(body, "top_logprobs", 0, 20) or 0
@@ -209,10 +209,10 @@ def _reject_completion_features(body: Mapping[str, Any]) -> None:
         raise p.bad("suffix", "suffix is not supported")
 
 
-def parse_completion(raw: Any, path: str = "/v1/completions") -> GenerationParams:
+def parse_completion(raw: Any) -> GenerationParams:
     """A /v1/completions body: one string prompt, one choice, no chat template."""
     body = body_object(raw)
-    ignored = p.warn_ignored("completions", path, body)
+    ignored = p.ignored_fields("completions", body)
     prompt = body.get("prompt")
     if isinstance(prompt, list):
         raise p.bad("prompt", "list and token-array prompts are not supported; send a single string")

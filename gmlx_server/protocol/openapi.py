@@ -233,6 +233,7 @@ def _paths() -> Schema:
             status: {"description": r["description"]} for status, r in health["responses"].items()}}},
         "/v1/metrics": metrics, "/metrics": metrics,
         "/openapi.json": {"get": _get("This document")},
+        "/": {"get": _get("The server's name, version and links"), "head": _get("As GET, without a body")},
         **service_paths(),
     }
 

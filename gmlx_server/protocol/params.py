@@ -1,12 +1,12 @@
 """The parameter table (which request fields each route honors or ignores) and the field validators
 every protocol parser shares.
 
-A request that sets ignored fields gets one warning line naming them all (logger gmlx.params).
+`ignored_fields` names what a body sets that its route ignores; the server warns about a client's field set
+once an hour (gmlx_server/service/ignored_fields.py).
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -57,8 +57,6 @@ PARAMETER_TABLE: Mapping[str, tuple[str, str, str, str]] = {
     **{k: (_H, _H, _H, _I) for k in ("enable_thinking", "thinking_budget", "reasoning", "reasoning_effort")},
 }
 
-log = logging.getLogger("gmlx.params")
-
 
 def ignored_params(route: Route, body: Mapping[str, Any]) -> list[str]:
     """Table parameters this route ignores that the body sets (present and not null)."""
@@ -66,11 +64,15 @@ def ignored_params(route: Route, body: Mapping[str, Any]) -> list[str]:
     return [k for k, row in PARAMETER_TABLE.items() if row[col] == _I and body.get(k) is not None]
 
 
-def warn_ignored(route: Route, path: str, body: Mapping[str, Any]) -> tuple[str, ...]:
-    names = ignored_params(route, body)
-    if names:
-        log.warning("%s: ignored parameters: %s", path, ", ".join(names))
-    return tuple(names)
+def ignored_fields(route: Route, body: Mapping[str, Any]) -> tuple[str, ...]:
+    """The ignored table parameters, then `tool:TYPE` for each kind of tool the model is not offered: a hosted
+    Responses tool (not type function), an Anthropic server tool (no input_schema)."""
+    tools = body.get("tools") if route in ("responses", "messages") else None
+    kinds: dict[str, None] = {}
+    for t in tools if isinstance(tools, list) else ():
+        if isinstance(t, dict) and (t.get("type") != "function" if route == "responses" else "input_schema" not in t):
+            kinds[f"tool:{t.get('type') or t.get('name')}"] = None
+    return (*ignored_params(route, body), *kinds)
 
 
 # --- field validators: each returns the value (None when absent) or raises InvalidRequest ----------

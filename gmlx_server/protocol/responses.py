@@ -128,9 +128,7 @@ def _tool(i: int, tool: Any) -> dict[str, Any] | None:
     if not isinstance(tool, dict):
         raise p.bad(where, f"expected an object, got {p.json_type(tool)}")
     if tool.get("type") != "function":
-        # Hosted tools (web_search, file_search, ...) run on OpenAI's side; nothing here can run them.
-        p.log.warning("%s of type %r is not a function tool: not offered to the model", where, tool.get("type"))
-        return None
+        return None  # hosted tools (web_search, ...) run on OpenAI's side: named in `ignored` (params.ignored_fields)
     params = p.nested(p.obj, tool, "parameters", f"{where}.parameters")
     return tool_function(p.required_string(tool, "name", where), tool.get("description"), params)
 
@@ -163,10 +161,10 @@ def _echo(body: Mapping[str, Any], max_tokens: int | None, instructions: str | N
             "metadata": metadata if isinstance(metadata, dict) else {}}
 
 
-def parse_responses(raw: Any, path: str = "/v1/responses") -> ResponsesRequest:
-    """A /v1/responses body -> ResponsesRequest; warns once about ignored parameters."""
+def parse_responses(raw: Any) -> ResponsesRequest:
+    """A /v1/responses body -> ResponsesRequest; `ignored` names the fields it ignores."""
     body = body_object(raw)
-    ignored = p.warn_ignored("responses", path, body)
+    ignored = p.ignored_fields("responses", body)
     grammar = _text_format(body)
     instructions = p.string(body, "instructions") or None
     max_tokens = p.max_tokens(body, ("max_output_tokens", "max_tokens"))

@@ -12,6 +12,8 @@ import falcon.asgi
 
 from gmlx_server.errors import GmlxError, InternalError
 from gmlx_server.protocol.errors import error_body, is_anthropic
+from gmlx_server.routes.common import GmlxRequest
+from gmlx_server.routes.request_log import request_record
 
 log = logging.getLogger("gmlx.server")
 
@@ -38,11 +40,14 @@ def as_gmlx_error(ex: BaseException, where: str = "") -> GmlxError:
     return InternalError()
 
 
-async def handle_error(req: falcon.asgi.Request, resp: falcon.asgi.Response | None, ex: Exception,
+async def handle_error(req: GmlxRequest, resp: falcon.asgi.Response | None, ex: Exception,
                        params: dict[str, Any], ws: object = None) -> None:
     if resp is None:  # a WebSocket; none are served
         return
     err = as_gmlx_error(ex, f"in {req.method} {req.path}")
+    record = request_record(req)
+    if record is not None:
+        record.refused(err)
     if isinstance(ex, falcon.HTTPError) and not ex.description:
         err.message = f"{req.method} {req.path}: {ex.title}"  # e.g. "GET /v1/nope: 404 Not Found"
     resp.status = err.status

@@ -16,8 +16,8 @@ T = TypeVar("T")
 OFF_LOOP_BODY_BYTES = 64 << 10  # a smaller body converts in well under a millisecond
 
 
-async def parse_body(req: GmlxRequest, parse: Callable[[Any, str], T]) -> T:
+async def parse_body(req: GmlxRequest, parse: Callable[[Any], T]) -> T:
     length = req.content_length
     if length is not None and length <= OFF_LOOP_BODY_BYTES:
-        return parse(body_of(req), req.path)
-    return await asyncio.to_thread(parse, body_of(req), req.path)  # large, or chunked (length unknown)
+        return parse(body_of(req))
+    return await asyncio.to_thread(parse, body_of(req))  # large, or chunked (length unknown)

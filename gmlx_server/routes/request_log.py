@@ -1,33 +1,27 @@
 """The request log's lifecycle: a record per generation request from its arrival, its line written when the
-response is complete (a stream's last byte, or a refusal's body), with the status it was answered with."""
+response is complete (a stream's last byte, or a refusal's body), with the status it was answered with.
+The body's ignored fields go to the once-an-hour warning (service/ignored_fields.py) and onto the line."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
 
 import falcon.asgi
 
-from gmlx_server.routes.common import GmlxRequest
+from gmlx_server.protocol.params import Route, ignored_fields
+from gmlx_server.routes.common import GmlxRequest, body_of
+from gmlx_server.service.ignored_fields import IgnoredFields
 from gmlx_server.service.request_log import RequestRecord
 
-GENERATION_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses"})
+ROUTE_OF: dict[str, Route] = {"/v1/chat/completions": "chat", "/v1/completions": "completions",
+                              "/v1/messages": "messages", "/v1/responses": "responses"}
+GENERATION_ROUTES = frozenset(ROUTE_OF)
 
 
 def request_record(req: GmlxRequest) -> RequestRecord | None:
     """The record the route hands to the service (None outside the generation routes)."""
     return req.context.request_record
-
-
-def _error_type(resp: falcon.asgi.Response) -> str | None:
-    """The error body's type (OpenAI and Anthropic both nest it under "error")."""
-    try:
-        body = json.loads(resp.data or b"null")
-    except ValueError:
-        return None
-    err = body.get("error") if isinstance(body, dict) else None
-    return str(err.get("type")) if isinstance(err, dict) and err.get("type") else None
 
 
 async def _logged(stream: AsyncIterable[bytes], record: RequestRecord, status: int) -> AsyncIterator[bytes]:
@@ -41,6 +35,9 @@ async def _logged(stream: AsyncIterable[bytes], record: RequestRecord, status: i
 class RequestLogMiddleware:
     """First in the chain, so a request refused by any other middleware is logged too."""
 
+    def __init__(self, ignored: IgnoredFields) -> None:
+        self.ignored = ignored
+
     async def process_request(self, req: GmlxRequest, resp: falcon.asgi.Response) -> None:
         if req.method == "POST" and req.path in GENERATION_ROUTES:
             req.context.request_record = RequestRecord(req.path)
@@ -50,8 +47,12 @@ class RequestLogMiddleware:
         record = request_record(req)
         if record is None:
             return
+        body = body_of(req)
+        if isinstance(body, dict):
+            record.ignored = ignored_fields(ROUTE_OF[req.path], body)
+            self.ignored.note(f"{req.remote_addr} {req.user_agent or '-'}", req.path, record.ignored)
         status = resp.status_code
         if resp.stream is not None:
             resp.stream = _logged(resp.stream, record, status)
         else:
-            record.emit(status, _error_type(resp) if status >= 400 else None)
+            record.emit(status)

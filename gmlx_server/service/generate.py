@@ -332,7 +332,10 @@ def _submit(host: ModelHost, prep: Prepared, record: RequestRecord | None) -> Re
             if ev.timings is not None:
                 host.telemetry.keys.used(caller.label, ev.timings.prompt_tokens, ev.timings.generated)
 
-    return host.start(prep.prompt.model_id, prep.prompt.engine, prep.request, finished)
+    handle = host.start(prep.prompt.model_id, prep.prompt.engine, prep.request, finished)
+    if record is not None:
+        record.submitted()  # its line now waits for the final event, even when the client leaves first
+    return handle
 
 
 def check_speculative(inp: GenerationParams, settings: Settings, sampling: SamplingParams) -> None:

@@ -130,7 +130,11 @@ def _telemetry(t: Telemetry) -> Iterator[Metric]:
     rej = CounterMetricFamily("gmlx_admission_rejections", "requests refused by admission", labels=["reason"])
     for reason, n in t.rejections.items():
         rej.add_metric([reason], float(n))
-    yield rej
+    ignored = CounterMetricFamily("gmlx_ignored_fields", "requests that set a field gmlx ignores, by field "
+                                  "(the warning is logged once an hour per client and field set)", labels=["field"])
+    for name, n in t.ignored_fields.items():
+        ignored.add_metric([name], float(n))
+    yield from (rej, ignored)
     yield from _keys(t)
 
 

@@ -6,6 +6,7 @@ admission's drain estimate. Plain Python, updated on the event loop only.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable
@@ -85,6 +86,7 @@ class Telemetry:
         self.rejections: Counter[str] = Counter()
         self.last_reject_reason: str | None = None
         self.sheds = 0
+        self.ignored_fields: Counter[str] = Counter()  # request fields gmlx ignored, by name (service/ignored_fields)
         self.assistant_steps: dict[str, dict[str, Any]] = {}  # request id -> its assistant loop's step (rows)
         self.keys = KeyMeter()  # per key name: requests, refusals, tokens
         self.callers: dict[str, str] = {}  # live request id -> its caller's key name (request rows show it)
@@ -140,18 +142,34 @@ class Telemetry:
 
 
 class _Tracked:
+    """A handle whose final event is recorded once: a cancelled request's too, read after its reader left."""
+
     def __init__(self, inner: RequestHandle, on_final: Callable[[TokenEvent, float], None], started: float) -> None:
         self.request_id = inner.request_id
         self._inner, self._on_final, self._started = inner, on_final, started
+        self._final = False
+        self._drain: asyncio.Task[None] | None = None
 
     def cancel(self) -> None:
         self._inner.cancel()
+        if not self._final and self._drain is None:
+            self._drain = asyncio.get_running_loop().create_task(self._read_final())
 
     def __aiter__(self) -> AsyncIterator[TokenEvent]:
         return self._events()
 
     async def _events(self) -> AsyncIterator[TokenEvent]:
         async for ev in self._inner:
-            if ev.finish_reason is not None:
-                self._on_final(ev, self._started)
+            self._seen(ev)
             yield ev
+
+    def _seen(self, ev: TokenEvent) -> None:
+        if ev.finish_reason is not None and not self._final:
+            self._final = True
+            self._on_final(ev, self._started)
+
+    async def _read_final(self) -> None:
+        """The engine still ends a cancelled request with a final event (its tokens, TTFT): read it. The
+        reader that left took nothing more (a cancelled queue get leaves its item in the queue)."""
+        async for ev in self._inner:
+            self._seen(ev)

@@ -103,6 +103,6 @@ def tool_use(telemetry: Telemetry, model_id: str, plan: ToolPlan | None, grammar
     def report(parsed: int, failed: int) -> None:
         telemetry.record_tools(model_id, parsed, failed, constrained)
         if record is not None:
-            record.tool_calls = parsed
+            record.tool_calls, record.tool_parser = parsed, plan.syntax.name
 
     return ToolUse(plan.syntax, plan.source, constrained, report)

@@ -52,7 +52,8 @@ def template_syntax(template: ChatTemplate) -> ToolSyntax | None:
         log.info("chat template (%s) defines no tool-call syntax: with tool_format auto or json gmlx writes "
                  "the tools into the system prompt and reads JSON calls", template.source)
     else:
-        log.info("chat template (%s): tool calls parsed as %s", template.source, syntax.name)
+        log.info("chat template (%s) defines the %s tool-call syntax (used unless the model's tool_format is json)",
+                 template.source, syntax.name)
     return syntax
 
 

@@ -77,8 +77,11 @@ async def _score(host: ModelHost, model_id: str, query: str, doc: str, yes: set[
                 raise EngineFailure(f"scoring with model '{model_id}' failed: {event.error}")
             tops.update(event.top_logprobs)
         status = 200
+    except EngineFailure as e:
+        record.refused(e)
+        raise
     finally:
-        record.emit(status, None if status == 200 else "engine_error")  # each scored document is a line
+        record.emit(status)  # each scored document is a line
     p_yes = sum(math.exp(tops[t]) for t in yes if t in tops)
     p_no = sum(math.exp(tops[t]) for t in no if t in tops)
     return (p_yes / (p_yes + p_no) if p_yes + p_no > 0 else 0.0), len(prompt.ids)

@@ -35,5 +35,5 @@ def test_every_line_is_json_and_the_request_line_has_typed_fields(server: LiveSe
     assert done["prompt_tokens"] == r.json()["usage"]["prompt_tokens"] and done["generated_tokens"] == 4
     assert isinstance(done["duration_s"], float) and done["message"].startswith("request id=")
     assert (refused["route"], refused["status"], refused["error"], refused["model"]) == (
-        "/v1/messages", 404, "not_found_error", "nope")
+        "/v1/messages", 404, "model_not_found", "nope")  # gmlx's own type, whichever protocol
     assert SECRET not in server.log()

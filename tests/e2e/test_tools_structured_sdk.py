@@ -67,7 +67,7 @@ def test_openai_tool_call_parsed_from_the_real_model(oai: openai.OpenAI, server:
     [call] = choice.message.tool_calls or []
     assert call.id.startswith("call_") and call.type == "function"
     _check_call(call.function.name, call.function.arguments, "Paris")
-    assert "tool calls parsed as hermes" in server.log()
+    assert "defines the hermes tool-call syntax" in server.log()
 
 
 def test_openai_streamed_tool_call(oai: openai.OpenAI) -> None:

@@ -181,9 +181,9 @@ def test_a_large_body_is_converted_off_the_event_loop(s: Served, monkeypatch: py
 
     seen: list[str] = []
 
-    def recording(raw: Any, path: str) -> Any:
+    def recording(raw: Any) -> Any:
         seen.append(threading.current_thread().name)
-        return parse_messages(raw, path)
+        return parse_messages(raw)
 
     monkeypatch.setattr(messages, "parse_messages", recording)
     small = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}

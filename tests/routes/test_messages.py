@@ -22,7 +22,7 @@ from gmlx_server.protocol.neutral import ToolCall
 from gmlx_server.protocol.params import ignored_params
 from tests.fakes import FakeBehavior, FakeFactory, FakeTemplate
 from tests.routes.conftest import Lines, Served, ThreadedServer, make_config, serve
-from tests.routes.test_params import bodies, json_values
+from tests.routes.test_params import another_client, bodies, json_values
 
 HI = [{"role": "user", "content": "hi"}]
 GOLDEN = ["message_start", "content_block_start", "ping", *["content_block_delta"] * 4, "content_block_stop",
@@ -450,7 +450,7 @@ def test_table_fields_never_500_and_warn_exactly(app_and_log: tuple[Served, Line
                                                  fields: dict[str, Any]) -> None:
     s, log = app_and_log
     log.lines.clear()
-    r = s.client.post("/v1/messages", json={"model": "m1", "messages": HI, **fields})
+    r = s.client.post("/v1/messages", json={"model": "m1", "messages": HI, **fields}, headers=another_client())
     assert r.status_code < 500, r.text
     expected = ignored_params("messages", fields)
     assert log.lines == ([f"/v1/messages: ignored parameters: {', '.join(expected)}"] if expected else [])

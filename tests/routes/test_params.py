@@ -3,6 +3,7 @@ and the one warning line names exactly the ignored ones."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -33,6 +34,14 @@ VALID: dict[str, st.SearchStrategy[Any]] = {
 }
 
 
+_CLIENTS = itertools.count()
+
+
+def another_client() -> dict[str, str]:
+    """Headers of a client never seen before: the warning is once an hour per client and field set."""
+    return {"User-Agent": f"property-example/{next(_CLIENTS)}"}
+
+
 def _value(name: str) -> st.SearchStrategy[Any]:
     return (VALID[name] | json_values) if name in VALID else json_values
 
@@ -48,7 +57,7 @@ def test_table_fields_never_500_and_warn_exactly(app_and_log: tuple[Served, Line
     s, log = app_and_log
     log.lines.clear()
     base = {"model": "m1", "messages": [{"role": "user", "content": "hi"}], "prompt": "hi"}
-    r = s.client.post(PATHS[route], json={**base, **fields})
+    r = s.client.post(PATHS[route], json={**base, **fields}, headers=another_client())
     assert r.status_code < 500, r.text
     expected = ignored_params(route, fields)  # type: ignore[arg-type]
     if expected:

@@ -78,7 +78,8 @@ def test_tool_calls_are_counted_on_the_line(caplog: pytest.LogCaptureFixture) ->
     try:
         with caplog.at_level(logging.INFO, logger="gmlx.request"):
             s.chat({"tools": tools})
-        assert fields_of(lines(caplog)[0])["tool_calls"] == "1"
+        f = fields_of(lines(caplog)[0])
+        assert (f["tool_calls"], f["finish"], f["tool_parser"]) == ("1", "tool_calls", "json")
     finally:
         s.client.close()
 
