@@ -7,7 +7,8 @@ gmlx_server/cli.py calls add_plan_parser(sub); args.func is run_plan.
             [--draft PATH|ID|none] [--draft-tokens K]
             [--device auto|metal|cpu] [--kv-dtype auto|f16|f32] [--max-kv-size N] [--json]
   gmlx plan simulate --model ... --width W --depth D --waves K --output-tokens N --think-s T --spread-s S
-            [--decode-tok-s R --prefill-tok-s P | --server URL [--api-key KEY]] [--queue-cap C] [--png FILE]
+            [--decode-tok-s R --prefill-tok-s P | --paces FILE | --server URL [--api-key KEY]] [--queue-cap C]
+            [--shared-prefix N] [--no-prompt-cache] [--png FILE]
   Either with --hosts H: W spread over H identical hosts behind a least-connections balancer (gmlx_plan/fleet.py):
   each host's share is checked and simulated, and a "fleet" line (JSON: object) says what the fleet admits at once.
 
@@ -53,6 +54,7 @@ from gmlx_plan.memory import (
     model_with_draft,
     weights_by_type,
 )
+from gmlx_plan.pace import Paces, paces_from_rates
 from gmlx_plan.queueing import Rates, default_queue_cap
 from gmlx_plan.report import sim_ascii, sim_png, sim_summary, sim_text, table_text
 from gmlx_plan.simulate import ServerSide, Workload
@@ -62,6 +64,8 @@ from gmlx_plan.source import (
     PlanInputError,
     fetch_metrics,
     load_yaml,
+    model_paces,
+    paces_file,
     parse_kv_quant,
     resolve_draft,
     resolve_model,
@@ -107,7 +111,13 @@ def _simulation(p: argparse.ArgumentParser) -> None:
     g.add_argument("--spread-s", type=float, default=0.0, help="arrivals of a wave spread over this many seconds")
     g.add_argument("--decode-tok-s", type=float, help="one stream's decode rate at width 1")
     g.add_argument("--prefill-tok-s", type=float, help="prefill rate")
-    g.add_argument("--server", help="read rates (and decode width, queue cap) from URL/v1/metrics")
+    g.add_argument("--server", help="read the measured paces (and decode width, queue cap) from URL/v1/metrics")
+    g.add_argument("--paces", help="read the measured paces from a JSON table {model: paces} (bench/plan_vs_real.py "
+                                   "--save-paces writes one) or a saved /v1/metrics snapshot")
+    g.add_argument("--shared-prefix", type=int, default=0,
+                   help="leading prompt tokens every subagent shares: once one prompt is cached, later ones restore "
+                        "them instead of prefilling")
+    g.add_argument("--no-prompt-cache", action="store_true", help="the server runs without a prompt cache")
     g.add_argument("--api-key", help="API key for --server")
     g.add_argument("--batch-scaling", type=float, default=0.9, help="aggregate decode rate = R * width ** this")
     g.add_argument("--queue-cap", type=int, help="waiting requests before 503 (default 4x the decode width)")
@@ -219,23 +229,37 @@ def _check(args: argparse.Namespace, m: MemoryModel, table: CapacityTable, by_ty
     return 0 if verdict.ok and (key is None or key.refused == 0) else 1
 
 
+def _paces(args: argparse.Namespace, metrics: dict[str, Any], model_id: str) -> Paces:
+    """Flags' flat rates win; then --paces FILE; then the server's measured paces (an older server's flat
+    recent rates when it publishes none)."""
+    if args.decode_tok_s and args.prefill_tok_s:
+        return replace(paces_from_rates(Rates(args.decode_tok_s, args.prefill_tok_s, args.batch_scaling)),
+                       source="flags")
+    if args.paces:
+        return paces_file(args.paces, model_id)
+    if args.server:
+        by_model = (metrics.get("rates") or {}).get("by_model") or {}
+        measured = model_paces(by_model, model_id, args.server)
+        if measured is not None:
+            return measured
+        decode, prefill = server_rates(metrics)
+        return replace(paces_from_rates(Rates(decode, prefill, args.batch_scaling)), source=f"{args.server} (flat)")
+    raise PlanInputError("simulate needs --decode-tok-s and --prefill-tok-s, --paces FILE or --server URL")
+
+
 def _simulate(args: argparse.Namespace, table: CapacityTable) -> int:
     metrics = fetch_metrics(args.server, args.api_key) if args.server else {}
-    if args.server and (args.decode_tok_s is None or args.prefill_tok_s is None):
-        decode, prefill = server_rates(metrics)
-    elif args.decode_tok_s and args.prefill_tok_s:
-        decode, prefill = args.decode_tok_s, args.prefill_tok_s
-    else:
-        raise PlanInputError("simulate needs --decode-tok-s and --prefill-tok-s, or --server URL")
+    paces = _paces(args, metrics, table.model)
     conc = metrics.get("concurrency") or {}
     width = args.decode_batch or conc.get("decode_batch") or table.decode_batch
     need = args.depth + args.output_tokens
     server = ServerSide(decode_batch=width, queue_cap=args.queue_cap if args.queue_cap is not None else
                         conc.get("queue_cap") or default_queue_cap(width), prefill_chunk=table.prefill_chunk,
-                        slots=largest_width_at(table, need), geometry_ok=plan(table, 1, need).ok)
+                        slots=largest_width_at(table, need), geometry_ok=plan(table, 1, need).ok,
+                        prompt_cache=not args.no_prompt_cache)
     work = Workload(args.waves, args.width, args.depth, args.output_tokens, args.think_s, args.spread_s,
-                    args.seed, args.max_retries)
-    result = simulate_fleet(work, server, Rates(decode, prefill, args.batch_scaling), args.hosts)
+                    args.seed, args.max_retries, args.shared_prefix)
+    result = simulate_fleet(work, server, paces, args.hosts)
     summary = sim_summary(result)
     fleet = _fleet(args, table, need, width, server.queue_cap) if args.hosts > 1 else None
     if fleet is not None:
@@ -246,9 +270,9 @@ def _simulate(args: argparse.Namespace, table: CapacityTable) -> int:
         return 0
     if fleet is not None:
         print(fleet.text())
-    print(f"fan-out: {work.waves} waves x {work.width} subagents, {work.depth}-token prompts, "
-          f"{work.output_tokens} output tokens; decode width {width}, queue cap {server.queue_cap}, "
-          f"decode {decode:g} tok/s/stream (aggregate x width^{args.batch_scaling:g}), prefill {prefill:g} tok/s")
+    print(f"fan-out: {work.waves} waves x {work.width} subagents, {work.depth}-token prompts"
+          + (f" sharing their first {work.shared_prefix}" if work.shared_prefix else "")
+          + f", {work.output_tokens} output tokens; decode width {width}, queue cap {server.queue_cap}")
     print(sim_text(summary))
     print(sim_ascii(result))
     if args.png:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gmlx_plan.pace import Paces
 from gmlx_plan.queueing import Rates
 from gmlx_plan.simulate import ServerSide, SimResult, Workload, simulate
 
@@ -63,7 +64,7 @@ class FleetAdmission:
                 f"{self.wait} wait, {self.refused} refused (503 + Retry-After)")
 
 
-def simulate_fleet(work: Workload, server: ServerSide, rates: Rates, hosts: int) -> SimResult:
+def simulate_fleet(work: Workload, server: ServerSide, rates: Paces | Rates, hosts: int) -> SimResult:
     """The fan-out over `hosts` hosts: one simulation per distinct share, the hosts' outcomes together. Waves,
     drains and the timeline are the busiest host's (it ends each wave last)."""
     split = shares(work.width, hosts)

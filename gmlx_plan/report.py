@@ -76,7 +76,16 @@ def sim_summary(r: SimResult) -> dict[str, Any]:
         "drain_s": r.drain_s,
         "wave_drain_s": list(r.wave_drain_s),
         "slots": r.slots,
+        "paces": r.paces.as_json() if r.paces else None,
+        "cache_mix": cache_mix(r),
     }
+
+
+def cache_mix(r: SimResult) -> dict[str, Any]:
+    """Which requests the run assumed warm (restoring a shared prefix from the prompt cache) and which cold."""
+    started = [o for o in r.outcomes if o.started is not None]
+    warm = [o.warm_tokens for o in started if o.warm_tokens]
+    return {"cold": len(started) - len(warm), "warm": len(warm), "warm_tokens": max(warm, default=0)}
 
 
 def _fmt(v: float | None) -> str:
@@ -96,7 +105,23 @@ def sim_text(s: dict[str, Any]) -> str:
         lines.append(f"{label:12}{_fmt(q['p50']):>9}{_fmt(q['p90']):>9}{_fmt(q['max']):>9}  s")
     waves = " / ".join(f"{w:.1f}" for w in s["wave_drain_s"])
     lines.append(f"drain {s['drain_s']:.1f} s (per wave {waves} s), decode slots {s['slots']}")
+    mix = s["cache_mix"]
+    lines.append(f"cache mix assumed: {mix['cold']} cold, {mix['warm']} warm"
+                 + (f" ({mix['warm_tokens']} prompt tokens restored each)" if mix["warm"] else ""))
+    if s["paces"]:
+        lines.append(paces_text(s["paces"]))
     return "\n".join(lines)
+
+
+def paces_text(p: dict[str, Any]) -> str:
+    steps = ", ".join(f"w{w} {float(v) * 1000:.1f}" for w, v in list(p["decode_step_s"].items())[:8])
+    more = " ..." if len(p["decode_step_s"]) > 8 else ""
+    depth = p["prefill_s_per_token_per_depth"]
+    restore = p["restore_tok_s"]
+    return (f"paces ({p['source']}): prefill {p['prefill_tok_s']:g} tok/s at depth 0"
+            + (f" (+{depth * 1e6:.3f} us a token per token of depth)" if depth else "")
+            + (f", restore {restore:g} tok/s" if restore else ", restores free")
+            + f", decode step ms {steps}{more}")
 
 
 def sparkline(values: Sequence[float], top: float | None = None) -> str:

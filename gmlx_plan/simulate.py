@@ -7,7 +7,7 @@ Not on simpy: its event queue also holds process starts and think-time timeouts,
 steps that stops at the next arrival would still need this heap of arrivals (a simpy port gave the same
 results, 8% longer and twice as slow).
 
-Model and assumptions:
+Model and assumptions (every time from gmlx_plan/pace.py's Paces: measured, or flat rates given):
   arrivals   wave k+1 starts think_s after the last request of wave k resolves; its `width`
              requests arrive uniformly spread over [0, spread_s) (seeded)
   admission  a request whose geometry fails (depth + output_tokens over max_ctx at width 1) gets
@@ -16,11 +16,15 @@ Model and assumptions:
              max_retries times, then it gave up); else it waits for a slot
   slots      min(decode_batch, the widest tabulated width whose max_ctx holds depth + output):
              memory limits concurrency before the governor would have to shed
-  prefill    one request at a time, `prefill_chunk` tokens per iteration at prefill_tok_s
-  decode     a step of w streams takes w / A(w) s, A(w) = decode_tok_s * w ** batch_scaling
-             (aggregate tok/s; batch_scaling 1 = perfect batching, 0 = none; measured CPU
-             figures 11 -> 42 tok/s at w 1 -> 4 give about 0.96)
-  drain ETA  (prefill tokens pending) / prefill_tok_s + (decode tokens pending) / A(min(slots, streams))
+  cache      the first shared_prefix tokens of every prompt are the same; once a request has finished its
+             prefill (the prompt cache stores it), a later one restores them (at least one cache block, and
+             one prompt token is always prefilled) at the restore pace, and prefills only the rest
+  prefill    one request at a time, `prefill_chunk` cold tokens per iteration at the prefill pace of their
+             depth (a + b * depth seconds a token)
+  decode     a step of w streams takes the measured step time at the nearest width (flat rates: w / A(w),
+             A(w) = decode_tok_s * w ** batch_scaling)
+  drain ETA  this same loop replayed from the state at that moment with no more arrivals (replay(): what the
+             server's Retry-After, queue.eta_s and est_ttft_s compute)
   outputs    the first of output_tokens comes from prefill (TTFT), the rest from decode steps
 """
 
@@ -30,10 +34,12 @@ import heapq
 import math
 import random
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gmlx_plan.memory import PREFILL_CHUNK
-from gmlx_plan.queueing import Rates, drain_eta_s, retry_after_s
+from gmlx_plan.pace import CACHE_BLOCK, Paces, paces_from_rates
+from gmlx_plan.queueing import Rates, retry_after_s
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,7 @@ class Workload:
     spread_s: float = 0.0
     seed: int = 0
     max_retries: int = 20
+    shared_prefix: int = 0  # leading prompt tokens every subagent shares (system prompt, tools, a common task)
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,7 @@ class ServerSide:
     prefill_chunk: int = PREFILL_CHUNK
     slots: int | None = None  # memory-limited decode width; None = decode_batch
     geometry_ok: bool = True  # one request of depth + output_tokens fits; else every request gets 400
+    prompt_cache: bool = True
 
     @property
     def width(self) -> int:
@@ -71,6 +79,7 @@ class Outcome:
     first_token: float | None
     done: float | None
     retry_afters: tuple[int, ...]  # one per 503
+    warm_tokens: int = 0  # prompt tokens it restored from the prompt cache
 
     @property
     def queue_wait(self) -> float | None:
@@ -88,6 +97,7 @@ class SimResult:
     wave_drain_s: tuple[float, ...]  # each wave: first arrival -> last resolution
     timeline: tuple[tuple[float, int, int], ...]  # (t, streams in prefill or decode, waiting)
     slots: int
+    paces: Paces | None = None  # what the run computed its times with
 
 
 @dataclass
@@ -95,8 +105,11 @@ class _Req:
     rid: int
     wave: int
     first_arrival: float
-    prefill_left: int
+    prompt: int
     decode_left: int
+    warm: int | None = None  # prompt tokens it restores; None: known when its prefill starts
+    pos: int = 0  # prompt tokens in its cache so far
+    restored: bool = False  # its warm tokens are back (it has started prefill)
     accepted: float | None = None
     started: float | None = None
     first_token: float | None = None
@@ -104,10 +117,30 @@ class _Req:
     status: str = ""
     retry_afters: list[int] = field(default_factory=list)
 
+    @property
+    def prefill_left(self) -> int:
+        return self.prompt - self.pos
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """An engine's state at one moment, for replay(): decode tokens left per running row, the row in prefill
+    (prompt, tokens already in its cache, decode tokens after its first), and the queue (prompt, warm, decode)."""
+
+    decoding: Sequence[float] = ()
+    prefilling: tuple[int, int, int] | None = None
+    waiting: Sequence[tuple[int, int, int]] = ()
+
+
+@dataclass(frozen=True)
+class Replay:
+    drain_s: float
+    first_token_s: tuple[float, ...]  # per waiting row, in order
+
 
 class _Sim:
-    def __init__(self, work: Workload, server: ServerSide, rates: Rates) -> None:
-        self.work, self.server, self.rates = work, server, rates
+    def __init__(self, work: Workload, server: ServerSide, paces: Paces) -> None:
+        self.work, self.server, self.paces = work, server, paces
         self.rng = random.Random(work.seed)
         self.t = 0.0
         self.events: list[tuple[float, int, _Req]] = []
@@ -117,6 +150,7 @@ class _Sim:
         self.reqs: list[_Req] = []
         self.open_in_wave: dict[int, int] = {}
         self.timeline: list[tuple[float, int, int]] = []
+        self.cached = False  # a prompt with the shared prefix is in the prompt cache
         self._start_wave(0, 0.0)
 
     # arrivals and admission -------------------------------------------------------------
@@ -132,6 +166,8 @@ class _Sim:
 
     def _resolve(self, r: _Req, status: str, at: float) -> None:
         r.status, r.done = status, at
+        if r.wave < 0:  # a replayed backlog's row: no wave follows it
+            return
         self.open_in_wave[r.wave] -= 1
         if self.open_in_wave[r.wave] == 0:
             self._start_wave(r.wave + 1, at + self.work.think_s)
@@ -139,10 +175,13 @@ class _Sim:
     def _in_engine(self) -> int:
         return len(self.batch) + (self.prefilling is not None)
 
+    def backlog(self) -> Backlog:
+        p = self.prefilling
+        return Backlog([float(r.decode_left) for r in self.batch], (p.prompt, p.pos, p.decode_left) if p else None,
+                       [(r.prompt, self._warm(), r.decode_left) for r in self.waiting])
+
     def _eta(self) -> float:
-        active = [*self.waiting, *self.batch] + ([self.prefilling] if self.prefilling else [])
-        return drain_eta_s(sum(r.prefill_left for r in active), sum(r.decode_left for r in active),
-                           len(active), self.server.width, self.rates)
+        return replay(self.backlog(), self.server, self.paces).drain_s
 
     def _arrive(self, r: _Req, at: float) -> None:
         if not self.server.geometry_ok or self.server.width == 0:
@@ -169,6 +208,11 @@ class _Sim:
             self.timeline.append((at, self._in_engine(), len(self.waiting)))
 
     # the engine loop ---------------------------------------------------------------------
+    def _warm(self) -> int:
+        """What a request starting its prefill now restores: the shared prefix once one prompt is cached."""
+        shared = min(self.work.shared_prefix, self.work.depth - 1)
+        return shared if self.server.prompt_cache and self.cached and shared >= CACHE_BLOCK else 0
+
     def _iteration(self) -> None:
         if self.prefilling is None and self.waiting and len(self.batch) < self.server.width:
             self.prefilling = self.waiting.popleft()
@@ -181,20 +225,25 @@ class _Sim:
     def _prefill_chunk(self) -> None:
         r = self.prefilling
         assert r is not None
+        dt = 0.0
+        if not r.restored:  # the engine restores on the request's first prefill step
+            r.warm = self._warm() if r.warm is None else r.warm
+            r.pos, r.restored, dt = r.warm, True, self.paces.restore_s(r.warm)
         take = min(self.server.prefill_chunk, r.prefill_left)
-        dt = take / self.rates.prefill_tok_s
+        dt += self.paces.prefill.seconds(r.pos, r.pos + take)
         self._events_until(self.t + dt)
         self.t += dt
-        r.prefill_left -= take
+        r.pos += take
         if r.prefill_left == 0:
             r.first_token, self.prefilling = self.t, None
+            self.cached = True  # the prompt cache stores a prompt once its prefill ends
             if r.decode_left == 0:
                 self._resolve(r, "completed", self.t)
             else:
                 self.batch.append(r)  # it joins this iteration's decode step, as the scheduler does
 
     def _decode_steps(self) -> None:
-        step = self.rates.step_s(len(self.batch))
+        step = self.paces.step(len(self.batch))
         k = min(r.decode_left for r in self.batch)
         if self.prefilling is not None or (self.waiting and len(self.batch) < self.server.width):
             k = 1  # a prefill interleaves with every step
@@ -204,7 +253,7 @@ class _Sim:
         self.t += k * step
         for r in self.batch:
             r.decode_left -= k
-        for r in [r for r in self.batch if r.decode_left == 0]:
+        for r in [r for r in self.batch if r.decode_left <= 0]:
             self._resolve(r, "completed", self.t)
         self.batch = [r for r in self.batch if r.decode_left > 0]
 
@@ -220,17 +269,39 @@ class _Sim:
             self.timeline.append((self.t, self._in_engine(), len(self.waiting)))
 
 
-def simulate(work: Workload, server: ServerSide, rates: Rates) -> SimResult:
-    if rates.decode_tok_s <= 0 or rates.prefill_tok_s <= 0:
-        raise ValueError("decode and prefill rates must be positive")
-    sim = _Sim(work, server, rates)
+def _paces(rates: Paces | Rates) -> Paces:
+    if isinstance(rates, Rates):
+        if rates.decode_tok_s <= 0 or rates.prefill_tok_s <= 0:
+            raise ValueError("decode and prefill rates must be positive")
+        return paces_from_rates(rates)
+    return rates
+
+
+def replay(backlog: Backlog, server: ServerSide, rates: Paces | Rates) -> Replay:
+    """The engine loop run from `backlog` with no more arrivals: when it is empty, and when each waiting row
+    gets its first token. The server's drain estimate (Retry-After) and est_ttft_s are this replay."""
+    paces = _paces(rates)
+    sim = _Sim(Workload(0, 0, 0, 0), server, paces)
+    sim.batch = [_Req(-1, -1, 0.0, 0, max(1, math.ceil(left)), restored=True) for left in backlog.decoding]
+    if backlog.prefilling is not None:
+        prompt, done, decode = backlog.prefilling
+        sim.prefilling = _Req(-1, -1, 0.0, prompt, decode, pos=min(done, prompt - 1), restored=True)
+    queued = [_Req(i, -1, 0.0, prompt, decode, warm) for i, (prompt, warm, decode) in enumerate(backlog.waiting)]
+    sim.waiting.extend(queued)
+    sim.run()
+    return Replay(sim.t, tuple(r.first_token or 0.0 for r in queued))
+
+
+def simulate(work: Workload, server: ServerSide, rates: Paces | Rates) -> SimResult:
+    paces = _paces(rates)
+    sim = _Sim(work, server, paces)
     sim.run()
     outs = tuple(Outcome(r.wave, r.status, r.first_arrival, r.accepted, r.started, r.first_token, r.done,
-                         tuple(r.retry_afters)) for r in sim.reqs)
+                         tuple(r.retry_afters), r.warm or 0) for r in sim.reqs)
     waves = []
     for w in range(work.waves):
         mine = [o for o in outs if o.wave == w]
         if mine:
             waves.append(max(o.done or 0.0 for o in mine) - min(o.first_arrival for o in mine))
     drain = max((o.done or 0.0 for o in outs), default=0.0)
-    return SimResult(outs, drain, tuple(waves), tuple(sim.timeline), server.width)
+    return SimResult(outs, drain, tuple(waves), tuple(sim.timeline), server.width, paces)

@@ -14,6 +14,7 @@ import yaml
 
 from gmlx_plan.budget import parse_memory
 from gmlx_plan.memory import DEFAULT_DRAFT_TOKENS, KVQuant
+from gmlx_plan.pace import Paces, paces_from_json
 
 
 class PlanInputError(ValueError):
@@ -145,6 +146,29 @@ def fetch_metrics(url: str, api_key: str | None = None, timeout: float = 10.0) -
     except (OSError, ValueError) as e:
         raise PlanInputError(f"cannot read {url}/v1/metrics: {e}") from e
     return data.get("server", data) if isinstance(data, dict) else {}
+
+
+def model_paces(by_model: dict[str, Any], model_id: str, source: str) -> Paces | None:
+    """One model's measured paces from a {model: paces} table (/v1/metrics rates.by_model, or a bench file):
+    the model's own entry, or the only one there is; None when it has not measured a prefill and a step yet."""
+    raw = by_model.get(model_id) or (next(iter(by_model.values())) if len(by_model) == 1 else None)
+    if raw is None and by_model:
+        raise PlanInputError(f"no paces for model {model_id!r} in {source} (it has: {', '.join(sorted(by_model))})")
+    return paces_from_json(raw, source) if isinstance(raw, dict) else None
+
+
+def paces_file(path: str, model_id: str) -> Paces:
+    """--paces FILE: a bench table {model: paces}, or a saved /v1/metrics snapshot (its rates.by_model)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise PlanInputError(f"cannot read paces from {path}: {e}") from e
+    server = data.get("server", data) if isinstance(data, dict) else {}
+    table = (server.get("rates") or {}).get("by_model", server) if isinstance(server, dict) else {}
+    paces = model_paces(table if isinstance(table, dict) else {}, model_id, path)
+    if paces is None:
+        raise PlanInputError(f"{path} has no measured prefill pace and decode step for {model_id!r}")
+    return paces
 
 
 def server_rates(metrics: dict[str, Any]) -> tuple[float, float]:

@@ -127,7 +127,9 @@ class FakeHandle:
         self.finished = reason
         n = len(self.request.prompt_tokens)
         b = self.engine.behavior
-        timings = Timings(n, generated, b.prefill_s, time.monotonic() - t0, None, speculative=b.speculative)
+        spans = ((0, n, b.prefill_s),) if b.prefill_s > 0 and n else ()  # its sleep stands for computed tokens
+        timings = Timings(n, generated, b.prefill_s, time.monotonic() - t0, None, speculative=b.speculative,
+                          spans=spans)
         return TokenEvent("", None, finish_reason=reason, stop_string=stop, error=error, timings=timings)
 
     async def _events(self) -> AsyncIterator[TokenEvent]:

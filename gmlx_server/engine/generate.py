@@ -49,6 +49,7 @@ class Progress:
     generated: int = 0
     cache_tier: str = "miss"
     warm_tokens: int = 0
+    prefilled: int = 0  # prompt tokens in the cache so far (restored or computed)
     speculative: SpeculativeStats | None = None  # a speculative model's rounds for this request
 
 
@@ -80,7 +81,8 @@ class RequestRun:
         self._prompt = mx.array(self._tokens, dtype=mx.int32)
         self.output: list[int] = []  # accepted tokens, so a rewind can rebuild the KV
         self.rewinds, self.probation = 0, False
-        self.last_chunk = 0
+        self.spans: list[tuple[int, int, float]] = []  # computed prompt tokens [start, end) and their seconds
+        self.restore_s = 0.0  # seconds the prompt cache's warm tokens took to come back
         self._pos, self._chunk = 0, chunk
         self._store, self._stops, self._window = prompt_cache, [len(req.prompt_tokens)], False
         self.next_input: int | None = None  # the token the next decode step feeds for this row
@@ -101,25 +103,33 @@ class RequestRun:
         n = len(self._tokens)
         end = min(self._pos + self._chunk, next(s for s in self._stops if s > self._pos))
         end = self.images.chunk_end(self._pos, end)  # an image that prefills whole is never cut
-        self.last_chunk = end - self._pos  # the engine's prefill rate is measured per chunk
+        t0 = time.perf_counter()
         if end < n:
             self.model(self._prompt[self._pos: end][None], cache=self.cache)
             mx.eval([c.state for c in self.cache])
-            self._pos = end
+            self._computed(end, t0)
             self._checkpoint()
             return False
         with last_row_only(self._text):
             logits = self.model(self._prompt[self._pos:][None], cache=self.cache).logits[:, -1, :]
         if self.rewinds:
+            mx.eval(logits)
+            self._computed(end, t0)
             return self._resume(logits)
         draw = self.draw(logits)
         mx.eval(draw.token)  # sync once so prefill time is measured, not deferred into decode
+        self._computed(end, t0)
         self.prefill_s = time.perf_counter() - (self.progress.started or 0.0)
         if self._store is not None and not self._window:
             self._save(len(self.req.prompt_tokens), "prompt")
         self.progress.state = "decode"
         self._t_decode = time.perf_counter()
         return self.accept(draw)
+
+    def _computed(self, end: int, t0: float) -> None:
+        """A chunk run through the model: its span and seconds, the only work the prefill pace counts."""
+        self.spans.append((self._pos, end, time.perf_counter() - t0))
+        self._pos = self.progress.prefilled = end
 
     def _begin(self) -> list[Any]:
         self.progress.state = "prefill"
@@ -150,9 +160,14 @@ class RequestRun:
         if store is None:
             return make()
         hit = store.lookup(prompt)
-        cache: list[Any] = restore(hit.entry, hit.tokens, make) if hit else make()
-        if hit is not None:
-            self._pos = self.progress.warm_tokens = hit.tokens
+        if hit is None:
+            cache = make()
+        else:
+            t0 = time.perf_counter()
+            cache = restore(hit.entry, hit.tokens, make)
+            mx.eval([c.state for c in cache])  # the copy happens here, timed as a restore, not as prefill
+            self.restore_s = time.perf_counter() - t0
+            self._pos = self.progress.warm_tokens = self.progress.prefilled = hit.tokens
             self.progress.cache_tier = hit.tier
         self._window = has_window(cache)
         n = len(prompt)
@@ -252,7 +267,7 @@ class RequestRun:
         ttft = p.first_token - p.submitted if p.first_token else None
         decode_s = time.perf_counter() - self._t_decode if self._t_decode else 0.0
         timings = Timings(len(self.req.prompt_tokens), self.stream.generated, self.prefill_s, decode_s, ttft,
-                          p.warm_tokens, p.speculative)
+                          p.warm_tokens, p.speculative, tuple(self.spans), self.restore_s)
         ev = last or TokenEvent("", None)
         p.state = "done"  # before the final event: a client that sees it must not find this row in flight
         self.emit(TokenEvent(ev.text, ev.token_id, ev.logprob, ev.top_logprobs, reason, ev.stop_string,

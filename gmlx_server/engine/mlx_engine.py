@@ -191,8 +191,7 @@ class MLXEngine(EngineBase):
         rows = tuple(sorted(rows, key=lambda r: r.state != "queued"))
         # A queued request with a free slot holds it (it is next to prefill): in flight, not waiting for a slot.
         in_flight = min(len(rows), self._decode_batch)
-        return EngineStats(self._decode_batch, in_flight, len(rows) - in_flight, rows,
-                           self.pace.step_s, self.pace.prefill_tok_s)
+        return EngineStats(self._decode_batch, in_flight, len(rows) - in_flight, rows, self.pace.step_s)
 
     def cache_stats(self) -> PromptCacheStats:
         """The prompt cache's counters as the engine thread last published them."""
@@ -238,4 +237,5 @@ def _row(job: _Job, now: float) -> RequestRow:
     if p.first_token and p.generated > 1:
         rate = (p.generated - 1) / max(now - p.first_token, 1e-9)
     return RequestRow(r.request_id, p.state, len(r.prompt_tokens), p.generated, r.max_tokens,
-                      now - p.submitted, ttft, rate, p.cache_tier, p.warm_tokens, p.speculative, r.priority)
+                      now - p.submitted, ttft, rate, p.cache_tier, p.warm_tokens, p.speculative, r.priority,
+                      p.prefilled)

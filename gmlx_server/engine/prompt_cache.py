@@ -18,9 +18,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from gmlx_plan.pace import CACHE_BLOCK
+
 Tier = Literal["exact", "block", "ckpt", "anchor"]
 TIERS: tuple[Tier, ...] = ("exact", "block", "ckpt", "anchor")
-BLOCK = 64
+BLOCK = CACHE_BLOCK  # gmlx plan's simulator reuses prefixes at the same granularity
 PIN_SHARE = 0.5  # pinned anchors hold at most this share of the bound; older pins fall back to plain LRU
 Key = tuple[int, ...]
 

@@ -24,7 +24,7 @@ from gmlx_server.engine.spec_round import Speculator
 from gmlx_server.engine.types import GenerationRequest, MemorySnapshot, SpeculativeStats, TokenEvent
 
 log = logging.getLogger("gmlx.engine")
-PACE_WINDOW = 32  # steps (per width) and prefill chunks the measured speeds look back on
+PACE_WINDOW = 32  # steps per width the measured decode pace looks back on
 MAX_REWINDS = 3  # a row recomputed this often after failed steps fails itself: no endless recovery loop
 
 
@@ -38,29 +38,19 @@ class Job:
 
 
 class Pace:
-    """Measured speeds, kept by the engine thread: a decode step's seconds by batch width (the median of the
-    recent steps, so one stall on a shared machine does not swing it) and the recent prefill rate. The drain
-    estimate (Retry-After) replays the queue with them."""
+    """A decode step's seconds by batch width, kept by the engine thread: the median of the recent steps, so
+    one stall on a shared machine does not swing it. The prefill and restore paces come with each request's
+    Timings (its computed spans), which the service's telemetry fits."""
 
     def __init__(self) -> None:
         self._steps: dict[int, deque[float]] = {}
-        self._chunks: deque[tuple[int, float]] = deque(maxlen=PACE_WINDOW)
 
     def stepped(self, width: int, seconds: float) -> None:
         self._steps.setdefault(width, deque(maxlen=PACE_WINDOW)).append(seconds)
 
-    def prefilled(self, tokens: int, seconds: float) -> None:
-        self._chunks.append((tokens, seconds))
-
     @property
     def step_s(self) -> dict[int, float]:
         return {w: statistics.median(list(d)) for w, d in list(self._steps.items()) if d}
-
-    @property
-    def prefill_tok_s(self) -> float | None:
-        chunks = list(self._chunks)
-        seconds = sum(s for _, s in chunks)
-        return sum(t for t, _ in chunks) / seconds if seconds > 0 else None
 
 
 Control = Callable[[], None]  # work another thread asks the engine thread to do (e.g. reset the prompt cache)
@@ -184,12 +174,8 @@ class Scheduler:
         if self.prefilling is None:
             return
         job, seq = self.prefilling
-        t0 = time.perf_counter()
         try:
             done = seq.finish("shed", error=job.shed_reason) if job.shed_reason else seq.prefill_step()
-            if seq.last_chunk:
-                self.pace.prefilled(seq.last_chunk, time.perf_counter() - t0)
-                seq.last_chunk = 0
         except Exception as e:  # one request's failure must not take the engine down
             log.exception("prefill of %s failed", job.request.request_id)
             done = seq.finish("error", error=f"{type(e).__name__}: {e}")

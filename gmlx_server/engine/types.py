@@ -109,10 +109,24 @@ class Timings:
     ttft_s: float | None
     cached_tokens: int = 0  # prompt tokens restored from the prompt cache instead of prefilled
     speculative: SpeculativeStats | None = None  # the request's drafting; None without a drafter
+    # The prompt tokens run through the model, [start, end) with their seconds (chunk by chunk; the decode
+    # steps of other rows between chunks are not in them), and the seconds the cached tokens took to restore.
+    spans: tuple[tuple[int, int, float], ...] = ()
+    restore_s: float = 0.0
+
+    @property
+    def computed_tokens(self) -> int:
+        return sum(e - b for b, e, _ in self.spans)
+
+    @property
+    def computed_s(self) -> float:
+        return sum(s for _, _, s in self.spans)
 
     @property
     def prefill_tok_s(self) -> float:
-        return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
+        """Computed tokens over the seconds they took: a cache hit's restored tokens are no prefill."""
+        s = self.computed_s
+        return self.computed_tokens / s if s > 0 else 0.0
 
     @property
     def decode_tok_s(self) -> float:
@@ -151,6 +165,7 @@ class RequestRow:
     warm_tokens: int = 0
     speculative: SpeculativeStats | None = None  # its drafting so far; None without a drafter
     priority: int = 0
+    prefilled: int = 0  # prompt tokens already in its cache (restored or computed): its prefill's progress
 
 
 @dataclass(frozen=True)
@@ -160,7 +175,6 @@ class EngineStats:
     waiting: int
     rows: tuple[RequestRow, ...] = ()
     step_s: Mapping[int, float] = field(default_factory=dict)  # measured decode step seconds by batch width
-    prefill_tok_s: float | None = None  # measured prefill rate, chunk by chunk
 
 
 class EngineClosed(RuntimeError):

@@ -1,13 +1,18 @@
 """Queue-cap admission: refuse with 503 + Retry-After (the drain estimate) when too many requests wait.
 
 The cap follows the decode width unless GMLX_QUEUE_DEPTH_CAP sets it. The drain estimate is what a
-load balancer or client waits before retrying: tokens still to generate over the recent decode rate.
+load balancer or client waits before retrying: the engine's schedule replayed from what runs and waits
+now (gmlx_plan's replay, the simulator's own loop) at the measured paces: cold prompt tokens at the
+prefill pace of their depth, warm ones at the restore pace, decode steps at the measured widths.
 """
 
 from __future__ import annotations
 
-from gmlx_plan.queueing import Rates, default_queue_cap, drain_by_phases, retry_after_s, step_time
-from gmlx_plan.queueing import drain_eta_s as plan_drain_eta_s
+from collections.abc import Sequence
+
+from gmlx_plan.pace import Paces, PrefillPace
+from gmlx_plan.queueing import default_queue_cap, retry_after_s
+from gmlx_plan.simulate import Backlog, ServerSide, replay
 from gmlx_server.config import RuntimeEnv
 from gmlx_server.engine.types import EngineStats, RequestRow
 from gmlx_server.errors import ServerOverloaded
@@ -22,24 +27,45 @@ def queue_cap(env: RuntimeEnv, stats: EngineStats) -> int:
     return env.queue_depth_cap if env.queue_depth_cap is not None else default_queue_cap(stats.decode_batch)
 
 
-def drain_eta_s(stats: EngineStats, rates: ModelRates | None) -> float:
-    """Seconds until the engine has worked off what is running and waiting now. With the engine's measured
-    step times, its schedule replayed phase by phase; before any, gmlx_plan's rate formula."""
+def paces_of(stats: EngineStats | None, rates: ModelRates | None) -> Paces:
+    """The model's measured paces, each falling back on its own: the prefill pace fitted on computed spans
+    (else FALLBACK_PREFILL_TOK_S), the restore pace (else restores are free), the engine's step times by
+    width (else one stream's recent decode rate, or FALLBACK_DECODE_TOK_S, at every width)."""
+    prefill = (rates.prefill_pace if rates else None) or PrefillPace(1.0 / FALLBACK_PREFILL_TOK_S)
+    steps = dict(stats.step_s) if stats is not None and stats.step_s else {
+        1: 1.0 / ((rates.decode_tok_s_recent if rates else None) or FALLBACK_DECODE_TOK_S)}
+    return Paces(prefill, steps, rates.restore_tok_s_recent if rates else None, "server")
+
+
+def backlog_of(stats: EngineStats, rates: ModelRates | None,
+               also: Sequence[tuple[int, int, int]] = ()) -> Backlog:
+    """What runs and waits now, each row's output at most the recent mean length; `also` joins the queue."""
     expected = (rates.mean_generated if rates else None) or FALLBACK_OUTPUT_TOKENS
-    prefill_tok_s = stats.prefill_tok_s or (rates.prefill_tok_s_recent if rates else None) or FALLBACK_PREFILL_TOK_S
 
-    def left(row: RequestRow) -> float:
-        return max(min(row.max_tokens, expected) - row.generated, 1.0)
+    def left(row: RequestRow) -> int:
+        return max(int(min(row.max_tokens, expected)) - row.generated, 1)
 
-    if stats.step_s:
-        decoding = [left(r) for r in stats.rows if r.state == "decode"]
-        pending = [(float(r.prompt_tokens - r.warm_tokens), left(r)) for r in stats.rows if r.state != "decode"]
-        return drain_by_phases(decoding, pending, stats.decode_batch, step_time(stats.step_s), prefill_tok_s)
-    r = Rates((rates.decode_tok_s_recent if rates else None) or FALLBACK_DECODE_TOK_S, prefill_tok_s,
-              batch_scaling=1.0)
-    decode_left = sum(left(row) for row in stats.rows)
-    prefill_left = sum(row.prompt_tokens for row in stats.rows if row.state in ("queued", "prefill"))
-    return plan_drain_eta_s(prefill_left, decode_left, len(stats.rows), stats.decode_batch, r)
+    prefill = next((r for r in stats.rows if r.state == "prefill"), None)
+    return Backlog([float(left(r)) for r in stats.rows if r.state == "decode"],
+                   (prefill.prompt_tokens, prefill.prefilled, left(prefill) - 1) if prefill else None,
+                   [*((r.prompt_tokens, r.warm_tokens, left(r) - 1) for r in stats.rows if r.state == "queued"),
+                    *also])
+
+
+def _server(stats: EngineStats) -> ServerSide:
+    return ServerSide(stats.decode_batch, queue_cap=0)
+
+
+def drain_eta_s(stats: EngineStats, rates: ModelRates | None) -> float:
+    """Seconds until the engine has worked off what is running and waiting now."""
+    return replay(backlog_of(stats, rates), _server(stats), paces_of(stats, rates)).drain_s
+
+
+def ttft_s(stats: EngineStats, rates: ModelRates | None, prompt: int, warm: int, max_tokens: int) -> float:
+    """When a request sent now gets its first token: the queue ahead of it, then its warm tokens restored and
+    its cold ones prefilled at their depth, between the running rows' decode steps."""
+    new = (prompt, min(warm, prompt - 1), max(0, min(max_tokens, FALLBACK_OUTPUT_TOKENS) - 1))
+    return replay(backlog_of(stats, rates, [new]), _server(stats), paces_of(stats, rates)).first_token_s[-1]
 
 
 class Admission:
@@ -48,6 +74,9 @@ class Admission:
 
     def eta_s(self, model_id: str, stats: EngineStats) -> float:
         return drain_eta_s(stats, self.telemetry.models.get(model_id))
+
+    def ttft_s(self, model_id: str, stats: EngineStats, prompt: int, warm: int, max_tokens: int | None) -> float:
+        return ttft_s(stats, self.telemetry.models.get(model_id), prompt, warm, max_tokens or FALLBACK_OUTPUT_TOKENS)
 
     def admit(self, model_id: str, stats: EngineStats) -> None:
         """Raise ServerOverloaded when the queue is at its cap; count the rejection.

@@ -26,6 +26,7 @@ from gmlx_server.engine.vision.mmproj import read_projector
 from gmlx_server.engine.vision.processor import ImageProcessor
 from gmlx_server.neutral import GenerationParams
 from gmlx_server.service.addressing import resolve_address, resolve_settings
+from gmlx_server.service.admission import paces_of
 from gmlx_server.service.generate import check_message_count, tokenize, tool_plan
 from gmlx_server.service.hf_policy import local_entry
 from gmlx_server.service.host import ModelHost
@@ -110,7 +111,7 @@ class Estimator:
 
         prompt, cap = len(ids), inp.max_tokens
         tier, warm = _warm(engine, ids)
-        need = host.capacity.need(addr.model_id, prompt, cap)
+        need = host.capacity.need(addr.model_id, prompt, cap, warm)
         drained = host.capacity.drained_bytes(addr.model_id)
         free = host.governor.read().available_bytes
         return {
@@ -119,16 +120,18 @@ class Estimator:
             "fits_now": need <= free if need is not None and free is not None else None,
             "fits_drained": need <= drained if need is not None and drained is not None else None,
             "context_ok": prompt + (cap or 0) <= tools.context_length, "context_limit": tools.context_length,
-            "est_ttft_s": self._ttft(addr.model_id, engine, prompt - warm), "resident": engine is not None,
+            "est_ttft_s": self._ttft(addr.model_id, engine, prompt, warm, cap), "resident": engine is not None,
         }
 
-    def _ttft(self, model_id: str, engine: Engine | None, prompt_tokens: int) -> float | None:
+    def _ttft(self, model_id: str, engine: Engine | None, prompt: int, warm: int, cap: int | None) -> float | None:
+        """The queue ahead, the warm tokens at the restore pace, the cold ones at the prefill pace of their depth;
+        None before any prefill was measured. A model that is not resident has an empty cache and no queue."""
         rates = self.host.telemetry.models.get(model_id)
-        prefill = rates.prefill_tok_s_recent if rates else None
-        if prefill is None:
+        if rates is None or rates.prefill_pace is None:
             return None
-        wait = self.host.admission.eta_s(model_id, engine.stats()) if engine is not None else 0.0
-        return round(wait + prompt_tokens / prefill, 3)
+        if engine is None:
+            return round(paces_of(None, rates).prompt_s(prompt), 3)
+        return round(self.host.admission.ttft_s(model_id, engine.stats(), prompt, warm, cap), 3)
 
     def plan(self, width: int, depth: int) -> dict[str, Any]:
         """ok from the capacity table; admit_now from the live state; reason = the first failing condition."""

@@ -15,7 +15,7 @@ from typing import Any
 from gmlx_server.engine.types import Engine, EngineStats, SpeculativeStats
 from gmlx_server.service.admission import Admission, queue_cap
 from gmlx_server.service.governor import BANDS, Governor
-from gmlx_server.service.telemetry import Telemetry
+from gmlx_server.service.telemetry import ModelRates, Telemetry
 
 ROW_REFRESH_S = 0.25
 log = logging.getLogger("gmlx.metrics")
@@ -26,8 +26,8 @@ SECTION_KEYS: dict[str, tuple[str, ...]] = {
     "governor": ("band", "enabled", "band_changes", "sheds"),
     "memory": ("active_bytes", "cache_bytes", "headroom_bytes", "rss_bytes", "budget_bytes",
                "arena_bytes", "arena_capacity_bytes", "arena_hit_rate"),
-    "rates": ("decode_tok_s", "decode_streams", "prefill_tok_s_recent", "decode_tok_s_recent",
-              "decode_tok_s_lifetime"),
+    "rates": ("decode_tok_s", "decode_streams", "prefill_tok_s_recent", "restore_tok_s_recent",
+              "decode_tok_s_recent", "decode_tok_s_lifetime", "by_model"),
     "tool_calls": ("parsed", "constrained", "failed", "by_model"),
 }
 
@@ -142,8 +142,11 @@ class Snapshotter:
 
         return {"decode_tok_s": round(sum(live), 3), "decode_streams": len(live),
                 "prefill_tok_s_recent": mean([m.prefill_tok_s_recent for m in models]),
+                "restore_tok_s_recent": mean([m.restore_tok_s_recent for m in models]),
                 "decode_tok_s_recent": mean([m.decode_tok_s_recent for m in models]),
-                "decode_tok_s_lifetime": mean([m.decode_tok_s_lifetime for m in models])}
+                "decode_tok_s_lifetime": mean([m.decode_tok_s_lifetime for m in models]),
+                "by_model": {m: measured_paces(self.telemetry.models.get(m), stats.get(m))
+                             for m in sorted({*self.telemetry.models, *stats})}}
 
 
     def _tool_calls(self) -> dict[str, Any]:
@@ -151,6 +154,21 @@ class Snapshotter:
         by_model = {m: dict(r.tool_calls) for m, r in self.telemetry.models.items() if r.tool_calls}
         totals = {k: sum(c.get(k, 0) for c in by_model.values()) for k in ("parsed", "constrained", "failed")}
         return {**totals, "by_model": by_model}
+
+
+def measured_paces(rates: ModelRates | None, stats: EngineStats | None) -> dict[str, Any]:
+    """One model's measured paces (null until measured), in gmlx_plan's Paces JSON: what `gmlx plan simulate
+    --server` reads, and what the server's own estimates compute with."""
+    pace = rates.prefill_pace if rates else None
+    return {"prefill_tok_s": _round(rates.prefill_tok_s_recent if rates else None),
+            "prefill_s_per_token": pace.s_per_token if pace else None,
+            "prefill_s_per_token_per_depth": pace.s_per_token_depth if pace else None,
+            "restore_tok_s": _round(rates.restore_tok_s_recent if rates else None),
+            "decode_step_s": {str(w): s for w, s in sorted(stats.step_s.items())} if stats else {}}
+
+
+def _round(v: float | None) -> float | None:
+    return round(v, 3) if v is not None else None
 
 
 def _requests(stats: Mapping[str, EngineStats], steps: Mapping[str, Any],

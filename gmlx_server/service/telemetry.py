@@ -13,10 +13,12 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gmlx_server.engine.types import RequestHandle, SpeculativeStats, TokenEvent
+from gmlx_plan.pace import PrefillPace, Span, fit_prefill
+from gmlx_server.engine.types import RequestHandle, SpeculativeStats, Timings, TokenEvent
 from gmlx_server.service.key_meter import KeyMeter
 
 RECENT = 8  # "recent" figures (/v1/metrics, gmlx top) cover the last eight requests
+PACE_SPANS = 64  # computed prompt spans (chunks) the prefill pace is fitted on
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
@@ -44,7 +46,10 @@ class Histogram:
 
 @dataclass
 class ModelRates:
-    recent_prefill: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))
+    # (tokens, seconds) per request: its computed prompt tokens, and apart from them its restored ones
+    recent_prefill: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=RECENT))
+    recent_restore: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=RECENT))
+    spans: deque[Span] = field(default_factory=lambda: deque(maxlen=PACE_SPANS))
     recent_decode: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))
     recent_generated: deque[int] = field(default_factory=lambda: deque(maxlen=RECENT))
     decode_tokens: int = 0
@@ -60,9 +65,25 @@ class ModelRates:
     def _mean(values: deque[float] | deque[int]) -> float | None:
         return sum(values) / len(values) if values else None
 
+    @staticmethod
+    def _pace(pairs: deque[tuple[int, float]]) -> float | None:
+        seconds = sum(s for _, s in pairs)
+        return sum(n for n, _ in pairs) / seconds if seconds > 0 else None
+
     @property
     def prefill_tok_s_recent(self) -> float | None:
-        return self._mean(self.recent_prefill)
+        """Prompt tokens run through the model over the seconds they took (cache hits' reused tokens aside)."""
+        return self._pace(self.recent_prefill)
+
+    @property
+    def restore_tok_s_recent(self) -> float | None:
+        """Prompt tokens restored from the prompt cache over the seconds the restores took."""
+        return self._pace(self.recent_restore)
+
+    @property
+    def prefill_pace(self) -> PrefillPace | None:
+        """The depth-aware prefill pace fitted on the recent computed spans."""
+        return fit_prefill(self.spans)
 
     @property
     def decode_tok_s_recent(self) -> float | None:
@@ -122,13 +143,20 @@ class Telemetry:
             m.speculative = (m.speculative or SpeculativeStats()) + t.speculative
         if t.ttft_s is not None:
             self.ttft.observe(t.ttft_s)
-        if t.prefill_s > 0:
-            m.recent_prefill.append(t.prefill_tok_s)
+        self._prompt_work(m, t)
         if t.generated > 1 and t.decode_s > 0:
             m.recent_decode.append(t.decode_tok_s)
             m.decode_tokens += t.generated - 1
             m.decode_seconds += t.decode_s
         m.recent_generated.append(t.generated)
+
+    @staticmethod
+    def _prompt_work(m: ModelRates, t: Timings) -> None:
+        if t.computed_s > 0:
+            m.recent_prefill.append((t.computed_tokens, t.computed_s))
+            m.spans.extend(t.spans)
+        if t.cached_tokens and t.restore_s > 0:
+            m.recent_restore.append((t.cached_tokens, t.restore_s))
 
     def track(self, model_id: str, handle: RequestHandle,
               also: Callable[[TokenEvent], None] | None = None) -> RequestHandle:

@@ -86,10 +86,12 @@ def test_simulate_prints_a_table_and_plots(capsys: pytest.CaptureFixture[str], t
 
 class _Metrics(BaseHTTPRequestHandler):
     seen: ClassVar[list[str | None]] = []  # the Authorization headers received
+    paces: ClassVar[dict[str, Any]] = {}  # what rates.by_model says of the model (empty: nothing measured)
 
     def do_GET(self) -> None:
         _Metrics.seen.append(self.headers.get("Authorization"))
-        body = json.dumps({"server": {"rates": {"decode_tok_s_recent": 9.5, "prefill_tok_s_recent": 150.0},
+        body = json.dumps({"server": {"rates": {"decode_tok_s_recent": 9.5, "prefill_tok_s_recent": 150.0,
+                                                "by_model": {"smollm2": _Metrics.paces}},
                                       "concurrency": {"decode_batch": 2, "queue_cap": 3}}}).encode()
         self.send_response(200 if self.path == "/v1/metrics" else 404)
         self.send_header("Content-Type", "application/json")
@@ -116,6 +118,43 @@ def test_simulate_reads_rates_from_a_server(metrics_url: str, capsys: pytest.Cap
     sim = json.loads(out)["simulation"]
     assert sim["completed"] == 4 and sim["slots"] == 2
     assert "decode 9.5 tok/s" not in out  # JSON mode prints no prose
+
+
+MEASURED = {"prefill_tok_s": 200.0, "prefill_s_per_token": 0.005, "prefill_s_per_token_per_depth": 0.0,
+            "restore_tok_s": 50000.0, "decode_step_s": {"1": 0.05, "2": 0.06}}
+
+
+def test_simulate_takes_the_server_measured_paces_and_reports_the_cache_mix(
+        metrics_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    _Metrics.paces = MEASURED
+    argv = ("simulate", "--model", smollm2_path(), "--width", "4", "--depth", "512", "--memory", "2GiB", "--server",
+            metrics_url, "--output-tokens", "8", "--json")
+    try:
+        rc, out = _run(capsys, *argv, "--shared-prefix", "400")
+        _, cold_out = _run(capsys, *argv)
+    finally:
+        _Metrics.paces = {}
+    sim, cold = json.loads(out)["simulation"], json.loads(cold_out)["simulation"]
+    assert rc == 0 and sim["paces"]["source"] == metrics_url and sim["paces"]["decode_step_s"] == {"1": 0.05, "2": 0.06}
+    # The first prompt prefills cold and is cached; the three after it restore the shared 400 tokens.
+    assert sim["cache_mix"] == {"cold": 1, "warm": 3, "warm_tokens": 400}
+    assert cold["cache_mix"] == {"cold": 4, "warm": 0, "warm_tokens": 0}
+    # Cold, four 512-token prompts at 5 ms a token take 4 x 2.56 s of prefill; warm ones prefill 112 tokens each.
+    assert cold["drain_s"] > 4 * 2.56 > sim["drain_s"] > 2.56 + 3 * 112 * 0.005
+
+
+def test_simulate_reads_a_paces_table_and_says_what_it_assumed(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    table = tmp_path / "paces.json"
+    table.write_text(json.dumps({"smollm2": MEASURED}))
+    rc, out = _run(capsys, "simulate", "--model", smollm2_path(), "--width", "2", "--depth", "300", "--memory",
+                   "2GiB", "--paces", str(table), "--output-tokens", "4", "--no-prompt-cache", "--shared-prefix", "200")
+    assert rc == 0 and "cache mix assumed: 2 cold, 0 warm" in out
+    assert f"paces ({table}): prefill 200 tok/s at depth 0, restore 50000 tok/s" in out
+    table.write_text(json.dumps({"other": MEASURED, "more": MEASURED}))
+    rc, _ = _run(capsys, "simulate", "--model", smollm2_path(), "--width", "2", "--depth", "300", "--memory",
+                 "2GiB", "--paces", str(table))
+    assert rc == 2
 
 
 @pytest.mark.parametrize(("text", "expected"), [

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gmlx_plan.queueing import Rates, drain_eta_s, retry_after_s
-from gmlx_plan.simulate import ServerSide, Workload, simulate
+from gmlx_plan.queueing import Rates, retry_after_s
+from gmlx_plan.simulate import Backlog, ServerSide, Workload, replay, simulate
 
 RATES = Rates(decode_tok_s=20.0, prefill_tok_s=200.0, batch_scaling=0.9)
 
@@ -68,7 +68,11 @@ def test_memory_limits_the_decode_slots() -> None:
 
 def test_retry_after_is_the_drain_eta_clamped() -> None:
     assert retry_after_s(0.1) == 2 and retry_after_s(7.2) == 8 and retry_after_s(500) == 60
-    assert drain_eta_s(400, 100, 3, 4, RATES) == pytest.approx(2.0 + 100 / RATES.aggregate(3))
+    # Three rows decode 100 tokens at width 3; then one waiting 400-token prompt prefills alone and decodes 1.
+    server = ServerSide(4, 8)
+    assert replay(Backlog([100, 100, 100]), server, RATES).drain_s == pytest.approx(100 * RATES.step_s(3))
+    alone = replay(Backlog((), None, [(400, 0, 1)]), server, RATES)
+    assert alone.drain_s == pytest.approx(2.0 + RATES.step_s(1)) and alone.first_token_s == (pytest.approx(2.0),)
 
 
 @settings(max_examples=40, deadline=None)

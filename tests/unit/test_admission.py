@@ -9,14 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gmlx_plan.queueing import drain_by_phases, retry_after_s, step_time
+from gmlx_plan.queueing import retry_after_s, step_time
 from gmlx_server.config import RuntimeEnv
-from gmlx_server.engine.types import EngineStats, GenerationRequest, RequestRow, TokenEvent
+from gmlx_server.engine.types import EngineStats, GenerationRequest, RequestRow, Timings, TokenEvent
 from gmlx_server.errors import ServerOverloaded
-from gmlx_server.service.admission import Admission, drain_eta_s, queue_cap
+from gmlx_server.service.admission import Admission, drain_eta_s, queue_cap, ttft_s
 from gmlx_server.service.governor import Governor, band_for, largest_stream
 from gmlx_server.service.memory import MemoryReading
-from gmlx_server.service.telemetry import Telemetry
+from gmlx_server.service.telemetry import ModelRates, Telemetry
 
 
 class SlotHandle:
@@ -185,17 +185,29 @@ def test_governor_off_reports_bands_but_never_sheds() -> None:
 
 
 def test_telemetry_tracks_recent_and_lifetime_rates() -> None:
-    from gmlx_server.engine.types import Timings
-
     tel = Telemetry(clock=lambda: 10.0)
     for gen in (11, 21):
         tel.record_final("m", TokenEvent("", None, finish_reason="stop",
-                                         timings=Timings(100, gen, 1.0, 2.0, 0.5)), 9.0)
+                                         timings=Timings(100, gen, 1.0, 2.0, 0.5, spans=((0, 100, 1.0),))), 9.0)
     m = tel.models["m"]
     assert m.prefill_tok_s_recent == 100.0
     assert m.decode_tok_s_recent == pytest.approx((5.0 + 10.0) / 2)
     assert m.decode_tok_s_lifetime == pytest.approx(30 / 4.0)
     assert tel.ttft.count == 2 and tel.latency.cumulative()[-1] == (float("inf"), 2)
+
+
+def test_a_cache_hit_leaves_the_prefill_pace_alone_and_measures_the_restore() -> None:
+    """A hit's reused tokens are no prefill: only the span it computed counts, and the restore has its own pace."""
+    tel = Telemetry()
+    cold = Timings(600, 2, 1.2, 0.1, 1.2, spans=((0, 512, 1.0), (512, 600, 0.2)))
+    hit = Timings(600, 2, 0.03, 0.1, 0.03, cached_tokens=599, spans=((599, 600, 0.002),), restore_s=0.02)
+    tel.record_final("m", TokenEvent("", None, finish_reason="stop", timings=cold), 0.0)
+    before = tel.models["m"].prefill_tok_s_recent
+    tel.record_final("m", TokenEvent("", None, finish_reason="stop", timings=hit), 0.0)
+    m = tel.models["m"]
+    assert before == pytest.approx(500.0) and m.prefill_tok_s_recent == pytest.approx(601 / 1.202)
+    assert m.restore_tok_s_recent == pytest.approx(599 / 0.02)
+    assert hit.prefill_tok_s == pytest.approx(500.0)  # what the response's timings report: 1 token in 2 ms
 
 
 def test_tracked_handle_records_the_final_event_once() -> None:
@@ -209,25 +221,39 @@ def test_tracked_handle_records_the_final_event_once() -> None:
     assert asyncio.run(drain()) == 2 and tel.models["m"].finished["stop"] == 1
 
 
-def test_drain_by_phases_replays_the_schedule() -> None:
-    one_s = step_time({4: 1.0})
-    # Two rows decode together at 1 s a step: the longer one finishes after 5 steps.
-    assert drain_by_phases([3, 5], [], 4, one_s, 100.0) == pytest.approx(5.0)
-    # Width 1: the queued row (100 prompt tokens at 100 tok/s) waits for the slot, prefills, then decodes.
-    assert drain_by_phases([2], [(100, 3)], 1, one_s, 100.0) == pytest.approx(2 + 1 + 3)
-    # Step time follows the width: 3 steps at width 2 (2 s each), then 2 alone (1 s each).
-    by_width = step_time({1: 1.0, 2: 2.0})
-    assert drain_by_phases([3, 5], [], 2, by_width, 100.0) == pytest.approx(3 * 2 + 2 * 1)
-    assert drain_by_phases([], [], 2, by_width, 100.0) == 0.0
-
-
 def test_step_time_takes_the_nearest_measured_width() -> None:
     at = step_time({1: 0.1, 4: 0.2})
     assert (at(1), at(2), at(3), at(4), at(8)) == (0.1, 0.1, 0.2, 0.2, 0.2)
 
 
+def _rates(prefill_tok_s: float, restore_tok_s: float | None = None) -> ModelRates:
+    m = ModelRates()
+    m.spans.append((0, 100, 100 / prefill_tok_s))
+    m.recent_prefill.append((100, 100 / prefill_tok_s))
+    if restore_tok_s:
+        m.recent_restore.append((100, 100 / restore_tok_s))
+    return m
+
+
 def test_the_measured_pace_drives_the_estimate() -> None:
     rows = (RequestRow("a", "decode", 10, 6, 16, 1.0, 0.1, 5.0), RequestRow("b", "queued", 50, 0, 16, 0.5, None, None))
-    measured = EngineStats(1, 1, 1, rows, {1: 0.5}, 100.0)
-    # a: 10 tokens left at 0.5 s; then b prefills 50 tokens (0.5 s) and decodes 16 (8 s).
-    assert drain_eta_s(measured, None) == pytest.approx(10 * 0.5 + 0.5 + 16 * 0.5)
+    measured = EngineStats(1, 1, 1, rows, {1: 0.5})
+    # a: 10 tokens left at 0.5 s; then b prefills 50 tokens (0.5 s): its first token, then 15 more (7.5 s).
+    assert drain_eta_s(measured, _rates(100.0)) == pytest.approx(10 * 0.5 + 0.5 + 15 * 0.5)
+
+
+def test_est_ttft_is_the_queue_then_warm_at_the_restore_pace_then_cold_at_the_prefill_pace() -> None:
+    idle = EngineStats(2, 0, 0, (), {1: 0.5})
+    rates = _rates(100.0, restore_tok_s=1000.0)
+    assert ttft_s(idle, rates, 300, 0, 16) == pytest.approx(3.0)  # all cold
+    assert ttft_s(idle, rates, 300, 200, 16) == pytest.approx(0.2 + 1.0)  # 200 restored, 100 prefilled
+    # One row decodes beside it: a step (0.5 s) follows each 512-token chunk, so a 600-token cold prompt waits one.
+    busy = EngineStats(2, 1, 0, (RequestRow("a", "decode", 10, 1, 50, 1.0, 0.1, 5.0),), {1: 0.5, 2: 0.5})
+    assert ttft_s(busy, rates, 600, 0, 16) == pytest.approx(6.0 + 0.5)
+
+
+def test_a_prefilling_row_is_replayed_from_where_it_is() -> None:
+    row = RequestRow("a", "prefill", 400, 0, 2, 1.0, None, None, prefilled=300)
+    stats = EngineStats(1, 1, 0, (row,), {1: 0.5})
+    # 100 tokens left at 100 tok/s, then its one decode token.
+    assert drain_eta_s(stats, _rates(100.0)) == pytest.approx(1.0 + 0.5)

@@ -1,0 +1,50 @@
+"""gmlx_plan/pace.py: the prefill pace fitted on computed spans (depth slope only where the spans show one), and
+the Paces JSON that /v1/metrics publishes and gmlx plan reads back."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gmlx_plan.pace import Paces, PrefillPace, fit_prefill, paces_from_json, paces_from_rates
+from gmlx_plan.queueing import Rates
+
+
+def test_a_prompt_of_same_depth_chunks_gives_a_flat_pace() -> None:
+    # One cold 600-token prompt: two chunks, too few to read a slope from; its last chunk's overhead stays flat.
+    pace = fit_prefill([(0, 512, 1.0), (512, 600, 0.3)])
+    assert pace == PrefillPace(1.3 / 600)
+
+
+@given(st.floats(1e-4, 1e-2), st.floats(0, 1e-6))
+def test_a_long_prompt_recovers_the_depth_slope(a: float, b: float) -> None:
+    truth = PrefillPace(a, b)
+    chunks = [(s, s + 512, truth.seconds(s, s + 512)) for s in range(0, 4096, 512)]
+    fit = fit_prefill(chunks)
+    assert fit is not None
+    assert fit.seconds(0, 8192) == pytest.approx(truth.seconds(0, 8192), rel=1e-6)
+
+
+def test_spans_without_seconds_fit_nothing_and_a_negative_slope_falls_back_flat() -> None:
+    assert fit_prefill([]) is None and fit_prefill([(0, 10, 0.0)]) is None
+    slower_early = [(s, s + 512, 1.0 - s / 8192) for s in range(0, 4096, 512)]
+    fit = fit_prefill(slower_early)
+    assert fit is not None and fit.s_per_token_depth == 0.0
+    assert fit.s_per_token == pytest.approx(sum(x for _, _, x in slower_early) / 4096)
+
+
+def test_warm_tokens_at_the_restore_pace_cold_ones_at_their_depth() -> None:
+    p = Paces(PrefillPace(0.01, 1e-5), {1: 0.1}, restore_tok_s=1000.0)
+    assert p.prompt_s(300, 200) == pytest.approx(0.2 + PrefillPace(0.01, 1e-5).seconds(200, 300))
+    assert p.prompt_s(300) == pytest.approx(300 * 0.01 + 1e-5 * 300 * 299 / 2)
+    assert Paces(PrefillPace(0.01), {1: 0.1}).prompt_s(300, 200) == pytest.approx(1.0)  # unmeasured restores: free
+    assert p.step(7) == 0.1
+
+
+def test_paces_round_trip_through_their_json() -> None:
+    p = Paces(PrefillPace(0.004, 2e-7), {1: 0.05, 4: 0.08}, 60000.0, "http://h")
+    assert paces_from_json(p.as_json(), "http://h") == p
+    assert paces_from_json({"prefill_s_per_token": None, "decode_step_s": {}}, "x") is None
+    flat = paces_from_rates(Rates(20.0, 200.0, 1.0))
+    assert flat.prompt_s(400) == pytest.approx(2.0) and flat.step(3) == pytest.approx(0.05)
