@@ -1,106 +1,194 @@
-"""One fan-out wave against a real server, beside gmlx plan's simulation of the same wave.
+"""Fan-out waves against a real server, each beside gmlx plan's simulation of the same wave on the server's own
+measured paces: cold, warm (a shared prefix) and mixed (half the prompt shared) waves at several widths.
 
-    .venv/bin/python bench/plan_vs_real.py [--width 6] [--depth 200] [--output 32] [--decode-batch 4]
+    .venv/bin/python bench/plan_vs_real.py [--widths 4,8] [--depth 300] [--output 32] [--decode-batch 4]
+                                           [--save-paces FILE]
 
-Starts `gmlx serve` (the default SmolLM2), warms it up so /v1/metrics has measured rates, then sends
-`width` requests at once (prompts of about `depth` tokens, `output` tokens each, EOS banned). The
-simulator gets the server's own rates and queue settings. Prints predicted vs measured queue wait
-(time to the start of prefill), TTFT and drain time, and their ratios.
+Starts `gmlx serve` (the default SmolLM2) and warms it up the way that used to flatter the planner: one prompt
+twice (the second a prompt-cache hit), then a wave as wide as the decode width so every width's step is
+measured. Before each wave the prompt cache is reset and the simulator gets the paces /v1/metrics publishes
+then (rates.by_model: prefill a + b x depth per cold token, restore, decode step by width) and the wave's
+shape: its prompt length (/v1/estimate) and how many leading tokens its prompts share (the most any of
+its requests reported as cached: a property of the prompts; the simulator decides itself which requests find
+them cached). Measured per request: TTFT as the client saw it, queue wait = TTFT less the server's own
+prompt time (timings.prompt_ms: prefill start to first token), and the wave's drain (first send to last end).
+Prints predicted, measured and measured/predicted for queue wait p50, TTFT p50 and max, and drain.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx
 
-from gmlx_plan.queueing import Rates, default_queue_cap
+from gmlx_plan.pace import Paces, paces_from_json
+from gmlx_plan.queueing import default_queue_cap
+from gmlx_plan.report import cache_mix, paces_text
 from gmlx_plan.simulate import ServerSide, Workload, simulate
 from tests.e2e.server import gmlx_serve
 
-WORD = "lighthouse "  # about one token per word for SmolLM2
+MODEL = "smollm2"
+MIXES = ("cold", "warm", "mixed")
 
 
-def _body(depth: int, output: int, i: int) -> dict[str, object]:
-    text = f"Request {i}. " + WORD * max(1, depth - 20)
-    return {"model": "smollm2", "messages": [{"role": "user", "content": text}], "max_tokens": output,
-            "temperature": 0, "stream": True, "logit_bias": {"2": -100}}
+WORDS = ("harbour", "lighthouse", "copper", "river", "stone", "garden", "window", "market", "winter", "silver",
+         "forest", "bridge", "candle", "paper")
 
 
-def _has_text(line: str) -> bool:
-    """An SSE chunk that carries generated text (not the role-only first chunk)."""
-    if not line.startswith("data: {"):
-        return False
-    choices = json.loads(line[6:]).get("choices") or [{}]
-    return bool(choices[0].get("delta", {}).get("content"))
+def _words(n: int, seed: int) -> str:
+    rng = random.Random(seed)
+    return " ".join(rng.choice(WORDS) for _ in range(n))  # one SmolLM2 token each
 
 
-def _stream(base: str, body: dict[str, object], out: dict[str, float]) -> None:
-    t0 = time.perf_counter()
+def _text(mix: str, depth: int, i: int, wave: int) -> str:
+    """About `depth` tokens of words: distinct from the first one (cold), sharing all but the last eight
+    (warm) or the first half (mixed)."""
+    shared = {"cold": 0, "warm": depth - 8, "mixed": depth // 2}[mix]
+    mine = f"Note {i}: " + _words(depth - shared, 1000 * wave + i)
+    return f"{_words(shared, wave)} {mine}" if shared else mine
+
+
+def _body(text: str, output: int) -> dict[str, Any]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": output,
+            "temperature": 0, "logit_bias": {"2": -100}, "stream": True, "timings_per_token": True,
+            "stream_options": {"include_usage": True}}
+
+
+@dataclass
+class Seen:
+    ttft: float = 0.0
+    prompt_s: float = 0.0
+    done: float = 0.0
+    cached: int = 0
+
+
+def _stream(base: str, body: dict[str, Any], out: Seen, t0: float) -> None:
     with httpx.stream("POST", base + "/v1/chat/completions", json=body, timeout=1800) as r:
         if r.status_code != 200:
             raise RuntimeError(f"HTTP {r.status_code}: {r.read()[:300]!r}")
         for line in r.iter_lines():
-            if line.startswith("data: {") and '"error"' in line:
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
                 raise RuntimeError(line[:300])
-            if "first" not in out and _has_text(line):
-                out["first"] = time.perf_counter() - t0
-    out["done"] = time.perf_counter() - t0
+            delta = (chunk.get("choices") or [{}])[0].get("delta", {}) if chunk.get("choices") else {}
+            if not out.ttft and delta.get("content"):
+                out.ttft = time.perf_counter() - t0
+            if "prompt_ms" in (chunk.get("timings") or {}):
+                out.prompt_s = chunk["timings"]["prompt_ms"] / 1000
+            if chunk.get("usage"):
+                out.cached = int((chunk["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+    out.done = time.perf_counter() - t0
 
 
-def measure(base: str, width: int, depth: int, output: int) -> list[dict[str, float]]:
-    results: list[dict[str, float]] = [{} for _ in range(width)]
-    threads = [threading.Thread(target=_stream, args=(base, _body(depth, output, i), results[i]))
-               for i in range(width)]
+def wave(base: str, texts: list[str], output: int) -> tuple[list[Seen], float]:
+    seen = [Seen() for _ in texts]
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=_stream, args=(base, _body(t, output), s, t0))
+               for t, s in zip(texts, seen, strict=True)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return results
+    return seen, max(s.done for s in seen)
+
+
+def paces_now(v1: str) -> Paces:
+    rates = httpx.get(v1 + "/metrics", timeout=10).json()["server"]["rates"]
+    paces = paces_from_json(rates["by_model"][MODEL], "server")
+    if paces is None:
+        raise RuntimeError(f"the server has measured no paces yet: {rates}")
+    return paces
+
+
+@dataclass
+class Row:
+    mix: str
+    width: int
+    figures: list[tuple[str, float, float]]  # (name, predicted, measured)
+    assumed: dict[str, Any]
+
+
+def one_wave(v1: str, base: str, mix: str, width: int, args: argparse.Namespace, n: int) -> Row:
+    httpx.post(base + "/v1/cache/reset", json={}, timeout=30).raise_for_status()
+    texts = [_text(mix, args.depth, i, n) for i in range(width)]
+    prompt = int(httpx.post(v1 + "/estimate", json=_body(texts[0], args.output), timeout=60).json()["prompt_tokens"])
+    paces = paces_now(v1)
+    seen, drain = wave(base, texts, args.output)
+    shared = max(s.cached for s in seen)
+    sim = simulate(Workload(1, width, prompt, args.output, shared_prefix=shared),
+                   ServerSide(args.decode_batch, default_queue_cap(args.decode_batch)), paces)
+    p_wait = [o.queue_wait or 0.0 for o in sim.outcomes]
+    p_ttft = [o.ttft or 0.0 for o in sim.outcomes]
+    m_wait = [max(0.0, s.ttft - s.prompt_s) for s in seen]
+    m_ttft = [s.ttft for s in seen]
+    figures = [("queue wait p50", statistics.median(p_wait), statistics.median(m_wait)),
+               ("TTFT p50", statistics.median(p_ttft), statistics.median(m_ttft)),
+               ("TTFT max", max(p_ttft), max(m_ttft)),
+               ("drain", sim.drain_s, drain)]
+    assumed = {"prompt_tokens": prompt, "shared_prefix": shared, **cache_mix(sim),
+               "measured_warm": sum(s.cached >= 64 for s in seen), "paces": paces.as_json()}
+    return Row(mix, width, figures, assumed)
+
+
+def warm_up(v1: str, base: str, args: argparse.Namespace) -> None:
+    """A prompt twice (the second restores it: a hit must not read as prefill), then a wave at the decode width."""
+    same = _text("cold", args.depth, 0, 99)
+    for _ in range(2):
+        wave(base, [same], args.output)
+    wave(base, [_text("cold", args.depth, i, 98) for i in range(args.decode_batch)], args.output)
+
+
+def _ratio(pred: float, meas: float) -> str:
+    if pred < 0.05 and meas < 0.05:
+        return "   (both ~0)"
+    return f"{meas / pred:11.2f}x" if pred > 0 else "          -"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--width", type=int, default=6)
-    ap.add_argument("--depth", type=int, default=200)
+    ap.add_argument("--widths", default="4,8")
+    ap.add_argument("--depth", type=int, default=300)
     ap.add_argument("--output", type=int, default=32)
     ap.add_argument("--decode-batch", type=int, default=4)
+    ap.add_argument("--save-paces", help="write the server's last paces as {model: paces} for gmlx plan --paces")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as d, gmlx_serve([], Path(d), env={"GMLX_DECODE_BATCH": str(args.decode_batch)}
-                                                         ) as s:
-        for _ in range(2):  # warm-up, one stream at a time: loads the model and measures the width-1 rates
-            measure(s.base_url, 1, args.depth, args.output)
-        m = httpx.get(s.v1 + "/metrics", timeout=10).json()["server"]
-        rates = Rates(m["rates"]["decode_tok_s_recent"], m["rates"]["prefill_tok_s_recent"])
-        t0 = time.perf_counter()
-        real = measure(s.base_url, args.width, args.depth, args.output)
-        drain = time.perf_counter() - t0
-    prompt_tokens = args.depth + 30  # the chat template adds about 30 tokens
-    sim = simulate(Workload(1, args.width, prompt_tokens, args.output),
-                   ServerSide(args.decode_batch, default_queue_cap(args.decode_batch)), rates)
-    p_ttft = [o.first_token - o.first_arrival for o in sim.outcomes if o.first_token is not None]
-    p_wait = [o.started - o.first_arrival for o in sim.outcomes if o.started is not None]
-    m_ttft = [r["first"] for r in real]
-    m_wait = [max(0.0, r["first"] - prompt_tokens / rates.prefill_tok_s) for r in real]  # TTFT less own prefill
-    print(json.dumps({"rates": {"decode_tok_s": rates.decode_tok_s, "prefill_tok_s": rates.prefill_tok_s},
-                      "width": args.width, "depth": prompt_tokens, "output": args.output}))
-    rows = [("queue wait p50", statistics.median(p_wait), statistics.median(m_wait)),
-            ("TTFT p50", statistics.median(p_ttft), statistics.median(m_ttft)),
-            ("TTFT max", max(p_ttft), max(m_ttft)),
-            ("drain", sim.drain_s, drain)]
-    print(f"{'':16s} {'predicted':>10s} {'measured':>10s} {'measured/predicted':>19s}")
-    for name, pred, meas in rows:
-        ratio = meas / pred if pred > 0 else float("nan")
-        print(f"{name:16s} {pred:9.2f}s {meas:9.2f}s {ratio:18.2f}x")
+    widths = [int(w) for w in args.widths.split(",")]
+    rows: list[Row] = []
+    env = {"GMLX_DECODE_BATCH": str(args.decode_batch)}
+    with tempfile.TemporaryDirectory() as d, gmlx_serve([], Path(d), env=env) as s:
+        warm_up(s.v1, s.base_url, args)
+        n = 0
+        for mix in MIXES:
+            for width in widths:
+                rows.append(one_wave(s.v1, s.base_url, mix, width, args, n))
+                n += 1
+        if args.save_paces:
+            Path(args.save_paces).write_text(json.dumps({MODEL: paces_now(s.v1).as_json()}, indent=2))
+    print(f"depth {args.depth} words, output {args.output}, decode width {args.decode_batch}")
+    print(f"{'wave':12s} {'':15s} {'predicted':>10s} {'measured':>10s} {'meas/pred':>12s}")
+    for r in rows:
+        a = r.assumed
+        print(f"{r.mix} x{r.width}: {a['prompt_tokens']}-token prompts, shared prefix {a['shared_prefix']}; "
+              f"assumed {a['cold']} cold + {a['warm']} warm (measured {a['measured_warm']} warm)")
+        print("    " + paces_text(a["paces"]))
+        for name, pred, meas in r.figures:
+            print(f"{'':12s} {name:15s} {pred:9.2f}s {meas:9.2f}s {_ratio(pred, meas)}")
+    ratios = [m / p for r in rows for _, p, m in r.figures if p >= 0.05]
+    print(f"ratios: min {min(ratios):.2f}x, max {max(ratios):.2f}x over {len(ratios)} figures")
 
 
 if __name__ == "__main__":

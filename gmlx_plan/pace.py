@@ -5,7 +5,8 @@ simulator all compute with.
             a the seconds a token costs at depth 0, b what each token of context before it adds (attention).
             Fitted from spans of computed tokens only: a span restored from the prompt cache is no prefill
   restore   warm tokens come back from the prompt cache at restore_tok_s (a copy, no model run)
-  decode    a batched step's seconds by width: the nearest measured width (ties: the wider)
+  decode    a batched step's seconds by width: the nearest measured width (ties: the wider); the step right
+            after a row joins the batch takes join_s more (the engine merges the row's cache into the batch's)
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ class Paces:
     prefill: PrefillPace
     step_s: Mapping[int, float]  # decode step seconds by batch width (measured widths)
     restore_tok_s: float | None = None  # None: nothing restored yet, restores count as free
+    join_s: float = 0.0  # added to the decode step after a row joins the batch
     source: str = "given"  # where the paces come from (a server's metrics, flags, a bench table)
 
     def __post_init__(self) -> None:
@@ -87,7 +89,7 @@ class Paces:
         p = self.prefill
         return {"source": self.source, "prefill_tok_s": round(p.tok_s(), 3),
                 "prefill_s_per_token": p.s_per_token, "prefill_s_per_token_per_depth": p.s_per_token_depth,
-                "restore_tok_s": self.restore_tok_s,
+                "restore_tok_s": self.restore_tok_s, "decode_join_s": self.join_s,
                 "decode_step_s": {str(w): s for w, s in sorted(self.step_s.items())}}
 
 
@@ -109,4 +111,4 @@ def paces_from_json(raw: Mapping[str, Any], source: str) -> Paces | None:
         return None
     restore = raw.get("restore_tok_s")
     return Paces(PrefillPace(float(a), float(raw.get("prefill_s_per_token_per_depth") or 0.0)), steps,
-                 float(restore) if restore else None, source)
+                 float(restore) if restore else None, float(raw.get("decode_join_s") or 0.0), source)

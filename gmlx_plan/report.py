@@ -121,7 +121,8 @@ def paces_text(p: dict[str, Any]) -> str:
     return (f"paces ({p['source']}): prefill {p['prefill_tok_s']:g} tok/s at depth 0"
             + (f" (+{depth * 1e6:.3f} us a token per token of depth)" if depth else "")
             + (f", restore {restore:g} tok/s" if restore else ", restores free")
-            + f", decode step ms {steps}{more}")
+            + f", decode step ms {steps}{more}" + (f", +{p['decode_join_s'] * 1000:.1f} after a join"
+                                                     if p.get("decode_join_s") else ""))
 
 
 def sparkline(values: Sequence[float], top: float | None = None) -> str:

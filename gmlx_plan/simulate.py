@@ -22,7 +22,7 @@ Model and assumptions (every time from gmlx_plan/pace.py's Paces: measured, or f
   prefill    one request at a time, `prefill_chunk` cold tokens per iteration at the prefill pace of their
              depth (a + b * depth seconds a token)
   decode     a step of w streams takes the measured step time at the nearest width (flat rates: w / A(w),
-             A(w) = decode_tok_s * w ** batch_scaling)
+             A(w) = decode_tok_s * w ** batch_scaling), and join_s more right after a row joined the batch
   drain ETA  this same loop replayed from the state at that moment with no more arrivals (replay(): what the
              server's Retry-After, queue.eta_s and est_ttft_s compute)
   outputs    the first of output_tokens comes from prefill (TTFT), the rest from decode steps
@@ -151,6 +151,7 @@ class _Sim:
         self.open_in_wave: dict[int, int] = {}
         self.timeline: list[tuple[float, int, int]] = []
         self.cached = False  # a prompt with the shared prefix is in the prompt cache
+        self.joined = False  # a row joined the batch since the last decode step
         self._start_wave(0, 0.0)
 
     # arrivals and admission -------------------------------------------------------------
@@ -241,6 +242,7 @@ class _Sim:
                 self._resolve(r, "completed", self.t)
             else:
                 self.batch.append(r)  # it joins this iteration's decode step, as the scheduler does
+                self.joined = True
 
     def _decode_steps(self) -> None:
         step = self.paces.step(len(self.batch))
@@ -249,8 +251,10 @@ class _Sim:
             k = 1  # a prefill interleaves with every step
         elif self.events:
             k = max(1, min(k, math.ceil((self.events[0][0] - self.t) / step)))  # stop at the next arrival
-        self._events_until(self.t + k * step)
-        self.t += k * step
+        dt = k * step + (self.paces.join_s if self.joined else 0.0)
+        self.joined = False
+        self._events_until(self.t + dt)
+        self.t += dt
         for r in self.batch:
             r.decode_left -= k
         for r in [r for r in self.batch if r.decode_left <= 0]:

@@ -191,7 +191,8 @@ class MLXEngine(EngineBase):
         rows = tuple(sorted(rows, key=lambda r: r.state != "queued"))
         # A queued request with a free slot holds it (it is next to prefill): in flight, not waiting for a slot.
         in_flight = min(len(rows), self._decode_batch)
-        return EngineStats(self._decode_batch, in_flight, len(rows) - in_flight, rows, self.pace.step_s)
+        return EngineStats(self._decode_batch, in_flight, len(rows) - in_flight, rows, self.pace.step_s,
+                           self.pace.join_s)
 
     def cache_stats(self) -> PromptCacheStats:
         """The prompt cache's counters as the engine thread last published them."""

@@ -44,13 +44,25 @@ class Pace:
 
     def __init__(self) -> None:
         self._steps: dict[int, deque[float]] = {}
+        self._joins: deque[tuple[int, float]] = deque(maxlen=PACE_WINDOW)
 
-    def stepped(self, width: int, seconds: float) -> None:
-        self._steps.setdefault(width, deque(maxlen=PACE_WINDOW)).append(seconds)
+    def stepped(self, width: int, seconds: float, joined: bool = False) -> None:
+        """A step's seconds; the first step after a row joined pays for merging its cache, kept apart."""
+        if joined:
+            self._joins.append((width, seconds))
+        else:
+            self._steps.setdefault(width, deque(maxlen=PACE_WINDOW)).append(seconds)
 
     @property
     def step_s(self) -> dict[int, float]:
         return {w: statistics.median(list(d)) for w, d in list(self._steps.items()) if d}
+
+    @property
+    def join_s(self) -> float | None:
+        """What a join adds to the step after it: the median excess over a plain step at that width."""
+        steps = self.step_s
+        excess = [s - steps[w] for w, s in list(self._joins) if w in steps]
+        return max(0.0, statistics.median(excess)) if excess else None
 
 
 Control = Callable[[], None]  # work another thread asks the engine thread to do (e.g. reset the prompt cache)
@@ -67,6 +79,7 @@ class Scheduler:
         self.grammar_tokenizer, self.prompt_cache = grammar_tokenizer, prompt_cache
         self.inbox, self.forget, self.memory = inbox, forget, memory
         self.pace = pace if pace is not None else Pace()
+        self._joined = False  # a row joined the batch since the last decode step
         self.waiting: deque[Job] = deque()
         self.resuming: deque[tuple[Job, RequestRun]] = deque()  # rows rewound after a failed batched step
         self.prefilling: tuple[Job, RequestRun] | None = None
@@ -185,6 +198,7 @@ class Scheduler:
         elif seq.prefilled:
             self.prefilling = None
             self._join(job, seq)
+            self._joined = True
 
     def _join(self, job: Job, seq: RequestRun) -> None:
         try:
@@ -211,7 +225,8 @@ class Scheduler:
                 t0 = time.perf_counter()
                 self.batch.step()
                 # per token: a speculative round's several tokens must not read as one slow step
-                self.pace.stepped(width, (time.perf_counter() - t0) / self.batch.last_tokens)
+                self.pace.stepped(width, (time.perf_counter() - t0) / self.batch.last_tokens, self._joined)
+                self._joined = False
         except Exception as e:
             log.exception("decode step failed for %d rows; recomputing them", len(self.batch))
             self._recover(self.batch.take_all(), f"{type(e).__name__}: {e}")

@@ -175,6 +175,7 @@ class EngineStats:
     waiting: int
     rows: tuple[RequestRow, ...] = ()
     step_s: Mapping[int, float] = field(default_factory=dict)  # measured decode step seconds by batch width
+    join_s: float | None = None  # what the step after a row joins the batch adds (merging its cache)
 
 
 class EngineClosed(RuntimeError):

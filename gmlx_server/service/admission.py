@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from gmlx_plan.pace import Paces, PrefillPace
 from gmlx_plan.queueing import default_queue_cap, retry_after_s
-from gmlx_plan.simulate import Backlog, ServerSide, replay
+from gmlx_plan.simulate import Backlog, Replay, ServerSide, replay
 from gmlx_server.config import RuntimeEnv
 from gmlx_server.engine.types import EngineStats, RequestRow
 from gmlx_server.errors import ServerOverloaded
@@ -34,7 +34,8 @@ def paces_of(stats: EngineStats | None, rates: ModelRates | None) -> Paces:
     prefill = (rates.prefill_pace if rates else None) or PrefillPace(1.0 / FALLBACK_PREFILL_TOK_S)
     steps = dict(stats.step_s) if stats is not None and stats.step_s else {
         1: 1.0 / ((rates.decode_tok_s_recent if rates else None) or FALLBACK_DECODE_TOK_S)}
-    return Paces(prefill, steps, rates.restore_tok_s_recent if rates else None, "server")
+    join = stats.join_s if stats is not None and stats.join_s is not None else 0.0
+    return Paces(prefill, steps, rates.restore_tok_s_recent if rates else None, join, "server")
 
 
 def backlog_of(stats: EngineStats, rates: ModelRates | None,
@@ -61,11 +62,17 @@ def drain_eta_s(stats: EngineStats, rates: ModelRates | None) -> float:
     return replay(backlog_of(stats, rates), _server(stats), paces_of(stats, rates)).drain_s
 
 
+def replay_with(stats: EngineStats, rates: ModelRates | None, new: Sequence[tuple[int, int, int]]) -> Replay:
+    """The engine's schedule from now with `new` requests (prompt, warm, max_tokens) queued behind the rest."""
+    expected = (rates.mean_generated if rates else None) or FALLBACK_OUTPUT_TOKENS
+    rows = [(p, min(w, p - 1), max(0, int(min(cap, expected)) - 1)) for p, w, cap in new]
+    return replay(backlog_of(stats, rates, rows), _server(stats), paces_of(stats, rates))
+
+
 def ttft_s(stats: EngineStats, rates: ModelRates | None, prompt: int, warm: int, max_tokens: int) -> float:
     """When a request sent now gets its first token: the queue ahead of it, then its warm tokens restored and
     its cold ones prefilled at their depth, between the running rows' decode steps."""
-    new = (prompt, min(warm, prompt - 1), max(0, min(max_tokens, FALLBACK_OUTPUT_TOKENS) - 1))
-    return replay(backlog_of(stats, rates, [new]), _server(stats), paces_of(stats, rates)).first_token_s[-1]
+    return replay_with(stats, rates, [(prompt, warm, max_tokens)]).first_token_s[-1]
 
 
 class Admission:
@@ -77,6 +84,10 @@ class Admission:
 
     def ttft_s(self, model_id: str, stats: EngineStats, prompt: int, warm: int, max_tokens: int | None) -> float:
         return ttft_s(stats, self.telemetry.models.get(model_id), prompt, warm, max_tokens or FALLBACK_OUTPUT_TOKENS)
+
+    def wave(self, model_id: str, stats: EngineStats, width: int, depth: int) -> Replay:
+        """`width` cold requests of `depth` prompt tokens sent now, behind what runs and waits."""
+        return replay_with(stats, self.telemetry.models.get(model_id), [(depth, 0, FALLBACK_OUTPUT_TOKENS)] * width)
 
     def admit(self, model_id: str, stats: EngineStats) -> None:
         """Raise ServerOverloaded when the queue is at its cap; count the rejection.

@@ -153,4 +153,15 @@ class Estimator:
         ]
         reason = next((msg for passed, msg in checks if not passed), None)
         return {"width": width, "depth": depth, "ok": ok, "admit_now": reason is None, "reason": reason,
-                "band": band, "free_slots": free, "waiting": waiting}
+                "band": band, "free_slots": free, "waiting": waiting, **self._wave(width, depth)}
+
+    def _wave(self, width: int, depth: int) -> dict[str, float | None]:
+        """When the last of `width` cold prompts of `depth` tokens sent now would get its first token, and when
+        the engine would be empty: the boot model's replay; null until it is resident and has prefilled once."""
+        boot = self.host.capacity.boot
+        engine = self.host.resident.get(boot.model_id) if boot else None
+        rates = self.host.telemetry.models.get(boot.model_id) if boot else None
+        if boot is None or engine is None or rates is None or rates.prefill_pace is None:
+            return {"est_ttft_s": None, "est_drain_s": None}
+        r = self.host.admission.wave(boot.model_id, engine.stats(), width, depth)
+        return {"est_ttft_s": round(max(r.first_token_s), 3), "est_drain_s": round(r.drain_s, 3)}

@@ -43,7 +43,7 @@ def test_warm_tokens_at_the_restore_pace_cold_ones_at_their_depth() -> None:
 
 
 def test_paces_round_trip_through_their_json() -> None:
-    p = Paces(PrefillPace(0.004, 2e-7), {1: 0.05, 4: 0.08}, 60000.0, "http://h")
+    p = Paces(PrefillPace(0.004, 2e-7), {1: 0.05, 4: 0.08}, 60000.0, 0.03, "http://h")
     assert paces_from_json(p.as_json(), "http://h") == p
     assert paces_from_json({"prefill_s_per_token": None, "decode_step_s": {}}, "x") is None
     flat = paces_from_rates(Rates(20.0, 200.0, 1.0))

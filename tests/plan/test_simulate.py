@@ -89,3 +89,15 @@ def test_invariants(waves: int, width: int, depth: int, out: int, batch: int, ca
         if o.status == "completed":
             assert o.ttft is not None and o.ttft >= depth / RATES.prefill_tok_s - 1e-9
             assert o.queue_wait is not None and o.queue_wait >= 0
+
+
+def test_a_join_costs_the_step_after_it() -> None:
+    from gmlx_plan.pace import Paces, PrefillPace
+
+    plain = Paces(PrefillPace(0.01), {1: 0.1, 2: 0.1})
+    joins = Paces(PrefillPace(0.01), {1: 0.1, 2: 0.1}, join_s=0.05)
+    # Two 100-token prompts, 3 decode tokens each after the first: two joins, each slowing the step after it.
+    a = replay(Backlog((), None, [(100, 0, 3), (100, 0, 3)]), ServerSide(2, 4), plain)
+    b = replay(Backlog((), None, [(100, 0, 3), (100, 0, 3)]), ServerSide(2, 4), joins)
+    assert b.drain_s == pytest.approx(a.drain_s + 2 * 0.05)
+    assert b.first_token_s[1] == pytest.approx(a.first_token_s[1] + 0.05)  # the first join delays the second prefill

@@ -143,3 +143,19 @@ def test_dry_run_on_chat_returns_the_estimate_and_generates_nothing(s: Served) -
     assert dry.status_code == 200
     assert dry.json() == s.client.post("/v1/estimate", json=body).json()
     assert "m1" not in s.factory.engines  # neither call loaded the model
+
+
+def test_plan_estimates_the_wave_once_a_prefill_was_measured(s: Served) -> None:
+    params = {"width": 2, "depth": 100}
+    before = s.client.get("/v1/capacity/plan", params=params).json()
+    assert before["est_ttft_s"] is None and before["est_drain_s"] is None  # nothing measured, nothing guessed
+    s.factory.behavior.prefill_s = 0.01  # the fake's prefill: its prompt's tokens in 10 ms
+    s.chat()
+    m1 = _host(s).telemetry.models["m1"]
+    assert m1.prefill_pace is not None
+    one = s.client.get("/v1/capacity/plan", params={"width": 1, "depth": 100}).json()
+    two = s.client.get("/v1/capacity/plan", params=params).json()
+    # Prefill runs one prompt at a time: the second of two waits for the first (and its first decode step), cold.
+    assert one["est_ttft_s"] == pytest.approx(m1.prefill_pace.seconds(0, 100), abs=0.002)
+    assert 2 * one["est_ttft_s"] < two["est_ttft_s"] < 2 * one["est_ttft_s"] + 0.05
+    assert two["est_drain_s"] > two["est_ttft_s"]
