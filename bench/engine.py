@@ -5,10 +5,12 @@
 
 Prints, per model: load time, prefill tok/s (512-token prompt), decode tok/s (128 tokens, batch 1), the
 GB/s a decode step reads (the weights a step multiplies: every matrix, the output head, not the embedding
-table's lookup), graph nodes per step, peak memory, the process's resident growth from loading; then
-llama.cpp's figures for the same file (its decode at a depth of the prompt's length, as gmlx's follows its
-prompt) and the ratio. Medians over --runs. --activations runs gmlx once per CPU-kernel activation mode
-(f32: fp32 activations, the kernels before integer dot products; auto: the default), in one process.
+table's lookup) beside a read ceiling measured just after (numpy OR-reducing 1 GB on the kernels' threads,
+bench/kernel_speed.py's; a plain C reader gets somewhat more), graph nodes per step, peak memory, the
+process's resident growth from loading; then llama.cpp's figures for the same file (its decode at a depth
+of the prompt's length, as gmlx's follows its prompt) and the ratio. Medians over --runs. --activations
+runs gmlx once per CPU-kernel activation mode (f32: fp32 activations, the kernels before integer dot
+products; auto: the default), in one process.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import bench.blas_first  # noqa: F401  (OpenBLAS before mlx is first imported)
 # isort: split
 import mlx.core as mx
 
+from bench.kernel_speed import read_ceiling
 from gmlx_plan.gguf_header import read_header
 from gmlx_server.engine.arch import make_cache
 from gmlx_server.engine.blas import current_blas
@@ -250,16 +253,20 @@ def main() -> None:
         return
     for name in names:
         path = paths[name]()
-        modes = args.activations.split(",")
+        modes = list(dict.fromkeys(args.activations.split(",")))  # each mode once
         g = bench_gmlx(path, args.layout, args.prompt, args.gen, args.runs, modes)
         print(f"{name:8s} gmlx      layout {g['layout']:6s} load {g['load_s']:.2f} s  "
               f"prefill {g['prefill_tok_s']:7.1f} tok/s  decode {g['decode_tok_s']:6.1f} tok/s  "
               f"peak MLX {g['peak_mlx_mb']:.0f} MB  max RSS {g['max_rss_mb']:.0f} MB")
+        ext = probe().ext
+        threads = ext.threads() if ext is not None else 2
+        ceiling = read_ceiling(threads)  # what a reader gets now, beside the step's own GB/s
         for mode in modes:
             tok_s = g["decode"][mode]
             print(f"{name:8s} gmlx      activations {mode:5s} decode {tok_s:6.1f} tok/s = "
-                  f"{tok_s * g['step_gb']:5.1f} GB/s ({g['step_gb'] * 1e3:.0f} MB a step); {g['nodes']} graph nodes "
-                  f"a step; x{tok_s / g['decode'][modes[0]]:.2f} of {modes[0]}")
+                  f"{tok_s * g['step_gb']:5.1f} GB/s ({g['step_gb'] * 1e3:.0f} MB a step, "
+                  f"{tok_s * g['step_gb'] / ceiling:.2f}x the read ceiling of {ceiling:.1f} GB/s: numpy, {threads} "
+                  f"threads); {g['nodes']} graph nodes a step; x{tok_s / g['decode'][modes[0]]:.2f} of {modes[0]}")
         print(f"{name:8s} gmlx      resident after load +{g['resident_mb']:.0f} MB for a {g['file_mb']:.0f} MB file "
               f"({g['resident_mb'] / g['file_mb']:.2f}x, weights, tokenizer and the rest)")
         ref = bench_llama_cpp(path, args.prompt, args.gen, args.runs)
