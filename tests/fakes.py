@@ -34,6 +34,9 @@ class FakeTokenizer:
     bos_id: int | None = 1
     eos_ids = frozenset({2})
     add_bos = True
+    special_ids: frozenset[int] = frozenset()
+    strip_leading_space = False
+    max_token_chars: int | None = None
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         ids = [ord(c) for c in text]

@@ -8,22 +8,16 @@ Per token it costs one table lookup and one incremental UTF-8 decode: nothing is
 from __future__ import annotations
 
 import codecs
-from typing import Protocol
+from typing import TYPE_CHECKING
 
-
-class ByteTokenizer(Protocol):
-    """What the detokenizer needs from a tokenizer (GGUFTokenizer has it)."""
-
-    special_ids: frozenset[int]
-    strip_leading_space: bool
-
-    def token_bytes(self, token_id: int) -> bytes: ...
+if TYPE_CHECKING:
+    from gmlx_server.engine.types import Tokenizer
 
 
 class IncrementalDetokenizer:
     """Feed ids one by one; the joined deltas equal `tokenizer.decode(ids)` once flushed."""
 
-    def __init__(self, tokenizer: ByteTokenizer, skip_special_tokens: bool = False) -> None:
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False) -> None:
         self._tokenizer = tokenizer
         self._skip = tokenizer.special_ids if skip_special_tokens else frozenset()
         # 'replace' matches decode(): invalid bytes become U+FFFD, incomplete tails wait for more.

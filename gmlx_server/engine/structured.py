@@ -20,7 +20,7 @@ import time
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal
 
 import llguidance as llg
 import llguidance.numpy as llg_numpy
@@ -28,6 +28,8 @@ import mlx.core as mx
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions  # a TypedDict that exists only in the stub
+
+    from gmlx_server.engine.types import Tokenizer
 
 log = logging.getLogger("gmlx.engine")
 
@@ -46,19 +48,6 @@ class StructuredOutputError(ValueError):
 
 class GrammarViolation(RuntimeError):
     """The matcher rejected a token mid-generation (a bug or a processor that undid the mask)."""
-
-
-class ByteVocab(Protocol):
-    """What llguidance needs from a tokenizer; `GGUFTokenizer` satisfies it."""
-
-    vocab_size: int
-    bos_id: int | None
-    eos_ids: frozenset[int]
-    special_ids: frozenset[int]
-
-    def token_bytes(self, token_id: int) -> bytes: ...
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
 
 @dataclass(frozen=True)
@@ -130,7 +119,7 @@ def _grammar(schema: Mapping[str, Any]) -> str:
 class _VocabView:
     """The duck-typed tokenizer `llguidance.TokenizerWrapper` reads (tokens as bytes, an encode callback)."""
 
-    def __init__(self, tokenizer: ByteVocab, n_vocab: int) -> None:
+    def __init__(self, tokenizer: Tokenizer, n_vocab: int) -> None:
         # Weak, so that a cache entry (which holds this view) does not keep its own key alive.
         self._tokenizer = weakref.ref(tokenizer)
         eos = sorted(tokenizer.eos_ids)
@@ -149,7 +138,7 @@ class _VocabView:
         return tokenizer.encode(text, add_special_tokens=False)
 
 
-def build_llg_tokenizer(tokenizer: ByteVocab, n_vocab: int | None = None) -> llg.LLTokenizer:
+def build_llg_tokenizer(tokenizer: Tokenizer, n_vocab: int | None = None) -> llg.LLTokenizer:
     """llguidance's tokenizer for a model whose logits have `n_vocab` columns (default: the vocabulary)."""
     n = max(n_vocab or 0, tokenizer.vocab_size)
     start = time.perf_counter()
@@ -164,10 +153,10 @@ class GrammarTokenizerCache:
     """llguidance tokenizers by tokenizer object (weakly) and logits width; one per engine is enough."""
 
     def __init__(self) -> None:
-        self._built: weakref.WeakKeyDictionary[ByteVocab, dict[int, llg.LLTokenizer]] = weakref.WeakKeyDictionary()
+        self._built: weakref.WeakKeyDictionary[Tokenizer, dict[int, llg.LLTokenizer]] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
 
-    def get(self, tokenizer: ByteVocab, n_vocab: int | None = None) -> llg.LLTokenizer:
+    def get(self, tokenizer: Tokenizer, n_vocab: int | None = None) -> llg.LLTokenizer:
         key = max(n_vocab or 0, tokenizer.vocab_size)
         with self._lock:  # a build takes ~0.5-1.5 s: two first requests must not both pay it
             by_width = self._built.setdefault(tokenizer, {})

@@ -273,12 +273,16 @@ def check_engine(engine: object) -> None:
 
 
 class Tokenizer(Protocol):
-    """Text <-> token ids, built from GGUF metadata alone."""
+    """Text <-> token ids, built from GGUF metadata alone: the one description the engine (detokenizer,
+    grammars, sampler) and the service (context checks, tool grammars) read."""
 
     vocab_size: int
     bos_id: int | None
     eos_ids: frozenset[int]
     add_bos: bool
+    special_ids: frozenset[int]  # control tokens: never text, skipped when decoding for a reader
+    strip_leading_space: bool  # SentencePiece's decoder drops the first piece's leading space
+    max_token_chars: int | None  # the longest piece in characters, where bounded (byte-level BPE)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 

@@ -166,7 +166,7 @@ def check_message_count(inp: GenerationParams) -> None:
 
 def check_length(text: str, tokenizer: Tokenizer, model: str, budget: int, param: str = "messages") -> None:
     """No token spans more than max_token_chars characters, so a longer text cannot fit: say so untokenized."""
-    per = getattr(tokenizer, "max_token_chars", None)
+    per = tokenizer.max_token_chars
     least = -(-len(text) // per) if per else 0
     if least >= budget:  # as fit_context: at least one output token must fit
         raise PromptTooLong(f"{len(text)} characters need at least {least} tokens (no token of model '{model}' "

@@ -56,7 +56,7 @@ def _why_not(plan: ToolPlan, forced: bool, engine: Engine, thinking: ThinkingCon
 
 def special_markers(syntax: ToolSyntax, tokenizer: Tokenizer) -> dict[str, int]:
     """Markers that are one special token (Llama 3's <|python_tag|>): the grammar names them by id."""
-    special: frozenset[int] = getattr(tokenizer, "special_ids", frozenset())
+    special = tokenizer.special_ids
     out = {}
     for marker in (*syntax.starts[:1], *((syntax.end,) if syntax.end else ())):
         ids = tokenizer.encode(marker, False)

@@ -109,7 +109,7 @@ def test_prompt_cache_bound_defaults_parses_and_reaches_engines(tree: Path) -> N
     (("    pinned: true", "    pinned: 3"), "models.smollm2.pinned", "expected bool"),
     (("    path: model.gguf", "    path: missing.gguf"), "models.smollm2.path", "file not found"),
     (("    path: model.gguf", "    clamp_max_tokens: true"), "models.smollm2.path", "missing"),
-    (("    weights: dense", "    weights: fp8"), "models.smollm2.weights", "expected one of auto, packed, dense, native"),
+    (("    weights: dense", "    weights: fp8"), "models.smollm2.weights", "expected one of auto, packed, dense"),
     (("    weights: dense", "    weights: dense\n    backend: vllm"), "models.smollm2.backend", "expected one of mlx"),
     (("    profile: qwen-coder", "    profile: nope"), "models.smollm2.profile", "unknown profile"),
     (("    intent: coding", "    intent: poetry"), "profiles.qwen-coder.intent", "expected one of"),
