@@ -154,6 +154,7 @@ def overview_rows() -> list[Row]:
                Target(m("gmlx_rates_decode_tok_s_lifetime"), "lifetime mean {{instance}}")),
         series("Tokens/s by model",
                Target(rate("gmlx_generated_tokens_total", "model", model=True), "{{model}} generated"),
+               Target(rate("gmlx_reasoning_tokens_total", "model", model=True), "{{model}} reasoning"),
                Target(rate("gmlx_prompt_tokens_total", "model", model=True), "{{model}} prompt")),
         series("Prefill tok/s (mean of the last 8 requests)",
                Target(m("gmlx_rates_prefill_tok_s_recent"), "{{instance}}")),
@@ -299,6 +300,8 @@ def keys_row() -> Row:
                description="4xx and 5xx answers per key: 429 rate_limited is its fair share, 403 its scope."),
         series("Tokens/s by key", Target(rate("gmlx_key_tokens_total", "key, kind"), "{{key}} {{kind}}"),
                unit="short", stack=True, description="Prompt and generated tokens of each key's finished requests."),
+        series("Ignored request fields/s", Target(rate("gmlx_ignored_fields_total", "field"), "{{field}}"),
+               unit="reqps", description="Requests that set a field gmlx ignores (metadata, ...), by field."),
     ])
 
 
