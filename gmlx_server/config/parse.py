@@ -39,11 +39,12 @@ _SERVER_KINDS = {
     "prompt_cache_bytes": "any", "clamp_max_tokens": "bool", "allowed_origins": "any", "allowed_hosts": "any",
     "image_fetch": "bool", "image_fetch_timeout_s": "number", "image_max_bytes": "any",
     "image_fetch_allow_private": "bool", "image_fetch_allowed_hosts": "any", "api_keys": "any", "fair_share": "any",
+    "default_max_tokens": "int",
 }
 _MODEL_KINDS = {
     "path": "str", "profile": "str", "max_kv_size": "int", "pinned": "bool", "chat_template": "str",
     "weights": "str", "clamp_max_tokens": "bool", "backend": "str", "tool_format": "str", "mmproj": "str",
-    "reasoning_format": "str",
+    "reasoning_format": "str", "default_max_tokens": "int",
 }
 _KV_QUANT_KINDS = {"scheme": "str", "bits": "int", "group_size": "int", "value_bits": "int", "tail_tokens": "int"}
 # The engine's SamplingParams fields a profile may set (logit_bias is per request); a test keeps them equal.
@@ -67,6 +68,8 @@ def _server(c: Checker, raw: Any) -> ServerSettings:
     kw["prompt_cache_bytes"] = _cache_bytes(c, data.get("prompt_cache_bytes", d.prompt_cache_bytes))
     if kw["decode_batch"] < 1:
         raise c.fail("server.decode_batch", "must be at least 1")
+    if kw["default_max_tokens"] < 1:
+        raise c.fail("server.default_max_tokens", "must be at least 1")
     if kw["port"] > 65535:
         raise c.fail("server.port", f"must be 0 to 65535, got {kw['port']}")
     if kw["models_dir"] is not None:
@@ -115,8 +118,9 @@ def _model(c: Checker, mid: str, raw: Any, base: Path, drafts: RawDrafts) -> Mod
     tpl = kw["chat_template"]
     if tpl is not None and "{{" not in tpl and "{%" not in tpl:
         kw["chat_template"] = c.path(tpl, f"{key}.chat_template", base)  # a file, not inline jinja
-    if kw["max_kv_size"] is not None and kw["max_kv_size"] < 1:
-        raise c.fail(f"{key}.max_kv_size", "must be at least 1")
+    for name in ("max_kv_size", "default_max_tokens"):
+        if kw[name] is not None and kw[name] < 1:
+            raise c.fail(f"{key}.{name}", "must be at least 1")
     kw["weights"] = kw["weights"] or "auto"
     if kw["weights"] not in LAYOUT_CHOICES:
         raise c.fail(f"{key}.weights", f"expected one of {', '.join(LAYOUT_CHOICES)}, got {kw['weights']!r}")

@@ -54,6 +54,11 @@ class ConfigError(Exception):
 
 
 
+# A request that names no output cap (aider, some Codex turns) would otherwise run to the window: 30 minutes
+# of a 32K window on a small CPU model, or a base model that never ends its turn. 4096 tokens holds a long
+# answer or a whole file of a few hundred lines and ends in minutes; the window's room still lowers it.
+DEFAULT_MAX_TOKENS = 4096
+
 @dataclass(frozen=True)
 class RuntimeEnv:
     """Environment switches, read once at start (docs/configuration.md lists each with its default)."""
@@ -108,6 +113,7 @@ class ModelEntry:
     weights: WeightsLayout = "auto"
     backend: str = "mlx"
     clamp_max_tokens: bool | None = None  # None: the server's setting
+    default_max_tokens: int | None = None  # a cap-less request's output cap; None: server.default_max_tokens
     tool_format: ToolFormatSetting = "auto"  # read per request: a reload changes it without a new load
     reasoning_format: ReasoningFormatSetting = "parsed"  # raw: the thinking block stays in the answer's text
     reasoning_budgets: Mapping[str, int | None] | None = None  # effort -> thinking tokens; None: the defaults
@@ -163,6 +169,7 @@ class ServerSettings:
     memory_budget: int | None = None  # None = auto (measured)
     prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES  # per resident model; 0 disables the prompt cache
     clamp_max_tokens: bool = False  # lower an oversized max_tokens to what the window leaves (opt-in)
+    default_max_tokens: int = DEFAULT_MAX_TOKENS  # the output cap of a request that names none
     allowed_origins: tuple[str, ...] = ()  # browser origins beside the loopback ones ("*": any)
     allowed_hosts: tuple[str, ...] = ()  # Host names beside localhost and IP literals ("*": no check)
     image_fetch: bool = True  # fetch http(s) image URLs in vision messages (false: data: URIs only)
@@ -204,3 +211,10 @@ class ServerConfig:
     assistants: Mapping[str, Assistant] = field(default_factory=dict)  # by id
     env: RuntimeEnv = field(default_factory=RuntimeEnv)
     source: str | None = None  # the YAML file; None in single-model mode
+
+    def default_max_tokens(self, model_id: str) -> int:
+        """The output cap of a request that names none (and whose profile sets no max_tokens), before the window's
+        room: the model's default_max_tokens, else the server's."""
+        entry = self.models.get(model_id)
+        own = entry.default_max_tokens if entry is not None else None
+        return own if own is not None else self.server.default_max_tokens

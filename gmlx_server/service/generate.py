@@ -234,9 +234,12 @@ async def count_prompt_tokens(host: ModelHost, inp: GenerationParams) -> tuple[s
 
 
 def output_cap(host: ModelHost, prompt: Prompt, explicit: int | None, request_id: str) -> OutputCap:
-    """The context fit: the explicit max_tokens, else the profile's, within what the window leaves."""
+    """The context fit: the explicit max_tokens, else the profile's, else the model's default_max_tokens (never the
+    whole window), within what the window leaves."""
     budget = prompt.engine.info.context_length
-    cap = fit_context(len(prompt.ids), explicit, prompt.settings.max_tokens, budget, prompt.model_id,
+    implicit = prompt.settings.max_tokens
+    cap = fit_context(len(prompt.ids), explicit, implicit if implicit is not None else
+                      host.config.default_max_tokens(prompt.model_id), budget, prompt.model_id,
                       clamp=prompt.model_id in host.catalog.clamped)
     if cap.requested is not None:
         log.info("%s: max_tokens %d clamped to %d (%d prompt tokens, context window %d of model '%s')",

@@ -95,6 +95,7 @@ class ModelList:
             "profile": entry.profile, "default": entry.id == default or len(host.config.models) == 1,
             "discovered": entry.discovered,
             "context_length": self._context_length(entry),
+            "default_max_tokens": host.config.default_max_tokens(entry.id),  # a cap-less request's output cap
             "max_context_at_width_1": host.capacity.max_context_at_width_1(entry.id),
             "load_error": host.files.problem(entry.id),  # why its file cannot load; null when none is known
         } | kv

@@ -346,7 +346,7 @@ def test_every_server_setting_survives_loading_merging_and_reload(tree: Path) ->
         "  allowed_origins: ['https://a.example']\n  allowed_hosts: [gmlx.lan]\n  image_fetch: false\n"
         "  image_fetch_timeout_s: 2.5\n  image_max_bytes: 1MiB\n  image_fetch_allow_private: true\n"
         "  image_fetch_allowed_hosts: [imgs.lan, 10.1.0.0/16]\n  api_keys: [{{name: ci, key: k-ci}}]\n"
-        "  fair_share: {{max_concurrent: 2}}")
+        "  fair_share: {{max_concurrent: 2}}\n  default_max_tokens: 1024")
     cfg = load_config(write(tree, every))
     default = ServerSettings()
     unset = [f.name for f in fields(ServerSettings) if getattr(cfg.server, f.name) == getattr(default, f.name)]
