@@ -6,8 +6,11 @@ Starts three hosts (the embedded SmolLM2) on loopback, then for each fleet size 
 the first N of them and sends the same open-loop load: one short streamed chat every 1/rate seconds for
 `seconds` (EOS banned, `output` tokens each), whatever is still running. Prints per size: requests,
 completed, refused (503), aggregate generated tokens/s (all tokens over the wall time from the first send
-to the last end) and TTFT p50/p99 as clients saw it through the proxy. All hosts share this machine's
-cores, so here more hosts add queue room and isolation, not compute: see README "Running several hosts".
+to the last end) and TTFT p50/p99 as clients saw it through the proxy, and beside them what `gmlx plan simulate
+--hosts N` predicts for the same load (gmlx_plan.fleet.simulate_fleet: the requests spread over the same
+seconds, split over N hosts, on the paces the first host's /v1/metrics published after that run, so measured
+under the same sharing of the cores). All hosts share this machine's cores, so here more hosts add queue room
+and isolation, not compute: see docs/operations.md "Running several hosts".
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx
 
+from gmlx_plan.fleet import simulate_fleet
+from gmlx_plan.pace import paces_from_json
+from gmlx_plan.simulate import ServerSide, SimResult, Workload
 from tests.fleet.haproxy import haproxy, hosts_of
 from tests.fleet.live import EOS_BAN, Host
 
@@ -90,6 +96,19 @@ def warm(hs: list[Host], output: int) -> None:
         one(h.url, 0, output)
 
 
+def predict(host: Host, n: int, hosts: int, args: argparse.Namespace) -> SimResult:
+    """The same open-loop load in the simulator, on the paces host 1 measured meanwhile."""
+    v1 = host.url + "/v1"
+    rates = httpx.get(v1 + "/metrics", timeout=10).json()["server"]["rates"]
+    paces = paces_from_json(rates["by_model"]["smollm2"], host.url)
+    if paces is None:
+        raise RuntimeError(f"{host.url} has measured no paces: {rates}")
+    body = {k: v for k, v in _body(0, args.output).items() if k not in ("stream", "stream_options")}
+    prompt = int(httpx.post(v1 + "/estimate", json=body, timeout=60).json()["prompt_tokens"])
+    work = Workload(1, n, prompt, args.output, spread_s=n / args.rate, seed=1)
+    return simulate_fleet(work, ServerSide(args.decode_batch, 2 * args.decode_batch), paces, hosts)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rate", type=float, default=1.0, help="requests per second offered")
@@ -108,6 +127,7 @@ def main() -> None:
                 t.join()
             warm(hs, args.output)
             rows = []
+            predicted: list[tuple[float, float | None, float | None]] = []
             for n in (1, 2, 3):
                 with haproxy(hosts_of([h.url for h in hs[:n]]), Path(tmp)) as proxy:
                     results, wall = offered(proxy.url, args.rate, args.seconds, args.output)
@@ -115,14 +135,20 @@ def main() -> None:
                 ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
                 rows.append((n, len(results), len(ok), sum(r.status == 503 for r in results),
                              sum(r.tokens for r in ok) / wall, rank(ttfts, 0.5), rank(ttfts, 0.99)))
+                sim = predict(hs[0], len(results), n, args)
+                done = [o for o in sim.outcomes if o.status == "completed"]
+                p_ttft = [t for o in done if (t := o.ttft) is not None]
+                predicted.append((len(done) * args.output / sim.drain_s, rank(p_ttft, 0.5), rank(p_ttft, 0.99)))
         finally:
             for h in hs:
                 h.stop()
     print(f"offered: {args.rate:g} req/s for {args.seconds:g} s, {args.output} tokens each; decode width "
           f"{args.decode_batch} per host, queue cap {2 * args.decode_batch}")
-    print(f"{'hosts':>5} {'requests':>8} {'done':>5} {'503':>4} {'tok/s':>7} {'TTFT p50':>9} {'TTFT p99':>9}")
-    for n, reqs, done, refused, tok_s, p50, p99 in rows:
-        print(f"{n:>5} {reqs:>8} {done:>5} {refused:>4} {tok_s:>7.1f} {_s(p50):>9} {_s(p99):>9}")
+    print(f"{'hosts':>5} {'requests':>8} {'done':>5} {'503':>4} {'tok/s':>7} {'TTFT p50':>9} {'TTFT p99':>9}"
+          f"   | gmlx plan --hosts: {'tok/s':>7} {'TTFT p50':>9} {'TTFT p99':>9}  measured/predicted tok/s")
+    for (n, reqs, done, refused, tok_s, p50, p99), (p_tok, p_p50, p_p99) in zip(rows, predicted, strict=True):
+        print(f"{n:>5} {reqs:>8} {done:>5} {refused:>4} {tok_s:>7.1f} {_s(p50):>9} {_s(p99):>9}"
+              f"   | {'':18s} {p_tok:>7.1f} {_s(p_p50):>9} {_s(p_p99):>9}  {tok_s / p_tok:.2f}x")
 
 
 def _s(v: float | None) -> str:
