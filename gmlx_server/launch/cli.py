@@ -11,10 +11,8 @@ from typing import Any
 
 from gmlx_server.launch.clients import CLIENTS, Invocation
 from gmlx_server.launch.server import LaunchError, ServerClient
+from gmlx_server.launch.sizing import FIXED_PROMPT
 from gmlx_top.client import DEFAULT_URL  # the one default address of the client commands
-
-# First requests with their tools measured on SmolLM2: pi 1.5K tokens, Codex 6.2K, opencode 7.6K, Claude Code 20K.
-SMALL_WINDOW = 16_384
 
 
 def add_launch_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -40,7 +38,8 @@ def add_launch_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--url", default=None, help=f"the gmlx server (default GMLX_URL, else {DEFAULT_URL})")
     p.add_argument("--api-key", default=None, help="the server's API key (default GMLX_API_KEY)")
     p.add_argument("--max-output", type=int, default=None,
-                   help="the client's output cap (default: a quarter of the model's window, at most 32000)")
+                   help="the client's output cap (default: a quarter of the model's window, at most 32000 and at most "
+                        "half of what the client's own prompt leaves)")
     p.add_argument("--config-home", default=None, metavar="DIR",
                    help="write the client's config under DIR instead of the user's (sets the client's "
                         "PI_CODING_AGENT_DIR, XDG_CONFIG_HOME, CODEX_HOME or CLAUDE_CONFIG_DIR to DIR)")
@@ -61,12 +60,13 @@ def prepare(args: argparse.Namespace, environ: dict[str, str]) -> Invocation:
     key = args.api_key or environ.get("GMLX_API_KEY") or None
     server = ServerClient(url, key)
     server.check_up()
-    target = server.target(args.model, args.max_output)
+    fixed = FIXED_PROMPT[args.client]
+    target = server.target(args.model, args.max_output, client.name, fixed)
     inv = client.configure(url, key, target, list(args.passthrough_args), environ)
-    if target.context_window <= SMALL_WINDOW:
-        inv.notes.append(f"a {target.context_window}-token window leaves an agent little room: its system prompt "
-                         "and tools take 1.5K to 20K tokens, so the prompt may leave less than the max output; "
-                         "serve with --clamp-max-tokens to lower the cap to what is left instead of the 400")
+    if fixed + target.max_output > target.context_window:  # only an explicit --max-output gets here
+        inv.notes.append(f"{client.name}'s own prompt is about {fixed} tokens: with {target.max_output} output "
+                         f"tokens its first request is over the {target.context_window}-token window, and the "
+                         "server will refuse it")
     return inv
 
 

@@ -7,8 +7,7 @@ from typing import Any
 
 import httpx
 
-# A harness needs room to answer: a quarter of the window, and no more than frontier APIs allow.
-MAX_OUTPUT_CEILING = 32_000
+from gmlx_server.launch.sizing import context_window, fitting_max_output, models_that_fit, needed_window
 
 
 class LaunchError(Exception):
@@ -25,17 +24,7 @@ class ModelTarget:
     model_id: str  # the configured id it resolves to
     context_window: int
     max_output: int
-
-
-def fitting_max_output(window: int) -> int:
-    return max(1, min(window // 4, MAX_OUTPUT_CEILING))
-
-
-def context_window(row: dict[str, Any]) -> int:
-    """The smaller of context_length and max_context_at_width_1, when that is known."""
-    length = int(row["context_length"])
-    at_width_1 = row.get("max_context_at_width_1")
-    return min(length, int(at_width_1)) if at_width_1 else length
+    default_max_tokens: int | None = None  # the server's cap for a request that names none (/v1/models)
 
 
 class ServerClient:
@@ -57,18 +46,29 @@ class ServerClient:
     def check_up(self) -> None:
         self._call("GET", "/health", timeout=5.0)
 
-    def target(self, model: str, max_output: int | None) -> ModelTarget:
-        """POST /v1/keep (load and warm the model), then size the client from GET /v1/models."""
+    def target(self, model: str, max_output: int | None, client: str, fixed: int) -> ModelTarget:
+        """POST /v1/keep (load and warm the model), then size the client from GET /v1/models: its output beside
+        its own `fixed` prompt, or a refusal naming the served models that fit."""
         model_id = str(self._call("POST", "/v1/keep", json={"model": model})["model"])
         rows = self._call("GET", "/v1/models")["data"]
         row = next((r for r in rows if r["id"] == model_id), None)
         if row is None:
             raise LaunchError(f"the server kept '{model_id}' but does not list it in /v1/models")
         window = context_window(row)
-        out = max_output if max_output is not None else fitting_max_output(window)
+        out = max_output if max_output is not None else fitting_max_output(window, fixed)
+        if out is None:
+            raise LaunchError(too_small(client, fixed, model_id, window, models_that_fit(rows, fixed)), 2)
         if not 0 < out < window:
             raise LaunchError(f"--max-output {out} does not fit the {window}-token window of '{model_id}'", 2)
-        return ModelTarget(model, model_id, window, out)
+        return ModelTarget(model, model_id, window, out, row.get("default_max_tokens"))
+
+
+def too_small(client: str, fixed: int, model_id: str, window: int, fit: list[str]) -> str:
+    where = (f"served models that fit: {', '.join(fit)}" if fit else
+             f"no served model fits: serve one with a window of at least {needed_window(fixed)} tokens")
+    return (f"{client}'s own prompt (its system prompt and tools) is about {fixed} tokens, which leaves no room "
+            f"for an answer in the {window}-token window of '{model_id}' (--max-output N starts it anyway); "
+            f"{where}")
 
 
 def _error_text(r: httpx.Response) -> str:

@@ -7,6 +7,7 @@ setting is checked quickly, both with the client present and absent.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -14,13 +15,17 @@ import sys
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
+import httpx
 import pytest
 
 from gmlx_server.config import RuntimeEnv
-from gmlx_server.launch.server import context_window, fitting_max_output
+from gmlx_server.launch.server import too_small
+from gmlx_server.launch.sizing import FIXED_PROMPT, context_window, fitting_max_output, models_that_fit
 from tests.e2e.server import free_port
+from tests.fakes import FakeFactory
 from tests.routes.conftest import Served, ThreadedServer, make_config, serve
 
 RECORDER = """#!{python}
@@ -36,8 +41,11 @@ sys.exit(7)
 
 @pytest.fixture
 def server() -> Iterator[tuple[str, Served]]:
-    s = serve(make_config(("m1", "m2"), aliases={"fast": "m2"}, api_key="sekrit",
-                          env=RuntimeEnv(sse_keepalive_s=0.05)))
+    """m1 with a 32K window, m2 (alias fast) with 4K: beside Claude Code's 20K prompt only m1 fits."""
+    config = make_config(("m1", "m2"), aliases={"fast": "m2"}, api_key="sekrit", env=RuntimeEnv(sse_keepalive_s=0.05))
+    small = dataclasses.replace(config.models["m2"], max_kv_size=4096)
+    s = serve(dataclasses.replace(config, models=MappingProxyType({**config.models, "m2": small})),
+              FakeFactory(context_length=32768))
     with ThreadedServer(s.app) as url:
         yield url, s
 
@@ -65,23 +73,23 @@ def test_pi_gets_a_provider_that_fits_the_window_and_its_arguments(tmp_path: Pat
     (tmp_path / "pi").mkdir()
     (tmp_path / "pi" / "models.json").write_text(json.dumps({"providers": {
         "ollama": {"baseUrl": "x", "models": [{"id": "llama"}]},
-        "gmlx": {"models": [{"id": "m1", "contextWindow": 1}, {"id": "other"}]}}}))
-    proc, rec = launch(tmp_path, ["pi", "--model", "m1", "--url", url, "--api-key", "sekrit", "--",
+        "gmlx": {"models": [{"id": "m2", "contextWindow": 1}, {"id": "other"}]}}}))
+    proc, rec = launch(tmp_path, ["pi", "--model", "m2", "--url", url, "--api-key", "sekrit", "--",
                                   "-p", "hello"])
     assert proc.returncode == 7, proc.stderr  # the client's own exit status: launch exec'd it
-    assert rec is not None and rec["argv"][1:] == ["--provider", "gmlx", "--model", "m1", "-p", "hello"]
+    assert rec is not None and rec["argv"][1:] == ["--provider", "gmlx", "--model", "m2", "-p", "hello"]
     providers = rec["models_json"]["providers"]
     assert providers["ollama"] == {"baseUrl": "x", "models": [{"id": "llama"}]}  # other providers kept
     gmlx = providers["gmlx"]
     assert gmlx["baseUrl"] == f"{url}/v1" and gmlx["api"] == "openai-completions" and gmlx["apiKey"] == "sekrit"
-    assert [m["id"] for m in gmlx["models"]] == ["other", "m1"]
-    m1 = gmlx["models"][1]
-    assert m1["contextWindow"] == 4096 and m1["maxTokens"] == 1024  # the fake engines' window, a quarter
-    assert "m1" in s.factory.engines and "m2" not in s.factory.engines  # /v1/keep loaded it
+    assert [m["id"] for m in gmlx["models"]] == ["other", "m2"]
+    m2 = gmlx["models"][1]
+    assert m2["contextWindow"] == 4096 and m2["maxTokens"] == 1024  # the fake engines' window, a quarter
+    assert "m2" in s.factory.engines and "m1" not in s.factory.engines  # /v1/keep loaded it
     assert "compaction.reserveTokens (16384)" in proc.stderr and "set it to 1024" in proc.stderr
-    assert "4096-token window leaves an agent little room" in proc.stderr and "--clamp-max-tokens" in proc.stderr
+    assert "little room" not in proc.stderr  # no generic advice: pi's 1.5K prompt fits beside 1024 tokens
     (tmp_path / "pi" / "settings.json").write_text(json.dumps({"compaction": {"reserveTokens": 1024}}))
-    proc, _ = launch(tmp_path, ["pi", "--model", "m1", "--url", url, "--api-key", "sekrit"])
+    proc, _ = launch(tmp_path, ["pi", "--model", "m2", "--url", url, "--api-key", "sekrit"])
     assert proc.returncode == 7 and "reserveTokens" not in proc.stderr  # a reserve that fits: no advice
 
 
@@ -98,6 +106,23 @@ def test_claude_gets_environment_for_every_model_tier(tmp_path: Path, server: tu
     # side calls (titles, summaries) at batch priority, so they queue behind the turn the user waits on
     assert env["ANTHROPIC_SMALL_FAST_MODEL"] == env["ANTHROPIC_DEFAULT_HAIKU_MODEL"] == "fast@batch"
     assert env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "500"
+    assert "its first request is over the 4096-token window" in proc.stderr  # --max-output starts it anyway
+
+
+def test_a_client_whose_own_prompt_leaves_no_room_is_refused_naming_the_models_that_fit(
+        tmp_path: Path, server: tuple[str, Served]) -> None:
+    url, _ = server
+    proc, rec = launch(tmp_path, ["claude", "--model", "fast", "--url", url, "--api-key", "sekrit"])
+    assert proc.returncode == 2 and rec is None and "no served model fits" in proc.stderr  # m1's window unknown
+    assert "at least 20256 tokens" in proc.stderr
+    httpx.post(f"{url}/v1/keep", json={"model": "m1"}, headers={"Authorization": "Bearer sekrit"}, timeout=30)
+    proc, rec = launch(tmp_path, ["claude", "--model", "fast", "--url", url, "--api-key", "sekrit"])
+    assert proc.returncode == 2 and rec is None
+    assert "about 20000 tokens" in proc.stderr and "4096-token window of 'm2'" in proc.stderr
+    assert "served models that fit: m1" in proc.stderr and "clamp" not in proc.stderr
+    proc, rec = launch(tmp_path, ["claude", "--model", "m1", "--url", url, "--api-key", "sekrit"])
+    assert proc.returncode == 7 and rec is not None
+    assert rec["env"]["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == str(fitting_max_output(32768, FIXED_PROMPT["claude"]))
 
 
 @pytest.mark.parametrize("client, package", [("claude", "@anthropic-ai/claude-code"),
@@ -124,7 +149,7 @@ def test_unknown_model_wrong_key_and_oversized_output_are_refused(tmp_path: Path
     assert proc.returncode == 1 and "404" in proc.stderr and "m1, m2" in proc.stderr
     proc, _ = launch(tmp_path, ["pi", "--model", "m1", "--url", url, "--api-key", "wrong"])
     assert proc.returncode == 1 and "401" in proc.stderr
-    proc, rec = launch(tmp_path, ["pi", "--model", "m1", "--url", url, "--api-key", "sekrit",
+    proc, rec = launch(tmp_path, ["pi", "--model", "m2", "--url", url, "--api-key", "sekrit",
                                   "--max-output", "4096"])
     assert proc.returncode == 2 and "does not fit" in proc.stderr and rec is None
 
@@ -139,7 +164,16 @@ def test_window_and_output_rules() -> None:
     assert context_window({"context_length": 32768, "max_context_at_width_1": None}) == 32768
     assert context_window({"context_length": 32768, "max_context_at_width_1": 9000}) == 9000
     assert (fitting_max_output(8192), fitting_max_output(32768), fitting_max_output(1 << 20)) == (2048, 8192, 32000)
-    assert fitting_max_output(2) == 1
+    assert fitting_max_output(300) is None  # a quarter of it is no answer
+    # SmolLM2's 8K window: opencode's 7.6K prompt leaves 286 (launch gave 2048, a loop of 400s); Claude Code's none
+    assert (fitting_max_output(8192, FIXED_PROMPT["opencode"]), fitting_max_output(8192, FIXED_PROMPT["codex"]),
+            fitting_max_output(8192, FIXED_PROMPT["pi"]), fitting_max_output(8192, FIXED_PROMPT["claude"])) == (
+        286, 996, 2048, None)
+    rows = [{"id": "smollm2", "kind": "chat", "context_length": 8192}, {"id": "e", "kind": "embeddings"},
+            {"id": "gemma", "kind": "chat", "context_length": 32768, "max_context_at_width_1": 30000}]
+    assert models_that_fit(rows, FIXED_PROMPT["claude"]) == ["gemma"]
+    assert "no served model fits: serve one with a window of at least 20256" in too_small(
+        "Claude Code", 20000, "smollm2", 8192, models_that_fit(rows[:1], 20000))
 
 
 def test_launch_is_listed_in_gmlx_help() -> None:
@@ -191,7 +225,7 @@ def test_opencode_gets_a_provider_with_limits_and_the_model_for_this_run_only(
     assert gmlx["npm"] == "@ai-sdk/openai-compatible"
     assert gmlx["options"] == {"baseURL": f"{url}/v1", "apiKey": "sekrit"}
     assert list(gmlx["models"]) == ["other", "m1"]  # other models kept, the launched one replaced
-    assert gmlx["models"]["m1"]["limit"] == {"context": 4096, "output": 1024}
+    assert gmlx["models"]["m1"]["limit"] == {"context": 32768, "output": 8192}
     inline = json.loads(rec["env"]["OPENCODE_CONFIG_CONTENT"])  # the user's inline config, the model on top
     assert inline == {"share": "disabled", "model": "gmlx/m1", "small_model": "gmlx/m1"}
 
@@ -250,8 +284,8 @@ def test_codex_gets_a_provider_merged_into_config_toml_and_the_model_in_a_profil
     before["model_providers"].pop("gmlx")
     assert after == before  # every other setting as it was
     profile = tomllib.loads((home / "gmlx.config.toml").read_text())
-    assert profile == {"model": "m1", "model_provider": "gmlx", "model_context_window": 4096,
-                       "model_auto_compact_token_limit": 3072}
+    assert profile == {"model": "m1", "model_provider": "gmlx", "model_context_window": 32768,
+                       "model_auto_compact_token_limit": 24576}
 
 
 def test_codex_inline_provider_is_refused_and_config_home_isolates(tmp_path: Path,

@@ -1,0 +1,41 @@
+"""How much output a client gets: what the model's window leaves beside the client's own fixed prompt.
+
+Each client's first request carries its system prompt and tool definitions before the user says a word.
+Measured in SmolLM2 tokens from the first request of the versions scripts/install_agents.sh pins (gmlx
+writes the tools into the prompt for a template without a tool syntax); tests/agents checks the table
+against the real clients.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+FIXED_PROMPT = {"pi": 1_500, "codex": 6_200, "opencode": 7_620, "claude": 20_000}
+MAX_OUTPUT_CEILING = 32_000  # no more than frontier APIs allow
+MIN_OUTPUT = 128  # less than this is not an answer: launch refuses instead
+
+
+def fitting_max_output(window: int, fixed: int = 0) -> int | None:
+    """A quarter of the window (at most 32000), and at most half of what the fixed prompt leaves, so the
+    conversation has as much room again to grow for a few turns; None when that is under MIN_OUTPUT."""
+    out = min(window // 4, MAX_OUTPUT_CEILING, (window - fixed) // 2)
+    return out if out >= MIN_OUTPUT else None
+
+
+def context_window(row: Mapping[str, Any]) -> int:
+    """The smaller of context_length and max_context_at_width_1, when that is known."""
+    length = int(row["context_length"])
+    at_width_1 = row.get("max_context_at_width_1")
+    return min(length, int(at_width_1)) if at_width_1 else length
+
+
+def models_that_fit(rows: Iterable[Mapping[str, Any]], fixed: int) -> list[str]:
+    """The served chat models (and aliases) whose window leaves a client with this fixed prompt an answer."""
+    return [str(r["id"]) for r in rows if r.get("kind", "chat") == "chat" and r.get("context_length")
+            and fitting_max_output(context_window(r), fixed) is not None]
+
+
+def needed_window(fixed: int) -> int:
+    """The smallest window fitting_max_output accepts beside `fixed` (the quarter rule needs 4 x MIN_OUTPUT)."""
+    return max(fixed + 2 * MIN_OUTPUT, 4 * MIN_OUTPUT)
