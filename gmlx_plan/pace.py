@@ -5,14 +5,16 @@ simulator all compute with.
             a the seconds a token costs at depth 0, b what each token of context before it adds (attention).
             Fitted from spans of computed tokens only: a span restored from the prompt cache is no prefill
   restore   warm tokens come back from the prompt cache at restore_tok_s (a copy, no model run)
-  decode    a batched step's seconds by width: the nearest measured width (ties: the wider); the step right
-            after a row joins the batch takes join_s more (the engine merges the row's cache into the batch's)
+  decode    a batched step's seconds by width: the nearest measured width (ties: the wider), at the context it
+            was measured at (step_ctx: the batch's KV tokens, all rows together), plus step_s_per_ctx for each
+            KV token more (attention reads them all); the step right after a row joins the batch takes join_s
+            more (the engine merges the row's cache into the batch's)
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from gmlx_plan.queueing import Rates, step_time
@@ -67,15 +69,22 @@ class Paces:
     restore_tok_s: float | None = None  # None: nothing restored yet, restores count as free
     join_s: float = 0.0  # added to the decode step after a row joins the batch
     source: str = "given"  # where the paces come from (a server's metrics, flags, a bench table)
+    step_ctx: Mapping[int, float] = field(default_factory=dict)  # the batch's KV tokens the steps were timed at
+    step_s_per_ctx: float = 0.0  # a step's added seconds per KV token of the batch beyond that
 
     def __post_init__(self) -> None:
         if not self.step_s:
             raise ValueError("paces need a decode step time for at least one width")
 
-    def step(self, width: int) -> float:
+    def step(self, width: int, ctx: float | None = None) -> float:
+        """A step's seconds at `width`; with `ctx` (the batch's KV tokens), moved along the depth slope."""
         w = max(1, width)
         exact = self.step_s.get(w)
-        return exact if exact is not None else step_time(self.step_s)(w)
+        base = exact if exact is not None else step_time(self.step_s)(w)
+        if ctx is None or not self.step_s_per_ctx or not self.step_ctx:
+            return base
+        at = self.step_ctx.get(w, step_time(self.step_ctx)(w))
+        return max(0.25 * base, base + self.step_s_per_ctx * (ctx - at))
 
     def restore_s(self, warm: int) -> float:
         return warm / self.restore_tok_s if warm > 0 and self.restore_tok_s else 0.0
@@ -90,7 +99,9 @@ class Paces:
         return {"source": self.source, "prefill_tok_s": round(p.tok_s(), 3),
                 "prefill_s_per_token": p.s_per_token, "prefill_s_per_token_per_depth": p.s_per_token_depth,
                 "restore_tok_s": self.restore_tok_s, "decode_join_s": self.join_s,
-                "decode_step_s": {str(w): s for w, s in sorted(self.step_s.items())}}
+                "decode_step_s": {str(w): s for w, s in sorted(self.step_s.items())},
+                "decode_step_ctx": {str(w): c for w, c in sorted(self.step_ctx.items())},
+                "decode_step_s_per_ctx": self.step_s_per_ctx}
 
 
 MAX_WIDTH = 256  # widths a rate-given step table covers
@@ -111,4 +122,24 @@ def paces_from_json(raw: Mapping[str, Any], source: str) -> Paces | None:
         return None
     restore = raw.get("restore_tok_s")
     return Paces(PrefillPace(float(a), float(raw.get("prefill_s_per_token_per_depth") or 0.0)), steps,
-                 float(restore) if restore else None, float(raw.get("decode_join_s") or 0.0), source)
+                 float(restore) if restore else None, float(raw.get("decode_join_s") or 0.0), source,
+                 {int(w): float(c) for w, c in (raw.get("decode_step_ctx") or {}).items()},
+                 float(raw.get("decode_step_s_per_ctx") or 0.0))
+
+
+def fit_step_depth(steps: Mapping[int, Sequence[tuple[float, int]]]) -> float:
+    """Seconds a decode step adds per KV token of its batch: the slope of (context, seconds) pooled within
+    each width; 0 when the contexts spread less than SLOPE_SPREAD tokens (sd) or the slope comes out < 0."""
+    dx2 = dxy = 0.0
+    n = 0
+    for samples in steps.values():
+        if len(samples) < 2:
+            continue
+        mx = sum(c for _, c in samples) / len(samples)
+        my = sum(s for s, _ in samples) / len(samples)
+        dx2 += sum((c - mx) ** 2 for _, c in samples)
+        dxy += sum((c - mx) * (s - my) for s, c in samples)
+        n += len(samples)
+    if n < SLOPE_SPANS or dx2 <= SLOPE_SPREAD**2 * n:
+        return 0.0
+    return max(0.0, dxy / dx2)

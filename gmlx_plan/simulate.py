@@ -109,6 +109,7 @@ class _Req:
     decode_left: int
     warm: int | None = None  # prompt tokens it restores; None: known when its prefill starts
     pos: int = 0  # prompt tokens in its cache so far
+    decoded: int = 0  # tokens in its cache beyond the prompt
     restored: bool = False  # its warm tokens are back (it has started prefill)
     accepted: float | None = None
     started: float | None = None
@@ -130,6 +131,7 @@ class Backlog:
     decoding: Sequence[float] = ()
     prefilling: tuple[int, int, int] | None = None
     waiting: Sequence[tuple[int, int, int]] = ()
+    decoding_ctx: Sequence[int] = ()  # each decoding row's KV tokens now (none given: 0)
 
 
 @dataclass(frozen=True)
@@ -179,7 +181,8 @@ class _Sim:
     def backlog(self) -> Backlog:
         p = self.prefilling
         return Backlog([float(r.decode_left) for r in self.batch], (p.prompt, p.pos, p.decode_left) if p else None,
-                       [(r.prompt, self._warm(), r.decode_left) for r in self.waiting])
+                       [(r.prompt, self._warm(), r.decode_left) for r in self.waiting],
+                       [r.prompt + r.decoded for r in self.batch])
 
     def _eta(self) -> float:
         return replay(self.backlog(), self.server, self.paces).drain_s
@@ -245,18 +248,22 @@ class _Sim:
                 self.joined = True
 
     def _decode_steps(self) -> None:
-        step = self.paces.step(len(self.batch))
+        ctx = sum(r.prompt + r.decoded for r in self.batch)
+        step = self.paces.step(len(self.batch), ctx)
         k = min(r.decode_left for r in self.batch)
         if self.prefilling is not None or (self.waiting and len(self.batch) < self.server.width):
             k = 1  # a prefill interleaves with every step
         elif self.events:
             k = max(1, min(k, math.ceil((self.events[0][0] - self.t) / step)))  # stop at the next arrival
+        if k > 1:  # the context grows a token a row a step: the steps' mean is the one at their middle
+            step = self.paces.step(len(self.batch), ctx + len(self.batch) * (k - 1) / 2)
         dt = k * step + (self.paces.join_s if self.joined else 0.0)
         self.joined = False
         self._events_until(self.t + dt)
         self.t += dt
         for r in self.batch:
             r.decode_left -= k
+            r.decoded += k
         for r in [r for r in self.batch if r.decode_left <= 0]:
             self._resolve(r, "completed", self.t)
         self.batch = [r for r in self.batch if r.decode_left > 0]
@@ -286,7 +293,9 @@ def replay(backlog: Backlog, server: ServerSide, rates: Paces | Rates) -> Replay
     gets its first token. The server's drain estimate (Retry-After) and est_ttft_s are this replay."""
     paces = _paces(rates)
     sim = _Sim(Workload(0, 0, 0, 0), server, paces)
-    sim.batch = [_Req(-1, -1, 0.0, 0, max(1, math.ceil(left)), restored=True) for left in backlog.decoding]
+    ctx = [*backlog.decoding_ctx, *[0] * (len(backlog.decoding) - len(backlog.decoding_ctx))]
+    sim.batch = [_Req(-1, -1, 0.0, c, max(1, math.ceil(left)), restored=True)
+                 for left, c in zip(backlog.decoding, ctx, strict=True)]
     if backlog.prefilling is not None:
         prompt, done, decode = backlog.prefilling
         sim.prefilling = _Req(-1, -1, 0.0, prompt, decode, pos=min(done, prompt - 1), restored=True)

@@ -17,6 +17,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from gmlx_plan.pace import fit_step_depth
 from gmlx_server.engine.batch import BatchDecoder
 from gmlx_server.engine.generate import GrammarTokenizer, Progress, RequestRun
 from gmlx_server.engine.prompt_cache import PromptCache
@@ -43,19 +44,31 @@ class Pace:
     Timings (its computed spans), which the service's telemetry fits."""
 
     def __init__(self) -> None:
-        self._steps: dict[int, deque[float]] = {}
+        self._steps: dict[int, deque[tuple[float, int]]] = {}  # by width: (seconds, the batch's KV tokens)
         self._joins: deque[tuple[int, float]] = deque(maxlen=PACE_WINDOW)
 
-    def stepped(self, width: int, seconds: float, joined: bool = False) -> None:
+    def stepped(self, width: int, seconds: float, joined: bool = False, ctx: int = 0) -> None:
         """A step's seconds; the first step after a row joined pays for merging its cache, kept apart."""
         if joined:
             self._joins.append((width, seconds))
         else:
-            self._steps.setdefault(width, deque(maxlen=PACE_WINDOW)).append(seconds)
+            self._steps.setdefault(width, deque(maxlen=PACE_WINDOW)).append((seconds, ctx))
+
+    def _samples(self) -> dict[int, list[tuple[float, int]]]:
+        return {w: list(d) for w, d in list(self._steps.items()) if d}
 
     @property
     def step_s(self) -> dict[int, float]:
-        return {w: statistics.median(list(d)) for w, d in list(self._steps.items()) if d}
+        return {w: statistics.median(s for s, _ in d) for w, d in self._samples().items()}
+
+    @property
+    def step_ctx(self) -> dict[int, float]:
+        """The batch's KV tokens the medians were measured at (their median)."""
+        return {w: float(statistics.median(c for _, c in d)) for w, d in self._samples().items()}
+
+    @property
+    def step_s_per_ctx(self) -> float:
+        return fit_step_depth(self._samples())
 
     @property
     def join_s(self) -> float | None:
@@ -222,10 +235,11 @@ class Scheduler:
                     self.batch.shed(i, reason)
             self.batch.cancel_requested()
             if width := len(self.batch):
+                ctx = sum(len(s.req.prompt_tokens) + len(s.output) for s in self.batch.rows)
                 t0 = time.perf_counter()
                 self.batch.step()
                 # per token: a speculative round's several tokens must not read as one slow step
-                self.pace.stepped(width, (time.perf_counter() - t0) / self.batch.last_tokens, self._joined)
+                self.pace.stepped(width, (time.perf_counter() - t0) / self.batch.last_tokens, self._joined, ctx)
                 self._joined = False
         except Exception as e:
             log.exception("decode step failed for %d rows; recomputing them", len(self.batch))

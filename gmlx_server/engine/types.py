@@ -176,6 +176,8 @@ class EngineStats:
     rows: tuple[RequestRow, ...] = ()
     step_s: Mapping[int, float] = field(default_factory=dict)  # measured decode step seconds by batch width
     join_s: float | None = None  # what the step after a row joins the batch adds (merging its cache)
+    step_ctx: Mapping[int, float] = field(default_factory=dict)  # the batch's KV tokens those steps ran at
+    step_s_per_ctx: float = 0.0  # a step's added seconds per KV token beyond them
 
 
 class EngineClosed(RuntimeError):

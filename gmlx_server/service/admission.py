@@ -35,7 +35,8 @@ def paces_of(stats: EngineStats | None, rates: ModelRates | None) -> Paces:
     steps = dict(stats.step_s) if stats is not None and stats.step_s else {
         1: 1.0 / ((rates.decode_tok_s_recent if rates else None) or FALLBACK_DECODE_TOK_S)}
     join = stats.join_s if stats is not None and stats.join_s is not None else 0.0
-    return Paces(prefill, steps, rates.restore_tok_s_recent if rates else None, join, "server")
+    depth = (stats.step_ctx, stats.step_s_per_ctx) if stats is not None else ({}, 0.0)
+    return Paces(prefill, steps, rates.restore_tok_s_recent if rates else None, join, "server", *depth)
 
 
 def backlog_of(stats: EngineStats, rates: ModelRates | None,
@@ -47,10 +48,11 @@ def backlog_of(stats: EngineStats, rates: ModelRates | None,
         return max(int(min(row.max_tokens, expected)) - row.generated, 1)
 
     prefill = next((r for r in stats.rows if r.state == "prefill"), None)
-    return Backlog([float(left(r)) for r in stats.rows if r.state == "decode"],
+    decoding = [r for r in stats.rows if r.state == "decode"]
+    return Backlog([float(left(r)) for r in decoding],
                    (prefill.prompt_tokens, prefill.prefilled, left(prefill) - 1) if prefill else None,
                    [*((r.prompt_tokens, r.warm_tokens, left(r) - 1) for r in stats.rows if r.state == "queued"),
-                    *also])
+                    *also], [r.prompt_tokens + r.generated for r in decoding])
 
 
 def _server(stats: EngineStats) -> ServerSide:

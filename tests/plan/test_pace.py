@@ -7,8 +7,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gmlx_plan.pace import Paces, PrefillPace, fit_prefill, paces_from_json, paces_from_rates
+from gmlx_plan.pace import Paces, PrefillPace, fit_prefill, fit_step_depth, paces_from_json, paces_from_rates
 from gmlx_plan.queueing import Rates
+from gmlx_plan.simulate import Backlog, ServerSide, replay
 
 
 def test_a_prompt_of_same_depth_chunks_gives_a_flat_pace() -> None:
@@ -48,3 +49,22 @@ def test_paces_round_trip_through_their_json() -> None:
     assert paces_from_json({"prefill_s_per_token": None, "decode_step_s": {}}, "x") is None
     flat = paces_from_rates(Rates(20.0, 200.0, 1.0))
     assert flat.prompt_s(400) == pytest.approx(2.0) and flat.step(3) == pytest.approx(0.05)
+
+
+def test_the_decode_step_follows_the_batch_context() -> None:
+    # Steps at width 2 timed at 600 to 3,600 KV tokens, 10 ms plus 5 us a token: the slope comes back.
+    samples = {2: [(0.01 + 5e-6 * c, c) for c in range(600, 3601, 300)]}
+    assert fit_step_depth(samples) == pytest.approx(5e-6)
+    assert fit_step_depth({2: [(0.01, 600), (0.02, 610), (0.01, 605), (0.02, 600)]}) == 0.0  # no spread: no slope
+    p = Paces(PrefillPace(0.01), {2: 0.02}, step_ctx={2: 1000.0}, step_s_per_ctx=5e-6)
+    assert p.step(2) == 0.02 and p.step(2, 3000) == pytest.approx(0.03) and p.step(2, 0) == pytest.approx(0.015)
+    assert paces_from_json(p.as_json(), "given") == p
+
+
+def test_a_deep_batch_decodes_slower_in_the_replay() -> None:
+    p = Paces(PrefillPace(0.01), {1: 0.02}, step_ctx={1: 100.0}, step_s_per_ctx=1e-5)
+    server = ServerSide(1, 4)
+    shallow = replay(Backlog([10], decoding_ctx=[100]), server, p).drain_s
+    deep = replay(Backlog([10], decoding_ctx=[2100]), server, p).drain_s
+    # 10 steps each: at 100 to 109 KV tokens about 20 ms, at 2100 and on 20 ms more.
+    assert shallow == pytest.approx(10 * (0.02 + 1e-5 * 4.5)) and deep == pytest.approx(shallow + 10 * 0.02)

@@ -257,3 +257,15 @@ def test_a_prefilling_row_is_replayed_from_where_it_is() -> None:
     stats = EngineStats(1, 1, 0, (row,), {1: 0.5})
     # 100 tokens left at 100 tok/s, then its one decode token.
     assert drain_eta_s(stats, _rates(100.0)) == pytest.approx(1.0 + 0.5)
+
+
+def test_the_engine_pace_keeps_joins_and_depth_apart() -> None:
+    from gmlx_server.engine.scheduler import Pace
+
+    pace = Pace()
+    for ctx in range(400, 4001, 400):
+        pace.stepped(2, 0.01 + 2e-6 * ctx, ctx=ctx)
+    pace.stepped(2, 0.5, joined=True, ctx=2000)  # the step that merged a joining row's cache
+    assert pace.step_s[2] == pytest.approx(0.01 + 2e-6 * 2200) and pace.step_ctx[2] == 2200.0
+    assert pace.step_s_per_ctx == pytest.approx(2e-6)
+    assert pace.join_s == pytest.approx(0.5 - pace.step_s[2])
