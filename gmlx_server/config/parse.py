@@ -18,6 +18,7 @@ from gmlx_server.config.services import check_service_refs, parse_services
 from gmlx_server.config.settings import (
     BACKENDS,
     BUILTIN_INTENTS,
+    DEFAULT_TOOL_PROMPT_BUDGET,
     EFFORT_LEVELS,
     PRIORITIES,
     PRIORITY_LIMIT,
@@ -44,7 +45,7 @@ _SERVER_KINDS = {
 _MODEL_KINDS = {
     "path": "str", "profile": "str", "max_kv_size": "int", "pinned": "bool", "chat_template": "str",
     "weights": "str", "clamp_max_tokens": "bool", "backend": "str", "tool_format": "str", "mmproj": "str",
-    "reasoning_format": "str", "default_max_tokens": "int",
+    "reasoning_format": "str", "default_max_tokens": "int", "tool_prompt_budget": "number",
 }
 _KV_QUANT_KINDS = {"scheme": "str", "bits": "int", "group_size": "int", "value_bits": "int", "tail_tokens": "int"}
 # The engine's SamplingParams fields a profile may set (logit_bias is per request); a test keeps them equal.
@@ -130,6 +131,10 @@ def _model(c: Checker, mid: str, raw: Any, base: Path, drafts: RawDrafts) -> Mod
     kw["reasoning_format"] = kw["reasoning_format"] or "parsed"
     if kw["reasoning_format"] not in REASONING_FORMATS:
         raise c.fail(f"{key}.reasoning_format", f"expected parsed or raw, got {kw['reasoning_format']!r}")
+    share = kw["tool_prompt_budget"]
+    if share is not None and not 0 < share <= 1:
+        raise c.fail(f"{key}.tool_prompt_budget", f"must be more than 0 and at most 1, got {share}")
+    kw["tool_prompt_budget"] = float(share) if share is not None else DEFAULT_TOOL_PROMPT_BUDGET
     kw["reasoning_budgets"] = _reasoning_budgets(c, data.get("reasoning_budgets"), f"{key}.reasoning_budgets")
     kw["backend"] = kw["backend"] or BACKENDS[0]
     if kw["backend"] not in BACKENDS:

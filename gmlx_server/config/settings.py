@@ -38,6 +38,7 @@ TOOL_FORMATS: tuple[ToolFormatSetting, ...] = ("auto", "template", "json")
 ReasoningFormatSetting = Literal["parsed", "raw"]
 REASONING_FORMATS: tuple[ReasoningFormatSetting, ...] = ("parsed", "raw")
 EFFORT_LEVELS = ("low", "medium", "high")
+DEFAULT_TOOL_PROMPT_BUDGET = 0.5  # the share of a window the rendered tools may take in full
 # Thinking tokens per reasoning_effort where the template does not read the effort itself (None: no cap).
 DEFAULT_REASONING_BUDGETS: Mapping[str, int | None] = MappingProxyType({"low": 1024, "medium": 4096, "high": None})
 LogFormat = Literal["text", "json"]
@@ -117,6 +118,7 @@ class ModelEntry:
     tool_format: ToolFormatSetting = "auto"  # read per request: a reload changes it without a new load
     reasoning_format: ReasoningFormatSetting = "parsed"  # raw: the thinking block stays in the answer's text
     reasoning_budgets: Mapping[str, int | None] | None = None  # effort -> thinking tokens; None: the defaults
+    tool_prompt_budget: float = DEFAULT_TOOL_PROMPT_BUDGET  # past this share of the window, tools render compactly
     discovered: bool = False  # found under server.models_dir rather than listed in models:
 
     @property

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +38,7 @@ from gmlx_server.service.reasoning import reasoning_syntax, reasoning_use, with_
 from gmlx_server.service.request_log import OutputCap
 from gmlx_server.service.roles import REPAIRS
 from gmlx_server.service.tool_choice import constrain_tools, tool_use
-from gmlx_server.service.tool_prompt import ToolPlan, plan_tools, prompted_messages
+from gmlx_server.service.tool_prompt import ToolPlan, note_compact, plan_tools, prompted_messages
 from gmlx_server.service.vision import PromptImages, prompt_images
 
 if TYPE_CHECKING:
@@ -100,9 +101,11 @@ def render_messages(inp: GenerationParams, settings: Settings, template: ChatTem
     messages = list(inp.messages)
     if settings.system and (not messages or messages[0].get("role") != "system"):
         messages.insert(0, {"role": "system", "content": settings.system})  # a request's own system wins
-    tools = None if inp.tool_choice == "none" else inp.tools  # `none` is enforced by stripping the tools
+    tools: Sequence[Mapping[str, Any]] | None = None if inp.tool_choice == "none" or not inp.tools else inp.tools
+    if tools is not None and plan is not None:  # (tool_choice none is enforced by stripping the tools)
+        tools = plan.rendered(tools)
     if plan is not None and plan.prompted:  # gmlx's own tool prompt: the template sees plain turns
-        messages, tools = prompted_messages(messages, inp.tools or (), inp.tool_choice), None
+        messages, tools = prompted_messages(messages, plan.rendered(inp.tools or ()), inp.tool_choice), None
 
     def render(msgs: list[dict[str, Any]]) -> str:
         return template.render(msgs, tools=list(tools) if tools else None, add_generation_prompt=True,
@@ -193,6 +196,24 @@ def tokenize(inp: GenerationParams, settings: Settings, template: ChatTemplate, 
     return text, ids
 
 
+def fit_tools(inp: GenerationParams, settings: Settings, template: ChatTemplate, tokenizer: Tokenizer, model: str,
+              budget: int, plan: ToolPlan | None, images: PromptImages | None,
+              share: float) -> tuple[str, list[int], ToolPlan | None]:
+    """tokenize(); where the rendered tools alone take more than `share` of the window (a model's
+    tool_prompt_budget), once more with the tools rendered compactly (the grammar keeps the full schemas)."""
+    text, ids = tokenize(inp, settings, template, tokenizer, model, budget, plan, images)
+    if plan is None or len(ids) <= share * budget:
+        return text, ids, plan
+    bare = len(tokenize(replace(inp, tool_choice="none"), settings, template, tokenizer, model, budget, None,
+                        images)[1])
+    if len(ids) - bare <= share * budget:
+        return text, ids, plan
+    compact = replace(plan, compact=True)
+    text, small = tokenize(inp, settings, template, tokenizer, model, budget, compact, images)
+    note_compact(model, len(inp.tools or ()), len(ids) - bare, len(small) - bare, share, budget)
+    return text, small, compact
+
+
 @dataclass(frozen=True)
 class Prompt:
     """A request's prompt as the model will see it: rendered (or raw) text and its token ids."""
@@ -221,8 +242,9 @@ async def prepare_prompt(host: ModelHost, inp: GenerationParams) -> Prompt:
     inp = with_effort_budget(inp, host.entry(addr.model_id), engine.template)
     plan = tool_plan(host, addr.model_id, inp, engine.template)
     inp, images = await prompt_images(inp, engine.info.vision, addr.model_id, ImagePolicy.of(host.config.server))
-    text, ids = await asyncio.to_thread(tokenize, inp, settings, engine.template, engine.tokenizer, addr.model_id,
-                                        engine.info.context_length, plan, images)
+    text, ids, plan = await asyncio.to_thread(fit_tools, inp, settings, engine.template, engine.tokenizer,
+                                              addr.model_id, engine.info.context_length, plan, images,
+                                              host.entry(addr.model_id).tool_prompt_budget)
     return Prompt(engine, addr.model_id, settings, text, ids, plan, images.bind(ids) if images is not None else None,
                   reasoning_syntax(engine.template) if inp.prompt is None else None)  # a raw prompt has no template
 

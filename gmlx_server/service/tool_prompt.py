@@ -36,6 +36,11 @@ class ToolPlan:
 
     syntax: ToolSyntax
     source: ToolSource
+    compact: bool = False  # the tools are rendered compactly (compact_tools): in full they would not fit
+
+    def rendered(self, tools: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+        """The tools as the prompt shows them; the grammar and the parser keep the full ones."""
+        return [compact_tool(t) for t in tools] if self.compact else list(tools)
 
     @property
     def prompted(self) -> bool:
@@ -66,6 +71,58 @@ def plan_tools(inp: GenerationParams, template: ChatTemplate, setting: ToolForma
     if setting == "json" or (setting == "auto" and own is None):
         return ToolPlan(GMLX_JSON, "json")
     return ToolPlan(own, "template") if own is not None else None
+
+
+_ENUM_KEPT = 8  # an enum of up to this many values stays in a compact parameter
+
+
+def _first_sentence(text: Any, limit: int = 160) -> str:
+    if not isinstance(text, str):
+        return ""
+    line = text.strip().split("\n", 1)[0]
+    end = line.find(". ")
+    sentence = line[: end + 1] if end >= 0 else line
+    return sentence if len(sentence) <= limit else sentence[: limit - 1].rstrip() + "…"
+
+
+def _compact_schema(schema: Any) -> dict[str, Any]:
+    if not isinstance(schema, Mapping):
+        return {}
+    out = {k: schema[k] for k in ("type",) if k in schema}
+    enum = schema.get("enum")
+    if isinstance(enum, list) and len(enum) <= _ENUM_KEPT:
+        out["enum"] = enum
+    return out
+
+
+def compact_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
+    """A tool for a small window: its name, its description's first sentence, its top-level parameters with their
+    types (and enums of up to 8 values) and which are required; parameter descriptions, nested schemas,
+    defaults and examples are dropped."""
+    fn = function_of(tool)
+    raw, params, props = fn.get("parameters"), {}, {}
+    if isinstance(raw, Mapping):
+        params = dict(raw)
+        props = dict(raw["properties"]) if isinstance(raw.get("properties"), Mapping) else {}
+    short: dict[str, Any] = {"type": "object", "properties": {k: _compact_schema(v) for k, v in props.items()}}
+    if isinstance(params.get("required"), list):
+        short["required"] = params["required"]
+    out = {"name": fn.get("name"), "description": _first_sentence(fn.get("description")), "parameters": short}
+    return {"type": "function", "function": {k: v for k, v in out.items() if v != ""}}
+
+
+_COMPACTED: set[str] = set()  # models whose compact rendering was logged
+
+
+def note_compact(model: str, tools: int, full: int, compact: int, share: float, budget: int) -> None:
+    """Said once per model: which tools' parts a small window leaves out of the prompt."""
+    if model in _COMPACTED:
+        return
+    _COMPACTED.add(model)
+    log.info("model %s: %d tools take %d tokens in full, over %.0f%% of its %d-token window (tool_prompt_budget); "
+             "rendered compactly in %d tokens: names, first sentences, top-level parameters with types and "
+             "required flags; parameter descriptions, nested schemas, defaults and examples dropped (the grammar "
+             "still holds calls to the full schemas)", model, tools, full, share * 100, budget, compact)
 
 
 def chosen_function(choice: str | Mapping[str, Any] | None) -> str | None:

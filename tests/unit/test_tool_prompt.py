@@ -17,7 +17,7 @@ from gmlx_server.protocol.tools import FORMATS
 from gmlx_server.service.addressing import Settings
 from gmlx_server.service.generate import render_messages
 from gmlx_server.service.roles import call_text
-from gmlx_server.service.tool_prompt import ToolPlan, plan_tools, prompted_messages, tool_block
+from gmlx_server.service.tool_prompt import ToolPlan, compact_tool, plan_tools, prompted_messages, tool_block
 from tests.unit.test_tool_parsers import DATA, TOOLS
 
 SMOLLM2 = json.loads((DATA / "tool_outputs" / "smollm2_hermes_captured.json").read_text())  # its real tools
@@ -132,3 +132,17 @@ def test_tool_format_is_checked_by_name_and_reload_changes_it(tmp_path: Path) ->
     assert read_env({}).log_format == "text" and read_env({"GMLX_LOG_FORMAT": "JSON"}).log_format == "json"
     with pytest.raises(ConfigError, match="GMLX_LOG_FORMAT"):
         read_env({"GMLX_LOG_FORMAT": "xml"})
+
+
+def test_compact_tool_keeps_names_types_required_and_the_first_sentence() -> None:
+    tool = {"type": "function", "function": {
+        "name": "Bash", "description": "Runs a command. It has many rules:\n- never do X\n- always do Y",
+        "parameters": {"type": "object", "required": ["command"], "additionalProperties": False, "properties": {
+            "command": {"type": "string", "description": "The command to run, with a long explanation."},
+            "mode": {"type": "string", "enum": ["a", "b"], "default": "a"},
+            "options": {"type": "object", "properties": {"deep": {"type": "boolean"}}}}}}}
+    assert compact_tool(tool) == {"type": "function", "function": {
+        "name": "Bash", "description": "Runs a command.",
+        "parameters": {"type": "object", "required": ["command"], "properties": {
+            "command": {"type": "string"}, "mode": {"type": "string", "enum": ["a", "b"]},
+            "options": {"type": "object"}}}}}
