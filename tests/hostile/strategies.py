@@ -230,8 +230,8 @@ def _bad_utf8(bases: st.SearchStrategy[dict[str, Any]]) -> st.SearchStrategy[byt
 
 QUERY_VALUES = ["", "0", "-1", "1", "2", "64", "8192", "json", "prometheus", "1e400", "NaN",
                 "99999999999999999999999", "%FF", "%ED%A0%80", "%00", "a b", "x" * 5000, "[]", "true"]
-GET_PARAMS = {"/health": ["ready"], "/v1/metrics": ["format"], "/metrics": ["format"],
-              "/v1/capacity/plan": ["width", "depth"], "/v1/models": [], "/models": [], "/v1/cache/stats": [],
+GET_PARAMS = {"/": [], "/health": ["ready"], "/v1/metrics": ["format"], "/metrics": ["format"],
+              "/v1/capacity/plan": ["width", "depth", "key"], "/v1/models": [], "/models": [], "/v1/cache/stats": [],
               "/v1/models/{model_id:path}": [], "/openapi.json": []}
 
 
