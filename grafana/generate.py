@@ -156,8 +156,11 @@ def overview_rows() -> list[Row]:
                Target(rate("gmlx_generated_tokens_total", "model", model=True), "{{model}} generated"),
                Target(rate("gmlx_reasoning_tokens_total", "model", model=True), "{{model}} reasoning"),
                Target(rate("gmlx_prompt_tokens_total", "model", model=True), "{{model}} prompt")),
-        series("Prefill tok/s (mean of the last 8 requests)",
-               Target(m("gmlx_rates_prefill_tok_s_recent"), "{{instance}}")),
+        series("Prefill and restore tok/s (last 8 requests)",
+               Target(m("gmlx_rates_prefill_tok_s_recent"), "prefill {{instance}}"),
+               Target(m("gmlx_rates_restore_tok_s_recent"), "restore {{instance}}"),
+               description="Prefill: prompt tokens run through the model over their compute seconds (a cache "
+                           "hit's reused tokens are not prefill). Restore: tokens a cache hit brought back."),
         series("Requests finished/s by reason",
                Target(rate("gmlx_requests_finished_total", "finish_reason", model=True), "{{finish_reason}}"),
                unit="reqps", width=12),
