@@ -70,11 +70,25 @@ def cache_tier(cache: Any) -> str:
     return f"{cache['tier']} {warm}" if _is_num(warm) and warm else str(cache["tier"])
 
 
+BAR_CELLS = 6
+
+
+def position_cell(row: Mapping[str, Any]) -> str:
+    """A queued row's place in line; a prefilling row's progress bar, share done and ETA (`███░░░ 52% 8.1s`)."""
+    done, total, eta = row.get("position"), row.get("prompt_tokens"), row.get("prefill_eta_s")
+    if row.get("state") != "prefill" or not (isinstance(done, int) and isinstance(total, int) and total > 0):
+        return num(done)
+    frac = min(1.0, max(0.0, done / total))
+    filled = round(frac * BAR_CELLS)
+    bar = "█" * filled + "░" * (BAR_CELLS - filled) + f" {frac:.0%}"
+    return f"{bar} {num(eta, 1, 's')}" if _is_num(eta) else bar
+
+
 def request_cells(row: Mapping[str, Any]) -> tuple[str, ...]:
     gen, cap = row.get("generated"), row.get("max_tokens")
     return (str(row.get("id") or DASH)[-12:], str(row.get("model") or DASH), str(row.get("key") or DASH),
             str(row.get("state") or DASH),
-            num(row.get("position")), num(row.get("prompt_tokens")), f"{num(gen)}/{num(cap)}",
+            position_cell(row), num(row.get("prompt_tokens")), f"{num(gen)}/{num(cap)}",
             num(row.get("decode_tok_s")), num(row.get("ttft_s"), 2, "s"), num(row.get("elapsed_s"), 1, "s"),
             cache_tier(row.get("cache")), accept_rate(row.get("speculative")))
 

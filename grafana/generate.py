@@ -165,6 +165,9 @@ def overview_rows() -> list[Row]:
                Target(rate("gmlx_requests_finished_total", "finish_reason", model=True), "{{finish_reason}}"),
                unit="reqps", width=12),
         series("Decode streams", Target(m("gmlx_rates_decode_streams"), "{{instance}}"), width=12),
+        series("Prefill tokens in flight", Target(m("gmlx_prefill_tokens_in_flight"), "{{instance}}"),
+               unit="short", width=24, description="Prompt tokens still to prefill of the requests prefilling now: an "
+                                         "agent's long first prompt shows here before its first token."),
         series("Tool calls/s by outcome",
                Target(rate("gmlx_tool_calls_total", "outcome", model=True), "{{outcome}}"), width=24,
                description="Calls parsed from replies; constrained: of those, decoded under a call grammar; "

@@ -67,6 +67,10 @@ def _requests(server: Mapping[str, Any]) -> Iterator[Metric]:
     for state in ("queued", "prefill", "decode"):
         g.add_metric([state], float(sum(1 for r in rows if r.get("state") == state)))
     yield g
+    prefilling = [r for r in rows if r.get("state") == "prefill"]
+    left = sum(max(0, (r.get("prompt_tokens") or 0) - (r.get("position") or 0)) for r in prefilling)
+    yield GaugeMetricFamily("gmlx_prefill_tokens_in_flight", "prompt tokens still to prefill of the requests "
+                            "prefilling now (a long agent prompt shows here before its first token)", value=left)
 
 
 def _resident(server: Mapping[str, Any]) -> Iterator[Metric]:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gmlx_server.engine.types import Engine, EngineStats, SpeculativeStats
+from gmlx_server.engine.types import Engine, EngineStats, RequestRow, SpeculativeStats
 from gmlx_server.service.admission import Admission, queue_cap
 from gmlx_server.service.governor import BANDS, Governor
 from gmlx_server.service.telemetry import ModelRates, Telemetry
@@ -65,7 +65,8 @@ class Snapshotter:
         builders: dict[str, Callable[[], Any]] = {
             "concurrency": lambda: self._concurrency(stats),
             "queue": lambda: self._queue(stats),
-            "requests": lambda: _requests(stats, self.telemetry.assistant_steps, self.telemetry.callers),
+            "requests": lambda: _requests(stats, self.telemetry.assistant_steps, self.telemetry.callers,
+                                          self.telemetry.models),
             "resident_models": lambda: self._resident(engines, stats),
             "governor": self._governor,
             "memory": self._memory,
@@ -174,8 +175,8 @@ def _round(v: float | None) -> float | None:
     return round(v, 3) if v is not None else None
 
 
-def _requests(stats: Mapping[str, EngineStats], steps: Mapping[str, Any],
-              callers: Mapping[str, str]) -> list[dict[str, Any]]:
+def _requests(stats: Mapping[str, EngineStats], steps: Mapping[str, Any], callers: Mapping[str, str],
+              rates: Mapping[str, ModelRates]) -> list[dict[str, Any]]:
     rows = [(m, r) for m, s in stats.items() for r in s.rows]
     rows.sort(key=lambda mr: mr[1].state != "queued")  # queued rows first
     position: dict[str, int] = {}
@@ -184,8 +185,10 @@ def _requests(stats: Mapping[str, EngineStats], steps: Mapping[str, Any],
         pos = None
         if r.state == "queued":
             pos = position[m] = position.get(m, 0) + 1
+        elif r.state == "prefill":
+            pos = r.prefilled  # prompt tokens in the cache so far, refreshed per chunk
         out.append({"id": r.request_id, "model": m, "key": callers.get(r.request_id), "priority": r.priority,
-                    "state": r.state, "position": pos,
+                    "state": r.state, "position": pos, "prefill_eta_s": prefill_eta(r, rates.get(m)),
                     "prompt_tokens": r.prompt_tokens, "generated": r.generated, "max_tokens": r.max_tokens,
                     "elapsed_s": round(r.elapsed_s, 3),
                     "ttft_s": round(r.ttft_s, 3) if r.ttft_s is not None else None,
@@ -194,6 +197,18 @@ def _requests(stats: Mapping[str, EngineStats], steps: Mapping[str, Any],
                     "speculative": speculative_json(r.speculative),
                     "assistant": steps.get(r.request_id)})  # an assistant's loop: its id and step, else null
     return out
+
+
+def prefill_eta(r: RequestRow, rates: ModelRates | None) -> float | None:
+    """Seconds left of a prefilling row's prompt: at the model's measured prefill pace (its depth slope included),
+    else at the pace this row has kept so far; None for other rows, or before either is known."""
+    if r.state != "prefill" or r.prefilled >= r.prompt_tokens:
+        return None
+    pace = rates.prefill_pace if rates is not None else None
+    if pace is not None:
+        return round(pace.seconds(r.prefilled, r.prompt_tokens), 1)
+    computed = r.prefilled - r.warm_tokens
+    return round(r.elapsed_s * (r.prompt_tokens - r.prefilled) / computed, 1) if computed > 0 else None
 
 
 def speculative_json(s: SpeculativeStats | None) -> dict[str, Any] | None:

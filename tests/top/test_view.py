@@ -16,6 +16,7 @@ from gmlx_top.view import (
     governor_text,
     memory_line,
     model_cells,
+    position_cell,
     queue_line,
     rates_line,
     request_cells,
@@ -47,6 +48,14 @@ def test_a_recorded_busy_row_reads_as_an_operator_expects() -> None:
     decode = recorded("busy")["server"]["requests"][-1]
     assert request_cells(decode)[1:] == ("gemma3-270m", "alice", "decode", "-", "152", "88/256", "14.9", "0.31s",
                                          "6.0s", "miss", "72%")
+
+
+def test_a_prefilling_row_shows_a_progress_bar_and_its_eta() -> None:
+    row = {"state": "prefill", "position": 9350, "prompt_tokens": 18700, "prefill_eta_s": 131.4}
+    assert position_cell(row) == "███░░░ 50% 131.4s"
+    assert position_cell({**row, "prefill_eta_s": None}) == "███░░░ 50%"  # no measured pace yet
+    assert position_cell({"state": "queued", "position": 2, "prompt_tokens": 10}) == "2"
+    assert position_cell({"state": "prefill", "position": None, "prompt_tokens": 10}) == "-"
 
 
 def test_units_and_fallbacks() -> None:

@@ -1,0 +1,55 @@
+"""Prefill progress on a real `gmlx serve` with SmolLM2: while a long prompt prefills (chunks of 512 tokens), its
+/v1/metrics row's `position` counts the prompt tokens done, refreshed per chunk, with an ETA from the
+measured pace, and Prometheus shows the tokens still to prefill."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.server import LiveServer, gmlx_serve
+
+pytestmark = pytest.mark.slow
+WORDS = 1000  # about 2.9K tokens of SmolLM2: six chunks
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    with gmlx_serve([], tmp_path_factory.mktemp("prefill")) as s:
+        yield s
+
+
+def test_a_long_prefill_shows_its_progress_eta_and_tokens_in_flight(server: LiveServer) -> None:
+    prompt = " ".join(f"w{i % 97}" for i in range(WORDS))
+    done: dict[str, Any] = {}
+
+    def ask() -> None:
+        done["r"] = httpx.post(server.v1 + "/chat/completions", timeout=600, json={
+            "model": "smollm2", "max_tokens": 1, "messages": [{"role": "user", "content": prompt}]})
+
+    worker = threading.Thread(target=ask)
+    worker.start()
+    rows: list[dict[str, Any]] = []
+    gauges: list[float] = []
+    while worker.is_alive():
+        snap = httpx.get(server.v1 + "/metrics", timeout=30).json()
+        rows += [r for r in snap["server"]["requests"] if r["state"] == "prefill"]
+        text = httpx.get(server.v1 + "/metrics", params={"format": "prometheus"}, timeout=30).text
+        found = re.search(r"^gmlx_prefill_tokens_in_flight (\S+)$", text, re.M)
+        assert found is not None
+        gauges.append(float(found.group(1)))
+        time.sleep(0.1)
+    worker.join()
+    total = done["r"].json()["usage"]["prompt_tokens"]
+    positions = [r["position"] for r in rows]
+    assert len(set(positions)) >= 2, rows  # refreshed chunk by chunk, not only at the end
+    assert all(0 <= p <= total for p in positions), positions
+    assert positions == sorted(positions)
+    assert any(r["prefill_eta_s"] is not None and r["prefill_eta_s"] > 0 for r in rows), rows
+    assert 0 < max(gauges) <= total  # the tokens still to prefill, while it prefilled
