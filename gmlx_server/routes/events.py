@@ -21,6 +21,14 @@ from gmlx_server.routes.errors import as_gmlx_error
 from gmlx_server.routes.streaming import KEEPALIVE, SSE_HEADERS, ClientDisconnected, Receive, watch_events
 
 OnDone = Callable[[], None]
+Progress = Callable[[], tuple[int, int] | None]  # (prompt tokens prefilled, prompt tokens) while prefilling
+
+
+def keepalive(progress: Progress | None) -> bytes:
+    """The silence-breaking comment; while the request prefills it says how far (`: keepalive prefill 2048/18700`),
+    for a client that shows comments or a person running curl."""
+    done = progress() if progress is not None else None
+    return KEEPALIVE if done is None else f": keepalive prefill {done[0]}/{done[1]}\n\n".encode()
 
 
 def frame(event: Event) -> bytes:
@@ -32,7 +40,7 @@ def frame(event: Event) -> bytes:
 
 
 async def event_stream(handle: RequestHandle, encoder: EventEncoder, receive: Receive, keepalive_s: float,
-                       on_done: OnDone | None = None) -> AsyncIterator[bytes]:
+                       on_done: OnDone | None = None, progress: Progress | None = None) -> AsyncIterator[bytes]:
     """The encoder's events as SSE; `on_done` runs once the request ended without an error."""
     for event in encoder.start():
         yield frame(event)
@@ -40,7 +48,7 @@ async def event_stream(handle: RequestHandle, encoder: EventEncoder, receive: Re
         async with aclosing(watch_events(handle, receive, keepalive_s)) as events:
             async for ev in events:
                 if ev is None:
-                    yield KEEPALIVE
+                    yield keepalive(progress)
                     continue
                 for event in encoder.feed(ev):
                     yield frame(event)
@@ -72,11 +80,12 @@ async def collect_body(handle: RequestHandle, encoder: EventEncoder, receive: Re
 
 
 async def send(req: GmlxRequest, resp: falcon.asgi.Response, handle: RequestHandle, encoder: EventEncoder,
-               stream: bool, keepalive_s: float, on_done: OnDone | None = None) -> None:
+               stream: bool, keepalive_s: float, on_done: OnDone | None = None,
+               progress: Progress | None = None) -> None:
     if stream:
         resp.content_type = "text/event-stream"
         resp.set_headers(SSE_HEADERS)
-        resp.stream = event_stream(handle, encoder, req.asgi_receive, keepalive_s, on_done)
+        resp.stream = event_stream(handle, encoder, req.asgi_receive, keepalive_s, on_done, progress)
         return
     resp.media = await collect_body(handle, encoder, req.asgi_receive)
     if on_done is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 
@@ -33,7 +34,8 @@ async def respond(req: GmlxRequest, resp: falcon.asgi.Response, host: ModelHost,
     encoder = with_reasoning(with_tool_calls(base, params, started.tools), base, started.reasoning)
     encoder = with_trace(encoder, started, "chat", {"id": rid, "created": meta.created, "model": meta.model})
     report_clamp(resp, started.requested_max_tokens, started.max_tokens)
-    await send(req, resp, started.handle, encoder, params.stream, host.env.sse_keepalive_s)
+    await send(req, resp, started.handle, encoder, params.stream, host.env.sse_keepalive_s,
+               progress=functools.partial(host.prefill_progress, started.model_id, rid))
 
 
 class ChatCompletions:

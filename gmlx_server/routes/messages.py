@@ -3,6 +3,8 @@ and anthropic-beta headers are accepted; the key is checked by the API-key middl
 
 from __future__ import annotations
 
+import functools
+
 import falcon.asgi
 
 from gmlx_server.assistants import Assistants, start_reply, with_trace
@@ -32,7 +34,8 @@ class Messages:
         encoder = with_reasoning(with_tool_calls(base, params, started.tools), base, started.reasoning)
         encoder = with_trace(encoder, started, "anthropic")
         report_clamp(resp, started.requested_max_tokens, started.max_tokens)
-        await send(req, resp, started.handle, encoder, params.stream, self.host.env.sse_keepalive_s)
+        await send(req, resp, started.handle, encoder, params.stream, self.host.env.sse_keepalive_s,
+                   progress=functools.partial(self.host.prefill_progress, started.model_id, message_id))
 
 
 class CountTokens:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 
 import falcon.asgi
@@ -42,4 +43,5 @@ class Responses:
 
         reading = with_reasoning(with_tool_calls(encoder, params, started.tools), encoder, started.reasoning)
         traced = with_trace(reading, started, "responses")
-        await send(req, resp, started.handle, traced, params.stream, self.host.env.sse_keepalive_s, remember)
+        await send(req, resp, started.handle, traced, params.stream, self.host.env.sse_keepalive_s, remember,
+                   functools.partial(self.host.prefill_progress, started.model_id, response_id))

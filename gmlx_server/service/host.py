@@ -110,6 +110,12 @@ class ModelHost:
     def resident(self) -> Mapping[str, Engine]:
         return dict(self._engines)
 
+    def prefill_progress(self, model_id: str, request_id: str) -> tuple[int, int] | None:
+        """(prompt tokens in the cache, prompt tokens) while the request prefills; None otherwise."""
+        engine = self._engines.get(model_id)
+        row = next((r for r in engine.stats().rows if r.request_id == request_id), None) if engine else None
+        return (row.prefilled, row.prompt_tokens) if row is not None and row.state == "prefill" else None
+
     async def engine(self, model_id: str) -> Engine:
         """The model's engine, loading it on first use (one load at a time, each behind the load gate)."""
         engine = self._engines.get(model_id)

@@ -1,6 +1,6 @@
 """Prefill progress on a real `gmlx serve` with SmolLM2: while a long prompt prefills (chunks of 512 tokens), its
 /v1/metrics row's `position` counts the prompt tokens done, refreshed per chunk, with an ETA from the
-measured pace, and Prometheus shows the tokens still to prefill."""
+measured pace, Prometheus shows the tokens still to prefill, and a stream's keep-alive comments say how far."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ WORDS = 1000  # about 2.9K tokens of SmolLM2: six chunks
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    with gmlx_serve([], tmp_path_factory.mktemp("prefill")) as s:
+    with gmlx_serve([], tmp_path_factory.mktemp("prefill"), env={"GMLX_SSE_KEEPALIVE_S": "0.5"}) as s:
         yield s
 
 
@@ -53,3 +53,16 @@ def test_a_long_prefill_shows_its_progress_eta_and_tokens_in_flight(server: Live
     assert positions == sorted(positions)
     assert any(r["prefill_eta_s"] is not None and r["prefill_eta_s"] > 0 for r in rows), rows
     assert 0 < max(gauges) <= total  # the tokens still to prefill, while it prefilled
+
+
+def test_a_streams_keepalive_comments_carry_the_prefill_progress(server: LiveServer) -> None:
+    prompt = " ".join(f"v{i % 89}" for i in range(WORDS))  # not the other test's prompt: no cache hit
+    comments: list[str] = []
+    with httpx.stream("POST", server.v1 + "/chat/completions", timeout=600, json={
+            "model": "smollm2", "max_tokens": 1, "stream": True,
+            "messages": [{"role": "user", "content": prompt}]}) as r:
+        comments = [line for line in r.iter_lines() if line.startswith(":")]
+    progress = [tuple(map(int, m.groups())) for c in comments
+                if (m := re.fullmatch(r": keepalive prefill (\d+)/(\d+)", c))]
+    assert progress, comments  # the 0.5 s keep-alive fired while it prefilled, and said how far
+    assert all(0 <= done <= total for done, total in progress) and len({t for _, t in progress}) == 1
