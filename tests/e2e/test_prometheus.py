@@ -99,8 +99,10 @@ async def _burst(base: str, n: int) -> list[int]:
 
 def _drive(server: LiveServer, other: LiveServer) -> None:
     """One request to load the model, then a burst against a queue cap of 1: some finish, some get 503. A rerank
-    (the LLM rerank service) for the service panels; one request on the other host, a second `instance`."""
-    httpx.post(server.v1 + "/chat/completions", json=BODY, timeout=300).raise_for_status()
+    (the LLM rerank service) for the service panels; one request on the other host, a second `instance`. The
+    first request sets a field gmlx ignores (metadata), for the ignored-fields panel."""
+    httpx.post(server.v1 + "/chat/completions", json={**BODY, "metadata": {"run": "prometheus"}},
+               timeout=300).raise_for_status()
     codes = asyncio.run(asyncio.wait_for(_burst(server.base_url, 6), timeout=300))
     assert 200 in codes and 503 in codes, codes
     rerank = {"query": "a colour", "documents": ["red", "a chair"]}
