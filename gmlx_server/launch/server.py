@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 
-from gmlx_server.launch.sizing import context_window, fitting_max_output, models_that_fit, needed_window
+from gmlx_server.launch.sizing import FixedPrompt, context_window, fitting_max_output, models_that_fit, needed_window
 
 
 class LaunchError(Exception):
@@ -46,7 +46,7 @@ class ServerClient:
     def check_up(self) -> None:
         self._call("GET", "/health", timeout=5.0)
 
-    def target(self, model: str, max_output: int | None, client: str, fixed: int) -> ModelTarget:
+    def target(self, model: str, max_output: int | None, client: str, prompt: FixedPrompt) -> ModelTarget:
         """POST /v1/keep (load and warm the model), then size the client from GET /v1/models: its output beside
         its own `fixed` prompt, or a refusal naming the served models that fit."""
         model_id = str(self._call("POST", "/v1/keep", json={"model": model})["model"])
@@ -55,17 +55,19 @@ class ServerClient:
         if row is None:
             raise LaunchError(f"the server kept '{model_id}' but does not list it in /v1/models")
         window = context_window(row)
+        fixed = prompt.at(window)
         out = max_output if max_output is not None else fitting_max_output(window, fixed)
         if out is None:
-            raise LaunchError(too_small(client, fixed, model_id, window, models_that_fit(rows, fixed)), 2)
+            raise LaunchError(too_small(client, fixed, model_id, window, models_that_fit(rows, prompt),
+                                        needed_window(prompt)), 2)
         if not 0 < out < window:
             raise LaunchError(f"--max-output {out} does not fit the {window}-token window of '{model_id}'", 2)
         return ModelTarget(model, model_id, window, out, row.get("default_max_tokens"))
 
 
-def too_small(client: str, fixed: int, model_id: str, window: int, fit: list[str]) -> str:
+def too_small(client: str, fixed: int, model_id: str, window: int, fit: list[str], needed: int) -> str:
     where = (f"served models that fit: {', '.join(fit)}" if fit else
-             f"no served model fits: serve one with a window of at least {needed_window(fixed)} tokens")
+             f"no served model fits: serve one with a window of at least {needed} tokens")
     return (f"{client}'s own prompt (its system prompt and tools) is about {fixed} tokens, which leaves no room "
             f"for an answer in the {window}-token window of '{model_id}' (--max-output N starts it anyway); "
             f"{where}")

@@ -9,9 +9,26 @@ against the real clients.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-FIXED_PROMPT = {"pi": 1_500, "codex": 6_200, "opencode": 7_620, "claude": 20_000}
+
+@dataclass(frozen=True)
+class FixedPrompt:
+    full: int  # the system prompt and tools as the client writes them
+    tools: int = 0  # of which the tools, in full (0: not measured apart)
+    compact: int | None = None  # the whole prompt with the server's compact tool rendering (None: not measured)
+
+    def at(self, window: int) -> int:
+        """What the model gets: past half the window (tool_prompt_budget's default) the server renders the tools
+        compactly, where that was measured; otherwise the full figure (an upper bound)."""
+        return self.compact if self.compact is not None and self.tools > window // 2 else self.full
+
+
+# Claude Code: 3,196 tokens without its 24 tools, 17,027 for them in full, 2,140 compactly (its captured first
+# request, tests/data/agents/claude-session.json, counted by count_tokens on SmolLM2).
+FIXED_PROMPT = {"pi": FixedPrompt(1_500), "codex": FixedPrompt(6_200), "opencode": FixedPrompt(7_620),
+                "claude": FixedPrompt(20_223, 17_027, 5_336)}
 MAX_OUTPUT_CEILING = 32_000  # no more than frontier APIs allow
 MIN_OUTPUT = 128  # less than this is not an answer: launch refuses instead
 
@@ -30,12 +47,13 @@ def context_window(row: Mapping[str, Any]) -> int:
     return min(length, int(at_width_1)) if at_width_1 else length
 
 
-def models_that_fit(rows: Iterable[Mapping[str, Any]], fixed: int) -> list[str]:
+def models_that_fit(rows: Iterable[Mapping[str, Any]], fixed: FixedPrompt) -> list[str]:
     """The served chat models (and aliases) whose window leaves a client with this fixed prompt an answer."""
     return [str(r["id"]) for r in rows if r.get("kind", "chat") == "chat" and r.get("context_length")
-            and fitting_max_output(context_window(r), fixed) is not None]
+            and fitting_max_output(context_window(r), fixed.at(context_window(r))) is not None]
 
 
-def needed_window(fixed: int) -> int:
+def needed_window(fixed: FixedPrompt) -> int:
     """The smallest window fitting_max_output accepts beside `fixed` (the quarter rule needs 4 x MIN_OUTPUT)."""
-    return max(fixed + 2 * MIN_OUTPUT, 4 * MIN_OUTPUT)
+    least = min(fixed.full, fixed.compact) if fixed.compact is not None else fixed.full
+    return max(least + 2 * MIN_OUTPUT, 4 * MIN_OUTPUT)

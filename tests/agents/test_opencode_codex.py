@@ -80,7 +80,7 @@ def test_opencode_run_answers_through_gmlx_launch(server: LiveServer, tmp_path: 
 def test_codex_exec_answers_through_gmlx_launch(server: LiveServer, tmp_path: Path, model: str) -> None:
     _, err, log = launched(server, tmp_path, "codex", model, "exec", "--skip-git-repo-check", QUESTION)
     window = WINDOWS[model]
-    out = fitting_max_output(window, FIXED_PROMPT["codex"])  # beside Codex's own 6.2K-token prompt
+    out = fitting_max_output(window, FIXED_PROMPT["codex"].at(window))  # beside Codex's own 6.2K-token prompt
     assert out is not None and f"context window {window}, auto-compact at {window - out} tokens" in err
     codex_home = tmp_path / "home" / ".codex"
     assert (codex_home / "config.toml").is_file() and (codex_home / "gmlx.config.toml").is_file()

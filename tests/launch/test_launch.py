@@ -23,7 +23,13 @@ import pytest
 
 from gmlx_server.config import RuntimeEnv
 from gmlx_server.launch.server import too_small
-from gmlx_server.launch.sizing import FIXED_PROMPT, context_window, fitting_max_output, models_that_fit
+from gmlx_server.launch.sizing import (
+    FIXED_PROMPT,
+    context_window,
+    fitting_max_output,
+    models_that_fit,
+    needed_window,
+)
 from tests.e2e.server import free_port
 from tests.fakes import FakeFactory
 from tests.routes.conftest import Served, ThreadedServer, make_config, serve
@@ -114,15 +120,17 @@ def test_a_client_whose_own_prompt_leaves_no_room_is_refused_naming_the_models_t
     url, _ = server
     proc, rec = launch(tmp_path, ["claude", "--model", "fast", "--url", url, "--api-key", "sekrit"])
     assert proc.returncode == 2 and rec is None and "no served model fits" in proc.stderr  # m1's window unknown
-    assert "at least 20256 tokens" in proc.stderr
+    assert f"at least {needed_window(FIXED_PROMPT['claude'])} tokens" in proc.stderr
     httpx.post(f"{url}/v1/keep", json={"model": "m1"}, headers={"Authorization": "Bearer sekrit"}, timeout=30)
     proc, rec = launch(tmp_path, ["claude", "--model", "fast", "--url", url, "--api-key", "sekrit"])
     assert proc.returncode == 2 and rec is None
-    assert "about 20000 tokens" in proc.stderr and "4096-token window of 'm2'" in proc.stderr
+    assert f"about {FIXED_PROMPT['claude'].compact} tokens" in proc.stderr  # its tools compact, and still too big
+    assert "4096-token window of 'm2'" in proc.stderr
     assert "served models that fit: m1" in proc.stderr and "clamp" not in proc.stderr
     proc, rec = launch(tmp_path, ["claude", "--model", "m1", "--url", url, "--api-key", "sekrit"])
     assert proc.returncode == 7 and rec is not None
-    assert rec["env"]["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == str(fitting_max_output(32768, FIXED_PROMPT["claude"]))
+    sized = fitting_max_output(32768, FIXED_PROMPT["claude"].at(32768))
+    assert rec["env"]["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == str(sized)
 
 
 @pytest.mark.parametrize("client, package", [("claude", "@anthropic-ai/claude-code"),
@@ -165,15 +173,18 @@ def test_window_and_output_rules() -> None:
     assert context_window({"context_length": 32768, "max_context_at_width_1": 9000}) == 9000
     assert (fitting_max_output(8192), fitting_max_output(32768), fitting_max_output(1 << 20)) == (2048, 8192, 32000)
     assert fitting_max_output(300) is None  # a quarter of it is no answer
-    # SmolLM2's 8K window: opencode's 7.6K prompt leaves 286 (launch gave 2048, a loop of 400s); Claude Code's none
-    assert (fitting_max_output(8192, FIXED_PROMPT["opencode"]), fitting_max_output(8192, FIXED_PROMPT["codex"]),
-            fitting_max_output(8192, FIXED_PROMPT["pi"]), fitting_max_output(8192, FIXED_PROMPT["claude"])) == (
-        286, 996, 2048, None)
-    rows = [{"id": "smollm2", "kind": "chat", "context_length": 8192}, {"id": "e", "kind": "embeddings"},
+    # SmolLM2's 8K window: opencode's 7.6K prompt leaves 286 (launch gave 2048, a loop of 400s); Claude Code's
+    # 20K fits only because the server renders its tools compactly past half the window (5.3K in all)
+    assert [fitting_max_output(8192, FIXED_PROMPT[c].at(8192)) for c in ("opencode", "codex", "pi", "claude")] == [
+        286, 996, 2048, 1428]
+    assert FIXED_PROMPT["claude"].at(40_000) == FIXED_PROMPT["claude"].full  # tools under half: in full
+    assert fitting_max_output(4096, FIXED_PROMPT["claude"].at(4096)) is None
+    rows = [{"id": "tiny", "kind": "chat", "context_length": 4096}, {"id": "e", "kind": "embeddings"},
             {"id": "gemma", "kind": "chat", "context_length": 32768, "max_context_at_width_1": 30000}]
     assert models_that_fit(rows, FIXED_PROMPT["claude"]) == ["gemma"]
-    assert "no served model fits: serve one with a window of at least 20256" in too_small(
-        "Claude Code", 20000, "smollm2", 8192, models_that_fit(rows[:1], 20000))
+    assert needed_window(FIXED_PROMPT["claude"]) == 5336 + 256
+    assert "no served model fits: serve one with a window of at least 5592" in too_small(
+        "Claude Code", 5336, "tiny", 4096, models_that_fit(rows[:1], FIXED_PROMPT["claude"]), 5592)
 
 
 def test_launch_is_listed_in_gmlx_help() -> None:
