@@ -85,7 +85,7 @@ def test_openai_required_and_named_always_give_a_valid_call(oai: openai.OpenAI, 
         [call] = c.message.tool_calls or []
         _valid(call.function.name, call.function.arguments, None if choice == "required" else choice)
     line = request_line(server, r.id)
-    assert (line["model"], line["status"], line["finish"], line["tool_calls"]) == (model, "200", "stop", "1")
+    assert (line["model"], line["status"], line["finish"], line["tool_calls"]) == (model, "200", "tool_calls", "1")
     assert int(line["generated_tokens"]) <= MAX_TOKENS and float(line["duration_s"]) > 0
 
 

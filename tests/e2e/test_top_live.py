@@ -12,6 +12,7 @@ import pytest
 
 from gmlx_top.app import TopApp
 from gmlx_top.client import HttpClient
+from gmlx_top.view import REQUEST_COLUMNS
 from tests.e2e.server import LiveServer, gmlx_serve
 from tests.top.fakes import SIZE
 
@@ -44,7 +45,8 @@ async def _wait_for_state(app: TopApp, state: str, timeout_s: float) -> list[str
     while time.monotonic() < deadline:
         await app.poll_once()
         table = app.request_table
-        states = [str(table.get_row_at(i)[2]) for i in range(table.row_count)]
+        column = REQUEST_COLUMNS.index("state")
+        states = [str(table.get_row_at(i)[column]) for i in range(table.row_count)]
         if state in states:
             break
         await asyncio.sleep(0.25)
