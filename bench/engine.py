@@ -45,7 +45,7 @@ from gmlx_server.engine.loader import LoadedModel, load_gguf_model
 from gmlx_server.engine.mlx_engine import MLXEngine
 from gmlx_server.engine.types import GenerationRequest, SamplingParams, TokenEvent
 from gmlx_server.engine.weights import TransposedLinear
-from gmlx_server.service.residency import release_memory
+from gmlx_server.serving.residency import release_memory
 from tests.conftest import gemma_path, qwen_coder_path, smollm2_path
 
 PATHS = {"smollm2": smollm2_path, "gemma": gemma_path, "qwen0.5b": lambda: qwen_coder_path("0.5b"),

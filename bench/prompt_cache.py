@@ -30,7 +30,7 @@ from gmlx_server.engine.arch import make_cache
 from gmlx_server.engine.loader import load_gguf_model
 from gmlx_server.engine.mlx_engine import MLXEngine
 from gmlx_server.engine.types import GenerationRequest, SamplingParams, TokenEvent
-from gmlx_server.service.cache_points import cache_hints
+from gmlx_server.serving.cache_points import cache_hints
 from tests.conftest import gemma_path, smollm2_path
 
 SYSTEM = "You are an agent with these tools. " + " ".join(

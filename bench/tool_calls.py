@@ -37,11 +37,11 @@ from gmlx_server.engine.structured import CompiledGrammar, GrammarConstraint
 from gmlx_server.engine.tool_grammar import compile_tool_grammar
 from gmlx_server.engine.tool_syntax import GMLX_JSON
 from gmlx_server.engine.types import GenerationRequest, SamplingParams, TokenEvent
-from gmlx_server.neutral import GenerationParams
+from gmlx_server.generation_params import GenerationParams
 from gmlx_server.protocol.tools import FORMATS, CallParser, LenientCalls, ToolCallEnd, new_call_id
-from gmlx_server.service.addressing import Settings
-from gmlx_server.service.generate import render_chat
-from gmlx_server.service.tool_prompt import ToolPlan, plan_tools
+from gmlx_server.serving.addressing import Settings
+from gmlx_server.serving.generate import render_chat
+from gmlx_server.serving.tool_prompt import ToolPlan, plan_tools
 from tests.conftest import gemma_path, qwen_coder_path, smollm2_path
 
 ROOT = Path(__file__).resolve().parents[1]

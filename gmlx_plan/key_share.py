@@ -1,5 +1,5 @@
 """A key's fair share of a fan-out: of `width` requests sent at once, how many run, how many wait inside the server
-for one of the key's slots, and how many get 429 rate_limited. The server's admission (service/fair_share.py)
+for one of the key's slots, and how many get 429 rate_limited. The server's admission (serving/fair_share.py)
 and `gmlx plan --key` / `/v1/capacity/plan?key=` answer with this one rule."""
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from gmlx_server.routes.cache import CacheReset, CacheStats
 from gmlx_server.routes.capacity import CapacityPlan, Estimate
 from gmlx_server.routes.common import GmlxRequest, JsonBodyMiddleware
 from gmlx_server.routes.drain import DrainGate
-from gmlx_server.routes.errors import handle_error
+from gmlx_server.routes.error_mapper import handle_error
 from gmlx_server.routes.generation import ChatCompletions, Completions
 from gmlx_server.routes.guard import RequestGuard
 from gmlx_server.routes.health import Health
@@ -31,14 +31,14 @@ from gmlx_server.routes.request_log import RequestLogMiddleware
 from gmlx_server.routes.residency import Keep, Reload, Unload
 from gmlx_server.routes.responses import Responses
 from gmlx_server.routes.services import Embeddings, Rerank, Speech, SystemOne, Transcriptions
-from gmlx_server.service.cache_stats import resident_cache_stats
-from gmlx_server.service.conversations import ResponseStore
-from gmlx_server.service.estimate import Estimator
-from gmlx_server.service.host import EngineFactory, ModelHost
-from gmlx_server.service.ignored_fields import IgnoredFields
-from gmlx_server.service.prometheus import make_registry
-from gmlx_server.service.snapshot import Snapshotter
-from gmlx_server.services.host import ServiceHost
+from gmlx_server.serving.cache_stats import resident_cache_stats
+from gmlx_server.serving.conversations import ResponseStore
+from gmlx_server.serving.estimate import Estimator
+from gmlx_server.serving.model_host import EngineFactory, ModelHost
+from gmlx_server.serving.ignored_fields import IgnoredFields
+from gmlx_server.serving.prometheus import make_registry
+from gmlx_server.serving.snapshot import Snapshotter
+from gmlx_server.auxiliary.service_host import ServiceHost
 from gmlx_server.web_policy import HostPolicy, OriginPolicy
 
 GmlxApp = falcon.asgi.App[GmlxRequest, falcon.asgi.Response]

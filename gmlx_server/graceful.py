@@ -1,6 +1,6 @@
 """uvicorn's server with a graceful stop on SIGTERM, so a rolling restart behind a load balancer loses nothing.
 
-SIGTERM begins the host's drain (service/drain.py): /health?ready=1 says `draining`, new POSTs get a typed
+SIGTERM begins the host's drain (serving/drain.py): /health?ready=1 says `draining`, new POSTs get a typed
 503, and the server keeps listening while the requests it admitted finish. Once none runs it exits; at the
 deadline it sheds what still runs, and exits a few seconds later. SIGINT (Ctrl-C) and a second SIGTERM stop
 at once, as uvicorn does (its 5 s grace, then the open streams are cut).
@@ -15,8 +15,8 @@ from types import FrameType
 
 import uvicorn
 
-from gmlx_server.service.drain import shed_all
-from gmlx_server.service.host import ModelHost
+from gmlx_server.serving.drain import shed_all
+from gmlx_server.serving.model_host import ModelHost
 
 log = logging.getLogger("gmlx.serve")
 

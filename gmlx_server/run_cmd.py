@@ -1,6 +1,6 @@
 """`gmlx run <id-or-path>[@profile] "prompt"`: one prompt from the terminal, through the server's own path.
 
-The model host, prompt preparation and request builder are the server's (service/generate.py), so a profile's
+The model host, prompt preparation and request builder are the server's (serving/generate.py), so a profile's
 stop strings, max_tokens and system prompt and the context fit apply as they do to an HTTP request; only
 admission is skipped (one request) and no HTTP server starts.
 """
@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any, get_args
 
 from gmlx_server.config import ConfigError, ServerConfig, WeightsLayout, load_config, read_env
 from gmlx_server.errors import GmlxError, ModelNotFound
-from gmlx_server.neutral import GenerationParams, ImageRef
-from gmlx_server.service.addressing import Address, Catalog, resolve_address
+from gmlx_server.generation_params import GenerationParams, ImageRef
+from gmlx_server.serving.addressing import Address, Catalog, resolve_address
 
 if TYPE_CHECKING:  # the service and engine modules load once the process is prepared for MLX
     from gmlx_server.engine.types import Engine, GenerationRequest
-    from gmlx_server.service.generate import Prepared
-    from gmlx_server.service.host import ModelHost
+    from gmlx_server.serving.generate import Prepared
+    from gmlx_server.serving.model_host import ModelHost
 
 log = logging.getLogger("gmlx.run")
 
@@ -117,7 +117,7 @@ def run_run(args: argparse.Namespace) -> int:
     from gmlx_server.startup import prepare_process
 
     prepare_process(cfg)  # OpenBLAS before mlx loads
-    from gmlx_server.service.host import ModelHost  # its engine factory imports MLX on the first load
+    from gmlx_server.serving.model_host import ModelHost  # its engine factory imports MLX on the first load
 
     host = ModelHost(_with_weights(cfg, addr.model_id, args.weights))
     args.skip_native_teardown = True  # MLX will run on an engine thread: see cli._exit_without_teardown
@@ -133,7 +133,7 @@ def run_run(args: argparse.Namespace) -> int:
 
 
 def _params(args: argparse.Namespace, addr: Address, text: str) -> GenerationParams:
-    """The terminal's prompt as the neutral request a protocol parser would build from a body."""
+    """The terminal's prompt as the generation request a protocol parser would build from a body."""
     sampling = {k: v for k, v in (("temperature", args.temperature), ("seed", args.seed)) if v is not None}
     common = {"model": addr.model_id, "profile": addr.profile, "sampling": sampling, "max_tokens": args.max_tokens}
     if args.raw:
@@ -141,7 +141,7 @@ def _params(args: argparse.Namespace, addr: Address, text: str) -> GenerationPar
     system = [{"role": "system", "content": args.system}] if args.system else []
     content: str | list[dict[str, Any]] = text
     if args.image:  # the images first, then the question, as mlx-vlm and llama.cpp's CLIs place them
-        from gmlx_server.protocol.images import image_part  # numpy (and its BLAS): not for `gmlx top`'s import
+        from gmlx_server.protocol.image_parts import image_part  # numpy (and its BLAS): not for `gmlx top`'s import
 
         content = [*(image_part(_image_ref(x, f"--image[{i}]")) for i, x in enumerate(args.image)),
                    {"type": "text", "text": text}]
@@ -151,7 +151,7 @@ def _params(args: argparse.Namespace, addr: Address, text: str) -> GenerationPar
 def _image_ref(arg: str, where: str) -> ImageRef:
     """A file is read here; a URL or data: URI goes the way a request's image_url does."""
     if arg.startswith(("http://", "https://", "data:")):
-        from gmlx_server.protocol.images import from_url
+        from gmlx_server.protocol.image_parts import from_url
 
         return from_url(arg, where, where)
     try:
@@ -169,7 +169,7 @@ def _with_weights(cfg: ServerConfig, model_id: str, weights: WeightsLayout | Non
 
 async def _prepare(host: ModelHost, inp: GenerationParams) -> Prepared:
     """The server's path up to submit (prompt, context fit, request), in one event loop for the CLI."""
-    from gmlx_server.service.generate import prepare_request
+    from gmlx_server.serving.generate import prepare_request
 
     return await prepare_request(host, inp, f"run-{uuid.uuid4().hex[:8]}")
 

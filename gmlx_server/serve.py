@@ -14,7 +14,7 @@ from typing import Any
 
 from gmlx_server.config import ConfigError, ServerConfig, load_config, read_env
 from gmlx_server.log_format import LOG_FORMATS, configure_logging
-from gmlx_server.service.drain import DEFAULT_DRAIN_S
+from gmlx_server.serving.drain import DEFAULT_DRAIN_S
 from gmlx_server.startup import prepare_process
 
 log = logging.getLogger("gmlx.serve")
@@ -105,7 +105,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from gmlx_server.app import create_app
     from gmlx_server.graceful import serve_draining
     from gmlx_server.header_timeout import uvicorn_limits
-    from gmlx_server.service.host import ModelHost
+    from gmlx_server.serving.model_host import ModelHost
 
     host = ModelHost(config, drain_deadline_s=args.drain_timeout)  # the default factory; GGUF headers checked
     app = create_app(config, host=host)

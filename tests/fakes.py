@@ -26,7 +26,7 @@ from gmlx_server.engine.types import (
     TokenEvent,
     Tokenizer,
 )
-from gmlx_server.service.cache_points import MARK
+from gmlx_server.serving.cache_points import MARK
 
 
 class FakeTokenizer:

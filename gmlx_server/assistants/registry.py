@@ -15,12 +15,12 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gmlx_server.assistants.link import LinkFailed, McpLink
-from gmlx_server.assistants.metrics import ToolMetrics
+from gmlx_server.assistants.tool_metrics import ToolMetrics
 from gmlx_server.assistants.toolbox import Toolbox
 from gmlx_server.config import ConfigError, ServerConfig
 from gmlx_server.config.assistant_entries import Assistant
 from gmlx_server.errors import GmlxError
-from gmlx_server.service.telemetry import Telemetry
+from gmlx_server.serving.telemetry import Telemetry
 
 log = logging.getLogger("gmlx.assistants")
 LinkKey = tuple[str, str]  # (assistant id, MCP server name)

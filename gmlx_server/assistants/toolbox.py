@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from gmlx_server.assistants.link import McpLink, ToolFailure
-from gmlx_server.assistants.metrics import ToolMetrics
+from gmlx_server.assistants.tool_metrics import ToolMetrics
 from gmlx_server.config import ConfigError
 from gmlx_server.config.assistant_entries import Assistant
-from gmlx_server.protocol.neutral import tool_function
+from gmlx_server.protocol.shared import tool_function
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from gmlx_server.config.assistants import check_assistant_refs, parse_assistants
 from gmlx_server.config.checker import KINDS, Checker
 from gmlx_server.config.draft import DRAFT_KEYS, RawDrafts, raw_draft, resolve_drafts
 from gmlx_server.config.keys import parse_api_keys, parse_fair_share
-from gmlx_server.config.services import check_service_refs, parse_services
+from gmlx_server.config.service_entries import check_service_refs, parse_services
 from gmlx_server.config.settings import (
     BACKENDS,
     BUILTIN_INTENTS,

@@ -13,7 +13,7 @@ from gmlx_server.engine.loader import LoadedModel, load_gguf_model
 from gmlx_server.engine.mlx_engine import MLXEngine
 from gmlx_server.engine.model_dir import load_model_dir
 from gmlx_server.engine.types import Engine
-from gmlx_server.engine.vision.load import load_vision_model
+from gmlx_server.engine.vision.vision_loader import load_vision_model
 
 if TYPE_CHECKING:  # only the types: the factory never reads configuration itself
     from gmlx_server.config import ModelEntry, RuntimeEnv

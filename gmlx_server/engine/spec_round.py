@@ -23,7 +23,7 @@ from gmlx_server.engine.speculative import Verdict, accept_greedy, accept_sample
 
 if TYPE_CHECKING:
     from gmlx_server.engine.drafter import Drafter
-    from gmlx_server.engine.generate import RequestRun
+    from gmlx_server.engine.request_run import RequestRun
 
 
 @dataclass

@@ -39,7 +39,7 @@ FUNCTIONGEMMA = ToolSyntax("functiongemma", ("<start_function_call>",), "<end_fu
 GEMMA4 = ToolSyntax("gemma4", ("<|tool_call>",), "<tool_call|>")
 GEMMA_TOOL_CODE = ToolSyntax("gemma_tool_code", ("```tool_code",), "```")
 # gmlx's convention for templates without a syntax of their own: Hermes' layout, which many small models
-# have seen in training, described to the model in a system-prompt block (service/tool_prompt.py).
+# have seen in training, described to the model in a system-prompt block (serving/tool_prompt.py).
 GMLX_JSON = ToolSyntax("json", ("<tool_call>",), "</tool_call>", args_key="arguments", newlines=True)
 
 # First match wins; each entry is an OR of AND-groups of template substrings.

@@ -59,7 +59,7 @@ class ThinkingControl:
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """One neutral generation request: protocols convert into this, never into each other."""
+    """The engine's request: what the service submits once GenerationParams is tokenized."""
 
     request_id: str
     prompt_tokens: Sequence[int]

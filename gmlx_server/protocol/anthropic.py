@@ -1,4 +1,4 @@
-"""Anthropic Messages request bodies -> the neutral GenerationParams (pure).
+"""Anthropic Messages request bodies -> GenerationParams, the generation request (pure).
 
 Content blocks become the chat template's messages the way transformers' templates expect them:
 tool_use blocks -> the assistant's `tool_calls`, tool_result blocks -> `tool` role messages.
@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from gmlx_server.errors import UnsupportedFeature
-from gmlx_server.neutral import GenerationParams
+from gmlx_server.generation_params import GenerationParams
 from gmlx_server.protocol import params as p
-from gmlx_server.protocol.images import anthropic_image, parts_content
-from gmlx_server.protocol.neutral import merge_turns, name_tool_results, tool_call_entry, tool_function
+from gmlx_server.protocol.image_parts import anthropic_image, parts_content
+from gmlx_server.protocol.shared import merge_turns, name_tool_results, tool_call_entry, tool_function
 from gmlx_server.protocol.openai import body_object, response_format, text_content, thinking_controls
 
 if TYPE_CHECKING:
@@ -168,7 +168,7 @@ def _tools(body: Mapping[str, Any]) -> tuple[tuple[dict[str, Any], ...] | None, 
 
 
 def _thinking_fields(body: Mapping[str, Any]) -> dict[str, Any]:
-    """Anthropic's `thinking` maps onto the neutral thinking controls; explicit gmlx fields win."""
+    """Anthropic's `thinking` maps onto GenerationParams' thinking controls; explicit gmlx fields win."""
     out = thinking_controls(body)
     thinking = p.obj(body, "thinking") or {}
     kind = thinking.get("type")

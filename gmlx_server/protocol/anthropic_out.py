@@ -1,4 +1,4 @@
-"""Neutral token events -> Anthropic Messages bodies and stream events (pure).
+"""Engine token events (engine.types) -> Anthropic Messages bodies and stream events (pure).
 
 Content is a list of blocks (text, thinking, tool_use). A stream opens with message_start, the
 first text block and a ping (Anthropic's own order); later blocks open when their kind changes. A reply
@@ -15,8 +15,8 @@ from typing import Any
 
 from gmlx_server.engine.types import TokenEvent
 from gmlx_server.errors import GmlxError
-from gmlx_server.protocol.errors import error_body
-from gmlx_server.protocol.neutral import Event, Tally, TextFeed, ToolCall, arguments_object, new_id
+from gmlx_server.protocol.error_bodies import error_body
+from gmlx_server.protocol.shared import Event, Tally, TextFeed, ToolCall, arguments_object, new_id
 
 # The field each block kind accumulates, and the delta type that streams it.
 _DELTAS = {"text": ("text", "text_delta"), "thinking": ("thinking", "thinking_delta")}

@@ -1,6 +1,6 @@
-"""OpenAI request bodies -> the neutral GenerationParams (pure; raises InvalidRequest with `param`).
+"""OpenAI request bodies -> GenerationParams, the generation request (pure; raises InvalidRequest with `param`).
 
-Unknown fields are accepted. `GenerationParams` (gmlx_server/neutral.py) is what service.generate consumes.
+Unknown fields are accepted. `GenerationParams` (gmlx_server/generation_params.py) is what service.generate consumes.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from gmlx_server.errors import InvalidRequest, UnsupportedFeature
-from gmlx_server.neutral import GenerationParams
+from gmlx_server.generation_params import GenerationParams
 from gmlx_server.protocol import jsonsafe
 from gmlx_server.protocol import params as p
-from gmlx_server.protocol.images import openai_image, parts_content
+from gmlx_server.protocol.image_parts import openai_image, parts_content
 
 if TYPE_CHECKING:
     from gmlx_server.engine.structured import CompiledGrammar

@@ -1,4 +1,4 @@
-"""Neutral token events -> OpenAI chat.completion(.chunk) and text_completion bodies (pure).
+"""Engine token events (engine.types) -> OpenAI chat.completion(.chunk) and text_completion bodies (pure).
 
 An EventEncoder like the Anthropic and Responses ones, so one driver streams all three: OpenAI's
 events are unnamed `data:` lines, and a stream ends with the raw text [DONE].
@@ -14,8 +14,8 @@ from typing import Any, Literal
 
 from gmlx_server.engine.types import TokenEvent, Tokenizer
 from gmlx_server.errors import EngineFailure, GmlxError, Shed
-from gmlx_server.protocol.errors import error_body
-from gmlx_server.protocol.neutral import Event, Tally, new_id
+from gmlx_server.protocol.error_bodies import error_body
+from gmlx_server.protocol.shared import Event, Tally, new_id
 
 DONE: Event = ("", "[DONE]")
 _NO_LOGPROB = -9999.0  # what OpenAI reports for a token that cannot occur (JSON has no -Infinity)

@@ -2,7 +2,7 @@
 every protocol parser shares.
 
 `ignored_fields` names what a body sets that its route ignores; the server warns about a client's field set
-once an hour (gmlx_server/service/ignored_fields.py).
+once an hour (gmlx_server/serving/ignored_fields.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""OpenAI Responses request bodies -> the neutral GenerationParams (pure).
+"""OpenAI Responses request bodies -> GenerationParams, the generation request (pure).
 
 Input items become the chat template's messages: message items keep their role (developer ->
 system), function_call items become the assistant's `tool_calls`, function_call_output items
@@ -13,10 +13,10 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from gmlx_server.errors import UnsupportedFeature
-from gmlx_server.neutral import GenerationParams
+from gmlx_server.generation_params import GenerationParams
 from gmlx_server.protocol import params as p
-from gmlx_server.protocol.images import parts_content, responses_image
-from gmlx_server.protocol.neutral import merge_turns, name_tool_results, tool_call_entry, tool_function
+from gmlx_server.protocol.image_parts import parts_content, responses_image
+from gmlx_server.protocol.shared import merge_turns, name_tool_results, tool_call_entry, tool_function
 from gmlx_server.protocol.openai import body_object, response_format, thinking_controls
 
 if TYPE_CHECKING:

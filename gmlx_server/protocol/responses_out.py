@@ -1,4 +1,4 @@
-"""Neutral token events -> OpenAI Responses objects and stream events (pure).
+"""Engine token events (engine.types) -> OpenAI Responses objects and stream events (pure).
 
 Output items: a message item (one output_text part) opened at the first text, function_call
 items for parsed tool calls. Every stream event carries a sequence_number; a stream ends with
@@ -15,7 +15,7 @@ from typing import Any
 
 from gmlx_server.engine.types import TokenEvent
 from gmlx_server.errors import GmlxError
-from gmlx_server.protocol.neutral import Event, Tally, TextFeed, ToolCall, new_id, tool_call_entry
+from gmlx_server.protocol.shared import Event, Tally, TextFeed, ToolCall, new_id, tool_call_entry
 
 
 @dataclass(frozen=True)
@@ -186,7 +186,7 @@ class ResponsesEncoder(TextFeed):
         return self.response()
 
     def output_messages(self) -> list[dict[str, Any]]:
-        """The assistant turn in neutral form, for the conversation store."""
+        """the assistant turn in chat-template form, for the conversation store."""
         texts = [p["text"] for it in self.items if it["type"] == "message" for p in it["content"]]
         calls = [tool_call_entry(it["call_id"], it["name"], it["arguments"], "output")
                  for it in self.items if it["type"] == "function_call"]

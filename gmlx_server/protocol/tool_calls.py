@@ -10,8 +10,8 @@ from dataclasses import replace
 
 from gmlx_server.engine.tool_syntax import ToolUse
 from gmlx_server.engine.types import TokenEvent
-from gmlx_server.neutral import GenerationParams
-from gmlx_server.protocol.neutral import Event, EventEncoder, Forwarding, Tally
+from gmlx_server.generation_params import GenerationParams
+from gmlx_server.protocol.shared import Event, EventEncoder, Forwarding, Tally
 from gmlx_server.protocol.tools import (
     CallParser,
     LenientCalls,

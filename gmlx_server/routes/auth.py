@@ -19,8 +19,8 @@ from gmlx_server.errors import InsufficientScope, Unauthorized
 from gmlx_server.log_format import FIELDS, kv_text
 from gmlx_server.routes.common import GmlxRequest
 from gmlx_server.routes.request_log import request_record
-from gmlx_server.service.fair_share import Caller
-from gmlx_server.service.telemetry import Telemetry
+from gmlx_server.serving.fair_share import Caller
+from gmlx_server.serving.telemetry import Telemetry
 
 PUBLIC_PATHS = frozenset({"/health"})  # the only route that never needs a key
 audit = logging.getLogger("gmlx.audit")

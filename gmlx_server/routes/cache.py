@@ -6,8 +6,8 @@ import falcon.asgi
 
 from gmlx_server.routes.common import GmlxRequest
 from gmlx_server.routes.residency import _body, _model
-from gmlx_server.service.cache_stats import cache_totals, resident_cache_stats
-from gmlx_server.service.host import ModelHost
+from gmlx_server.serving.cache_stats import cache_totals, resident_cache_stats
+from gmlx_server.serving.model_host import ModelHost
 
 
 class CacheStats:

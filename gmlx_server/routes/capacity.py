@@ -12,8 +12,8 @@ from gmlx_server.errors import InvalidRequest
 from gmlx_server.protocol.openai import parse_chat
 from gmlx_server.routes.common import GmlxRequest
 from gmlx_server.routes.parsing import parse_body
-from gmlx_server.service.estimate import Estimator
-from gmlx_server.service.fair_share import key_split, with_key
+from gmlx_server.serving.estimate import Estimator
+from gmlx_server.serving.fair_share import key_split, with_key
 
 
 class Estimate:

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Any
 import falcon
 
 if TYPE_CHECKING:
-    from gmlx_server.service.fair_share import Caller
-    from gmlx_server.service.request_log import RequestRecord
+    from gmlx_server.serving.fair_share import Caller
+    from gmlx_server.serving.request_log import RequestRecord
 
 
 class RequestContext(falcon.Context):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import falcon.asgi
 
-from gmlx_server.service.drain import Drain
+from gmlx_server.serving.drain import Drain
 
 
 class DrainGate:

@@ -9,17 +9,17 @@ import uuid
 import falcon.asgi
 
 from gmlx_server.assistants import Assistants, start_reply, with_trace
-from gmlx_server.neutral import GenerationParams
+from gmlx_server.generation_params import GenerationParams
 from gmlx_server.protocol.openai import parse_chat, parse_completion
 from gmlx_server.protocol.openai_out import OpenAIEncoder, ResponseMeta
-from gmlx_server.protocol.reasoning import with_reasoning
+from gmlx_server.protocol.reasoning_split import with_reasoning
 from gmlx_server.protocol.tool_calls import with_tool_calls
 from gmlx_server.routes.common import GmlxRequest, body_of, report_clamp
-from gmlx_server.routes.events import send
+from gmlx_server.routes.event_driver import send
 from gmlx_server.routes.parsing import parse_body
 from gmlx_server.routes.request_log import request_record
-from gmlx_server.service.estimate import Estimator
-from gmlx_server.service.host import ModelHost
+from gmlx_server.serving.estimate import Estimator
+from gmlx_server.serving.model_host import ModelHost
 
 
 async def respond(req: GmlxRequest, resp: falcon.asgi.Response, host: ModelHost, params: GenerationParams,

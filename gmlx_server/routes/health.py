@@ -10,7 +10,7 @@ import os
 
 import falcon.asgi
 
-from gmlx_server.service.host import ModelHost
+from gmlx_server.serving.model_host import ModelHost
 
 
 class Health:

@@ -6,8 +6,8 @@ import falcon
 import falcon.asgi
 from prometheus_client import CollectorRegistry
 
-from gmlx_server.service.prometheus import CONTENT_TYPE, render
-from gmlx_server.service.snapshot import Snapshotter
+from gmlx_server.serving.prometheus import CONTENT_TYPE, render
+from gmlx_server.serving.snapshot import Snapshotter
 
 
 class Metrics:

@@ -8,7 +8,7 @@ from typing import Any
 import falcon.asgi
 
 from gmlx_server.errors import ModelNotFound
-from gmlx_server.service.host import ModelHost
+from gmlx_server.serving.model_host import ModelHost
 
 ServiceRows = Callable[[], list[dict[str, Any]]]  # the configured services' rows (embeddings, stt, ...)
 AssistantRows = Callable[[list[dict[str, Any]]], list[dict[str, Any]]]  # from the model rows: the assistants'

@@ -7,7 +7,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 import falcon.asgi
 
-from gmlx_server.protocol.openapi import document
+from gmlx_server.protocol.openapi_doc import document
 
 
 def server_version() -> str:

@@ -1,6 +1,6 @@
 """The request log's lifecycle: a record per generation request from its arrival, its line written when the
 response is complete (a stream's last byte, or a refusal's body), with the status it was answered with.
-The body's ignored fields go to the once-an-hour warning (service/ignored_fields.py) and onto the line."""
+The body's ignored fields go to the once-an-hour warning (serving/ignored_fields.py) and onto the line."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import falcon.asgi
 
 from gmlx_server.protocol.params import Route, ignored_fields
 from gmlx_server.routes.common import GmlxRequest, body_of
-from gmlx_server.service.ignored_fields import IgnoredFields
-from gmlx_server.service.request_log import RequestRecord
+from gmlx_server.serving.ignored_fields import IgnoredFields
+from gmlx_server.serving.request_log import RequestRecord
 
 ROUTE_OF: dict[str, Route] = {"/v1/chat/completions": "chat", "/v1/completions": "completions",
                               "/v1/messages": "messages", "/v1/responses": "responses"}

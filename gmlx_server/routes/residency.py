@@ -11,9 +11,9 @@ from gmlx_server.assistants import Assistants
 from gmlx_server.config import ServerConfig
 from gmlx_server.errors import InvalidRequest
 from gmlx_server.routes.common import GmlxRequest, body_of
-from gmlx_server.service.addressing import resolve_address
-from gmlx_server.service.host import ModelHost
-from gmlx_server.service.reload import reload
+from gmlx_server.serving.addressing import resolve_address
+from gmlx_server.serving.model_host import ModelHost
+from gmlx_server.serving.reload import reload
 
 
 def _body(req: GmlxRequest) -> dict[str, Any]:

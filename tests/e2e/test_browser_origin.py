@@ -157,7 +157,7 @@ def test_an_allowed_origin_gets_cors_a_preflight_and_a_stream(server: LiveServer
 
 def test_the_gunicorn_worker_applies_the_same_guard_and_limits(tmp_path: Path) -> None:
     port = free_port()
-    cmd = [str(Path(sys.executable).parent / "gunicorn"), "-k", "gmlx_server.worker.UvicornWorker", "-w", "1",
+    cmd = [str(Path(sys.executable).parent / "gunicorn"), "-k", "gmlx_server.gunicorn_worker.UvicornWorker", "-w", "1",
            "-b", f"127.0.0.1:{port}", "gmlx_server.asgi:app"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "GMLX_HEADER_TIMEOUT_S": "1"}
     with open(tmp_path / "gunicorn.log", "wb") as log:

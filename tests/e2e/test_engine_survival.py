@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gmlx_server.engine import batch as batch_mod
-from gmlx_server.engine import generate as generate_mod
+from gmlx_server.engine import request_run as generate_mod
 from gmlx_server.engine import scheduler as scheduler_mod
 from gmlx_server.engine import structured as structured_mod
 from gmlx_server.engine.loader import load_gguf_model

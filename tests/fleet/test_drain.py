@@ -16,8 +16,8 @@ import uvicorn
 
 from gmlx_server.app import create_app
 from gmlx_server.graceful import DrainingServer
-from gmlx_server.service.drain import SHED_GRACE_S, Drain
-from gmlx_server.service.host import ModelHost
+from gmlx_server.serving.drain import SHED_GRACE_S, Drain
+from gmlx_server.serving.model_host import ModelHost
 from tests.fakes import FakeBehavior, FakeFactory
 from tests.routes.conftest import make_config
 

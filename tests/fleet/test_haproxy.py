@@ -18,7 +18,7 @@ import pytest
 
 from gmlx_server.app import create_app
 from gmlx_server.config import RuntimeEnv
-from gmlx_server.service.host import ModelHost
+from gmlx_server.serving.model_host import ModelHost
 from tests.fakes import FakeBehavior, FakeEngine, FakeFactory
 from tests.fleet.haproxy import HAPROXY, SKIP_REASON, Proxy, generator, haproxy, host_of, hosts_of
 from tests.routes.conftest import ThreadedServer, make_config

@@ -15,7 +15,7 @@ import httpx
 from hypothesis import HealthCheck, settings
 
 from gmlx_server.app import GmlxApp, create_app, route_table
-from gmlx_server.protocol.errors import is_anthropic
+from gmlx_server.protocol.error_bodies import is_anthropic
 from tests.fakes import FakeFactory
 from tests.hostile.strategies import Hostile
 from tests.routes.conftest import make_config

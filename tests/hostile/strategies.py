@@ -160,7 +160,7 @@ BODIES: dict[str, list[dict[str, Any]]] = {
     "/v1/keep": [{"model": "MODEL", "keep": True, "warm": False}],
     "/v1/reload": [{}],
     "/v1/cache/reset": [{"model": "MODEL"}],
-    # The services (unconfigured in the hostile apps: tests/services fuzzes them configured).
+    # The services (unconfigured in the hostile apps: tests/auxiliary fuzzes them configured).
     "/v1/embeddings": [{"input": ["a b", "c"], "encoding_format": "float", "dimensions": 8, "truncate": False}],
     "/v1/rerank": [{"query": "q", "documents": ["a", {"text": "b"}], "top_n": 1, "return_documents": True}],
     "/rerank": [{"query": "q", "documents": ["a"]}],

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gmlx_server.protocol import jsonsafe
-from gmlx_server.routes.errors import render
+from gmlx_server.routes.error_mapper import render
 from tests.routes.conftest import Served, make_config, serve
 
 USER = [{"role": "user", "content": "hi"}]

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from gmlx_server.app import create_app
 from gmlx_server.config import DEFAULT_MODEL_ID, load_config
-from gmlx_server.service.host import ModelHost
+from gmlx_server.serving.model_host import ModelHost
 from tests.conftest import smollm2_path
 from tests.hostile.harness import FUZZ, ROUTES, Client, exercise, serves_normally
 from tests.hostile.strategies import requests

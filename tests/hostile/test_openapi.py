@@ -7,7 +7,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from gmlx_server.protocol.openapi import document
+from gmlx_server.protocol.openapi_doc import document
 from gmlx_server.protocol.params import SAMPLING_FIELDS
 from tests.hostile.harness import ROUTES
 from tests.routes.conftest import serve

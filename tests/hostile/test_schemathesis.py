@@ -19,7 +19,7 @@ from schemathesis.specs.openapi.checks import (
 
 from gmlx_server.app import create_app
 from gmlx_server.config import RuntimeEnv, load_config
-from gmlx_server.service.host import ModelHost
+from gmlx_server.serving.model_host import ModelHost
 from tests.conftest import smollm2_path
 from tests.hostile.harness import FUZZ, serves_normally_at
 from tests.routes.conftest import ThreadedServer, make_config, serve

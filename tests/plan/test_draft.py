@@ -22,7 +22,7 @@ from gmlx_plan.memory import (
     transient_bytes,
 )
 from gmlx_server.config import load_config
-from gmlx_server.service.capacity import CapacityService
+from gmlx_server.serving.capacity import CapacityService
 from tests.conftest import smollm2_path
 
 

@@ -13,7 +13,7 @@ from gmlx_plan.cli import main
 from gmlx_plan.key_share import split
 from gmlx_server.app import create_app
 from gmlx_server.config import ApiKey, FairShare
-from gmlx_server.service.host import ModelHost
+from gmlx_server.serving.model_host import ModelHost
 from tests.conftest import smollm2_path
 from tests.fakes import FakeFactory
 from tests.routes.conftest import Served, SyncClient, make_config

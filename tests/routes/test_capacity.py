@@ -10,7 +10,7 @@ import pytest
 from gmlx_server.app import create_app
 from gmlx_server.config import RuntimeEnv
 from gmlx_server.engine.types import EngineStats
-from gmlx_server.service.host import ModelHost
+from gmlx_server.serving.model_host import ModelHost
 from tests.conftest import smollm2_path
 from tests.fakes import FakeFactory
 from tests.routes.conftest import Served, SyncClient, make_config

@@ -6,7 +6,7 @@ from typing import Any
 
 from gmlx_server.config import Profile, RuntimeEnv
 from gmlx_server.errors import ServerOverloaded
-from gmlx_server.service.intents import SAMPLING_TABLE
+from gmlx_server.serving.intents import SAMPLING_TABLE
 from tests.fakes import FakeBehavior, FakeFactory, FakeTemplate
 from tests.routes.conftest import Served, make_config, serve, sse_events
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gmlx_server.config import RuntimeEnv, ServerConfig, load_config
-from gmlx_server.service.addressing import Catalog
+from gmlx_server.serving.addressing import Catalog
 from tests.fakes import FakeFactory
 from tests.routes.conftest import Served, make_config, serve
 

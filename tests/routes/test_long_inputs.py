@@ -14,8 +14,8 @@ import pytest
 
 from gmlx_server.app import create_app
 from gmlx_server.config import ModelEntry, RuntimeEnv
-from gmlx_server.service import generate
-from gmlx_server.service.host import ModelHost
+from gmlx_server.serving import generate
+from gmlx_server.serving.model_host import ModelHost
 from tests.conftest import smollm2_path
 from tests.fakes import FakeEngine, FakeFactory, FakeTemplate, FakeTokenizer
 from tests.routes.conftest import Served, SyncClient, make_config

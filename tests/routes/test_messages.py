@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from gmlx_server.config import RuntimeEnv
 from gmlx_server.engine.types import TokenEvent
 from gmlx_server.protocol.anthropic_out import AnthropicEncoder, MessageMeta, signature
-from gmlx_server.protocol.neutral import ToolCall
+from gmlx_server.protocol.shared import ToolCall
 from gmlx_server.protocol.params import ignored_params
 from tests.fakes import FakeBehavior, FakeFactory, FakeTemplate
 from tests.routes.conftest import Lines, Served, ThreadedServer, make_config, serve
@@ -265,7 +265,7 @@ def test_tool_use_and_tool_result_render_as_transformers_expects(template_tools:
     ({"type": "any"}, True, "required"),
     ({"type": "tool", "name": "f"}, True, {"type": "function", "function": {"name": "f"}}),
 ])
-def test_tool_choice_maps_onto_the_neutral_values(template_tools: Served, choice: dict[str, Any], tools_kept: bool,
+def test_tool_choice_maps_onto_the_request_values(template_tools: Served, choice: dict[str, Any], tools_kept: bool,
                                                   variable: Any) -> None:
     served = template_tools
     post(served)

@@ -10,10 +10,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from gmlx_server.app import create_app
 from gmlx_server.config import RuntimeEnv
 from gmlx_server.engine.types import EngineStats
-from gmlx_server.service.governor import Governor
-from gmlx_server.service.host import ModelHost
-from gmlx_server.service.memory import MemoryReading
-from gmlx_server.service.snapshot import SECTION_KEYS
+from gmlx_server.serving.governor import Governor
+from gmlx_server.serving.model_host import ModelHost
+from gmlx_server.serving.memory_probes import MemoryReading
+from gmlx_server.serving.snapshot import SECTION_KEYS
 from tests.fakes import FakeFactory
 from tests.routes.conftest import Served, SyncClient, make_config, serve
 

@@ -21,7 +21,7 @@ from gguf import GGMLQuantizationType as QT
 from gmlx_plan.gguf_header import GGUFFormatError
 from gmlx_server.app import create_app
 from gmlx_server.config import ModelEntry, RuntimeEnv, load_config
-from gmlx_server.service.host import ModelHost
+from gmlx_server.serving.model_host import ModelHost
 from tests.conftest import smollm2_path
 from tests.fakes import FakeEngine, FakeFactory
 from tests.gguf_factory import FakeTensor, write_gguf

@@ -17,8 +17,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from gmlx_server.engine.prompt_cache import PromptCache
-from gmlx_server.service.prometheus import make_registry, render
-from gmlx_server.service.telemetry import Telemetry
+from gmlx_server.serving.prometheus import make_registry, render
+from gmlx_server.serving.telemetry import Telemetry
 from tests.top.fakes import recorded
 from tests.top.promql import DASHBOARDS, GRAFANA, exported, load, metric_names, panels, queries, unknown
 

@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from gmlx_server.config import BUILTIN_INTENTS, Profile
 from gmlx_server.errors import InvalidRequest, ModelNotFound, UnknownProfile
-from gmlx_server.service.addressing import PRIORITY_PROFILES, Address, Catalog, resolve_address, resolve_settings
-from gmlx_server.service.intents import SAMPLING_TABLE, table_family
+from gmlx_server.serving.addressing import PRIORITY_PROFILES, Address, Catalog, resolve_address, resolve_settings
+from gmlx_server.serving.intents import SAMPLING_TABLE, table_family
 
 names = st.text(st.characters(min_codepoint=33, max_codepoint=126), min_size=1, max_size=12)
 USER = {"qwen-coder": Profile("qwen-coder", intent="coding", sampling={"temperature": 0.25}, max_tokens=99)}
@@ -94,7 +94,7 @@ def test_family_rows(family: str, row: str) -> None:
 
 def test_priority_profiles_and_a_profiles_priority() -> None:
     from gmlx_server.config import Profile
-    from gmlx_server.service.addressing import Catalog, resolve_address, resolve_settings
+    from gmlx_server.serving.addressing import Catalog, resolve_address, resolve_settings
 
     cat = Catalog.from_config(make_priority_config(Profile("bulk", priority=5)))
     side = resolve_settings(resolve_address("m1@batch", None, cat), "llama", cat)

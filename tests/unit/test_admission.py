@@ -13,10 +13,10 @@ from gmlx_plan.queueing import retry_after_s, step_time
 from gmlx_server.config import RuntimeEnv
 from gmlx_server.engine.types import EngineStats, GenerationRequest, RequestRow, Timings, TokenEvent
 from gmlx_server.errors import ServerOverloaded
-from gmlx_server.service.admission import Admission, drain_eta_s, queue_cap, ttft_s
-from gmlx_server.service.governor import Governor, band_for, largest_stream
-from gmlx_server.service.memory import MemoryReading
-from gmlx_server.service.telemetry import ModelRates, Telemetry
+from gmlx_server.serving.admission import Admission, drain_eta_s, queue_cap, ttft_s
+from gmlx_server.serving.governor import Governor, band_for, largest_stream
+from gmlx_server.serving.memory_probes import MemoryReading
+from gmlx_server.serving.telemetry import ModelRates, Telemetry
 
 
 class SlotHandle:

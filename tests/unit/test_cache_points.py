@@ -17,10 +17,10 @@ from gmlx_server.engine.arch import arch_spec
 from gmlx_server.engine.chat_template import JinjaChatTemplate
 from gmlx_server.engine.tokenizer import GGUFTokenizer
 from gmlx_server.engine.types import PromptCacheStats
-from gmlx_server.neutral import GenerationParams
-from gmlx_server.service.addressing import Settings
-from gmlx_server.service.cache_points import NO_HINTS, cache_hints, common_prefix, request_hints
-from gmlx_server.service.generate import render_chat
+from gmlx_server.generation_params import GenerationParams
+from gmlx_server.serving.addressing import Settings
+from gmlx_server.serving.cache_points import NO_HINTS, cache_hints, common_prefix, request_hints
+from gmlx_server.serving.generate import render_chat
 from tests.conftest import gemma_path, smollm2_path
 from tests.fakes import FakeTemplate, FakeTokenizer, fake_info
 
@@ -147,7 +147,7 @@ def test_real_points_are_shared_by_every_conversation_that_shares_those_messages
 
 
 def test_token_memo_reuses_tokenizations_per_owner_and_stays_bounded() -> None:
-    from gmlx_server.service.cache_points import TokenMemo
+    from gmlx_server.serving.cache_points import TokenMemo
 
     calls: list[str] = []
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from gmlx_server.config import assistants, env, parse, services
+from gmlx_server.config import assistants, env, parse, service_entries
 from gmlx_server.config.draft import DRAFT_KEYS
 from gmlx_server.config.parse import parse as parse_config
 from tests.conftest import smollm2_path

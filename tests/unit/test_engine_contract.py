@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from gmlx_server.engine.types import ENGINE_MEMBERS, GenerationRequest, PromptCacheStats, check_engine
-from gmlx_server.service.host import ModelHost
+from gmlx_server.serving.model_host import ModelHost
 from tests.fakes import FakeEngine, FakeFactory, fake_info
 from tests.routes.conftest import make_config
 

@@ -12,7 +12,7 @@ import pytest
 from gmlx_server.config import FairShare
 from gmlx_server.engine.types import TokenEvent
 from gmlx_server.errors import RateLimited
-from gmlx_server.service.fair_share import Caller, FairShares, Released
+from gmlx_server.serving.fair_share import Caller, FairShares, Released
 
 ALICE = Caller("alice", "127.0.0.1", "client", FairShare(max_concurrent=2, max_queued=2))
 BOB = Caller("bob", "127.0.0.1", "client", FairShare(max_concurrent=1, max_queued=0))

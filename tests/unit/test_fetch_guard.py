@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gmlx_server.service.fetch_guard import FetchGuard, FetchRefused, literal, refusal
+from gmlx_server.serving.fetch_guard import FetchGuard, FetchRefused, literal, refusal
 
 V4 = ipaddress.IPv4Address
 NON_PUBLIC_V4 = ["0.0.0.0/8", "127.0.0.0/8", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10",

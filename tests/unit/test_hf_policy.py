@@ -154,7 +154,7 @@ def test_requests_for_unconfigured_hub_looking_ids_get_the_404(route: str) -> No
 
 def test_resolving_never_imports_huggingface_hub(hub: Path, tmp_path: Path) -> None:
     code = ("import sys; from gmlx_server.config import load_config, RuntimeEnv; "
-            "import gmlx_server.service.hf_policy; "
+            "import gmlx_server.serving.hf_policy; "
             f"load_config({_write(tmp_path, 'hf:org/repo/model.gguf')!r}, env=RuntimeEnv(hf_hub_cache={str(hub)!r})); "
             "assert 'huggingface_hub' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])

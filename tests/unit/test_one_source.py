@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType as QT
 from gmlx_plan import geometry, memory
 from gmlx_plan.gguf_header import read_header
 from gmlx_server.config.settings import KVQuant as ConfigKVQuant
-from gmlx_server.engine import generate
+from gmlx_server.engine import request_run
 from gmlx_server.engine.arch import ARCHS, arch_spec, vocab_size
 from tests.conftest import gemma_path, smollm2_path
 from tests.gguf_factory import FakeTensor, write_gguf
@@ -50,7 +50,7 @@ def test_edge_headers_agree_too(arch: str, extra: dict[str, int], tmp_path: Path
 
 
 def test_the_shared_constants_are_the_planners() -> None:
-    assert generate.PREFILL_CHUNK is memory.PREFILL_CHUNK
+    assert request_run.PREFILL_CHUNK is memory.PREFILL_CHUNK
     assert ConfigKVQuant is memory.KVQuant
 
 
@@ -63,7 +63,7 @@ def test_one_family_record_serves_every_reader(name: str, row: str, template: st
     """The intents row, the built-in template and the architecture table all come from gmlx_plan.families."""
     from gmlx_plan.families import family_of
     from gmlx_server.engine.chat_template import fallback_family
-    from gmlx_server.service.intents import table_family
+    from gmlx_server.serving.intents import table_family
 
     assert table_family(name) == family_of(name).name == row
     assert family_of(name).template == template

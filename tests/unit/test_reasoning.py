@@ -14,13 +14,13 @@ from gmlx_server.engine.thinking import MISTRAL_THINK, SEED_THINK, THINK, Reason
 from gmlx_server.engine.tool_syntax import HERMES, ToolUse
 from gmlx_server.engine.types import TokenEvent
 from gmlx_server.errors import InvalidRequest
-from gmlx_server.neutral import GenerationParams
+from gmlx_server.generation_params import GenerationParams
 from gmlx_server.protocol.openai import parse_chat
 from gmlx_server.protocol.openai_out import OpenAIEncoder, ResponseMeta
-from gmlx_server.protocol.reasoning import ReasoningSplitter, with_reasoning
+from gmlx_server.protocol.reasoning_split import ReasoningSplitter, with_reasoning
 from gmlx_server.protocol.responses import parse_responses
 from gmlx_server.protocol.tool_calls import with_tool_calls
-from gmlx_server.service.reasoning import with_effort_budget
+from gmlx_server.serving.reasoning import with_effort_budget
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "data" / "templates"
 

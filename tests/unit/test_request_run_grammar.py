@@ -12,7 +12,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from gmlx_server.engine.generate import Progress, RequestRun
+from gmlx_server.engine.request_run import Progress, RequestRun
 from gmlx_server.engine.sampling import RequestSampler
 from gmlx_server.engine.structured import GrammarTokenizerCache, compile_response_format
 from gmlx_server.engine.types import GenerationRequest, SamplingParams, TokenEvent

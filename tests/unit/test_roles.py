@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from gmlx_plan.gguf_header import read_header
 from gmlx_server.engine.chat_template import FAMILY_TEMPLATES, JinjaChatTemplate
 from gmlx_server.errors import InvalidRequest
-from gmlx_server.neutral import GenerationParams
-from gmlx_server.service.addressing import Settings
-from gmlx_server.service.generate import render_messages, tokenize
-from gmlx_server.service.roles import fold_system, merge_roles
+from gmlx_server.generation_params import GenerationParams
+from gmlx_server.serving.addressing import Settings
+from gmlx_server.serving.generate import render_messages, tokenize
+from gmlx_server.serving.roles import fold_system, merge_roles
 from tests.conftest import smollm2_path
 from tests.fakes import FakeTokenizer
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gmlx_server.engine.stream import TextStream
+from gmlx_server.engine.text_stream import TextStream
 from gmlx_server.engine.thinking import ThinkingBudget
 from gmlx_server.engine.types import ThinkingControl
 

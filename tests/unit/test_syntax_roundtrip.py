@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from gmlx_server.engine.chat_template import JinjaChatTemplate
 from gmlx_server.engine.tool_syntax import GMLX_JSON, infer_tool_syntax
 from gmlx_server.protocol.tools import FORMATS, format_of
-from gmlx_server.service.roles import call_text
+from gmlx_server.serving.roles import call_text
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "data" / "templates"
 # template file -> the syntax it teaches (asserted, so a change in inference shows here first)

@@ -20,7 +20,7 @@ from gmlx_server.engine.tokenizer import GGUFTokenizer
 from gmlx_server.engine.tool_grammar import closed, compile_tool_grammar
 from gmlx_server.engine.tool_syntax import GMLX_JSON, LLAMA3_JSON, QWEN3_CODER, ToolSyntax
 from gmlx_server.protocol.tools import FORMATS
-from gmlx_server.service.tool_choice import special_markers
+from gmlx_server.serving.tool_choice import special_markers
 from tests.conftest import gemma_path, smollm2_path
 
 # Bounded values, so that a random walk ends: enums, small integers, short strings, one nested object.

@@ -12,12 +12,12 @@ import pytest
 
 from gmlx_server.config import ConfigError, load_config, read_env
 from gmlx_server.engine.chat_template import CHATML_TEMPLATE, GEMMA_TEMPLATE, JinjaChatTemplate
-from gmlx_server.neutral import GenerationParams
+from gmlx_server.generation_params import GenerationParams
 from gmlx_server.protocol.tools import FORMATS
-from gmlx_server.service.addressing import Settings
-from gmlx_server.service.generate import render_messages
-from gmlx_server.service.roles import call_text
-from gmlx_server.service.tool_prompt import ToolPlan, compact_tool, plan_tools, prompted_messages, tool_block
+from gmlx_server.serving.addressing import Settings
+from gmlx_server.serving.generate import render_messages
+from gmlx_server.serving.roles import call_text
+from gmlx_server.serving.tool_prompt import ToolPlan, compact_tool, plan_tools, prompted_messages, tool_block
 from tests.unit.test_tool_parsers import DATA, TOOLS
 
 SMOLLM2 = json.loads((DATA / "tool_outputs" / "smollm2_hermes_captured.json").read_text())  # its real tools

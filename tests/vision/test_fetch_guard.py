@@ -13,9 +13,9 @@ import openai
 import pytest
 
 from gmlx_server.errors import InvalidRequest
-from gmlx_server.neutral import ImageRef
-from gmlx_server.service.fetch_guard import FetchGuard
-from gmlx_server.service.images import ImagePolicy, image_bytes
+from gmlx_server.generation_params import ImageRef
+from gmlx_server.serving.fetch_guard import FetchGuard
+from gmlx_server.serving.image_fetch import ImagePolicy, image_bytes
 from tests.e2e.server import LiveServer, gmlx_serve, openai_client
 from tests.vision.conftest import ImageServer, png, write_config
 from tests.vision.test_bad_images import chat, openai_error

@@ -21,7 +21,7 @@ from gmlx_server.engine.arch import make_cache
 from gmlx_server.engine.loader import LoadedModel, load_gguf_model
 from gmlx_server.engine.mlx_engine import MLXEngine
 from gmlx_server.engine.types import GenerationRequest, SamplingParams, TokenEvent
-from gmlx_server.engine.vision.load import load_vision_model
+from gmlx_server.engine.vision.vision_loader import load_vision_model
 from gmlx_server.engine.vision.prefill import bind_images
 from gmlx_server.engine.vision.processor import ImageProcessor
 from gmlx_server.engine.vision.prompt import VIRTUAL_BASE, VisionPrompt

@@ -11,17 +11,17 @@ import numpy as np
 import pytest
 
 from gmlx_server.engine.types import GenerationRequest
-from gmlx_server.engine.vision.load import load_vision_model
+from gmlx_server.engine.vision.vision_loader import load_vision_model
 from gmlx_server.engine.vision.mmproj import UnsupportedProjector, check_pair, read_projector
 from gmlx_server.engine.vision.prefill import bind_images
 from gmlx_server.engine.vision.prompt import VIRTUAL_BASE, ImageSlots, VisionPrompt, real_ids, virtual_ids
 from gmlx_server.errors import InvalidRequest, UnsupportedFeature
-from gmlx_server.neutral import ImageRef
+from gmlx_server.generation_params import ImageRef
 from gmlx_server.protocol.anthropic import parse_messages
-from gmlx_server.protocol.images import join_content
+from gmlx_server.protocol.image_parts import join_content
 from gmlx_server.protocol.openai import parse_chat
 from gmlx_server.protocol.responses import parse_responses
-from gmlx_server.service.images import ImagePolicy, decode, image_bytes
+from gmlx_server.serving.image_fetch import ImagePolicy, decode, image_bytes
 from tests.gguf_factory import FakeTensor, write_gguf
 from tests.vision.conftest import png
 
@@ -197,7 +197,7 @@ def test_the_projector_counts_in_the_load_gates_weights(tmp_path: Path) -> None:
 
     from gmlx_server.config import ModelEntry
     from gmlx_server.engine.vision.mmproj import tower_bytes
-    from gmlx_server.service.capacity import memory_model
+    from gmlx_server.serving.capacity import memory_model
     from tests.conftest import smollm2_path
 
     text = ModelEntry(id="m", path=smollm2_path())

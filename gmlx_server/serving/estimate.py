@@ -1,0 +1,167 @@
+"""POST /v1/estimate (and chat's dry_run) and GET /v1/capacity/plan: admission answers before a request.
+
+The dry run never loads a model: a model that is not resident is tokenized with a tokenizer and
+template built from its GGUF header alone (no MLX), and answers resident: false. A file that cannot load
+gets the load's own answers: 403 for a repo id, 503 model_load_failed for a bad file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gmlx_plan.families import family_of
+from gmlx_plan.geometry import DEFAULT_CONTEXT
+from gmlx_plan.gguf_header import read_header
+from gmlx_server.engine.arch import arch_spec
+from gmlx_server.engine.chat_template import JinjaChatTemplate
+from gmlx_server.engine.dir_files import is_model_dir, trained_context
+from gmlx_server.engine.dir_tokenizer import DirTokenizer, dir_template, read_json
+from gmlx_server.engine.tokenizer import GGUFTokenizer
+from gmlx_server.engine.types import ChatTemplate, Engine, Tokenizer
+from gmlx_server.engine.vision.dir_vision import projector_from_dir, vision_family
+from gmlx_server.engine.vision.mmproj import read_projector
+from gmlx_server.engine.vision.processor import ImageProcessor
+from gmlx_server.generation_params import GenerationParams
+from gmlx_server.serving.addressing import resolve_address, resolve_settings
+from gmlx_server.serving.admission import paces_of
+from gmlx_server.serving.generate import check_message_count, tokenize, tool_plan
+from gmlx_server.serving.hf_policy import local_entry
+from gmlx_server.serving.model_host import ModelHost
+from gmlx_server.serving.image_fetch import ImagePolicy
+from gmlx_server.serving.vision import prompt_images
+
+
+@dataclass(frozen=True)
+class PromptTools:
+    family: str
+    context_length: int
+    tokenizer: Tokenizer
+    template: ChatTemplate
+    vision: ImageProcessor | None = None  # a vision model's image preprocessing, built from its projector's header
+
+
+def _dir_tools(path: str, chat_template: str | None, max_kv_size: int | None) -> PromptTools:
+    """A model directory's tokenizer, template and image processor, from its files."""
+    config = read_json(Path(path) / "config.json")
+    family = family_of(str(config.get("model_type", ""))).name
+    trained = trained_context(path) or DEFAULT_CONTEXT
+    tokenizer = DirTokenizer(path)
+    vision = vision_family(config)
+    images = ImageProcessor(projector_from_dir(path, config, vision), tokenizer.token_to_id) if vision else None
+    return PromptTools(family, min(trained, max_kv_size) if max_kv_size else trained, tokenizer,
+                       dir_template(path, family, chat_template), images)
+
+
+def _header_tools(path: str, chat_template: str | None, max_kv_size: int | None,
+                  mmproj: str | None = None) -> PromptTools:
+    if is_model_dir(path):
+        return _dir_tools(path, chat_template, max_kv_size)
+    header = read_header(path)
+    family = arch_spec(header).family
+    trained = int(header.arch_value("context_length", DEFAULT_CONTEXT))
+    tokenizer = GGUFTokenizer.from_metadata(header.metadata)
+    vision = ImageProcessor(read_projector(mmproj), tokenizer.token_to_id) if mmproj else None
+    return PromptTools(family, min(trained, max_kv_size) if max_kv_size else trained, tokenizer,
+                       JinjaChatTemplate.from_metadata(header.metadata, family, chat_template), vision)
+
+
+def _warm(engine: Engine | None, ids: list[int]) -> tuple[str, int]:
+    """The prompt cache's tier and reusable tokens for this prompt; engines without one say miss."""
+    return engine.cache_peek(ids) if engine is not None else ("miss", 0)
+
+
+class Estimator:
+    def __init__(self, host: ModelHost) -> None:
+        self.host = host
+        self._tools: dict[tuple[object, ...], PromptTools] = {}  # keyed by load parameters: a reload refreshes
+
+    async def tools(self, model_id: str) -> tuple[PromptTools, Engine | None]:
+        engine = self.host.resident.get(model_id)
+        if engine is not None:
+            info = engine.info
+            return PromptTools(info.family, info.context_length, engine.tokenizer, engine.template, info.vision), engine
+        e = self.host.entry(model_id)
+        local = local_entry(e, self.host.config)
+        await asyncio.to_thread(self.host.files.verify, local)
+        key = e.load_key
+        if key not in self._tools:
+            try:
+                self._tools[key] = await asyncio.to_thread(_header_tools, local.path, e.chat_template, e.max_kv_size,
+                                                           e.mmproj)
+            except (ValueError, KeyError, OSError) as exc:  # what the header check cannot see, or a fake's path
+                raise self.host.files.load_failed(local, exc) from exc
+        return self._tools[key], None
+
+    async def estimate(self, inp: GenerationParams) -> dict[str, Any]:
+        host = self.host
+        check_message_count(inp)
+        addr = resolve_address(inp.model, inp.profile, host.catalog)
+        tools, engine = await self.tools(addr.model_id)
+        settings = resolve_settings(addr, tools.family, host.catalog)
+        # The same render, length guard and tokenization as a generation, off the loop.
+        plan = tool_plan(host, addr.model_id, inp, tools.template)  # the tools' prompt, as a generation has it
+        inp, images = await prompt_images(inp, tools.vision, addr.model_id, ImagePolicy.of(host.config.server))
+        _, ids = await asyncio.to_thread(tokenize, inp, settings, tools.template, tools.tokenizer, addr.model_id,
+                                         tools.context_length, plan, images)
+        if images is not None:
+            images.bind(ids)  # the images' slots, as the prompt cache keys them
+
+        prompt, cap = len(ids), inp.max_tokens
+        tier, warm = _warm(engine, ids)
+        need = host.capacity.need(addr.model_id, prompt, cap, warm)
+        drained = host.capacity.drained_bytes(addr.model_id)
+        free = host.governor.read().available_bytes
+        return {
+            "model": addr.model_id, "prompt_tokens": prompt,
+            "warm_tokens": warm, "cache_tier": tier, "need_bytes": need,
+            "fits_now": need <= free if need is not None and free is not None else None,
+            "fits_drained": need <= drained if need is not None and drained is not None else None,
+            "context_ok": prompt + (cap or 0) <= tools.context_length, "context_limit": tools.context_length,
+            "est_ttft_s": self._ttft(addr.model_id, engine, prompt, warm, cap), "resident": engine is not None,
+        }
+
+    def _ttft(self, model_id: str, engine: Engine | None, prompt: int, warm: int, cap: int | None) -> float | None:
+        """The queue ahead, the warm tokens at the restore pace, the cold ones at the prefill pace of their depth;
+        None before any prefill was measured. A model that is not resident has an empty cache and no queue."""
+        rates = self.host.telemetry.models.get(model_id)
+        if rates is None or rates.prefill_pace is None:
+            return None
+        if engine is None:
+            return round(paces_of(None, rates).prompt_s(prompt), 3)
+        return round(self.host.admission.ttft_s(model_id, engine.stats(), prompt, warm, cap), 3)
+
+    def plan(self, width: int, depth: int) -> dict[str, Any]:
+        """ok from the capacity table; admit_now from the live state; reason = the first failing condition."""
+        host = self.host
+        ok, why = host.capacity.plan_ok(width, depth)
+        stats = [e.stats() for e in host.resident.values()]
+        waiting = sum(s.waiting for s in stats)
+        width_cap = host.config.server.decode_batch
+        free = sum(max(0, s.decode_batch - s.in_flight) for s in stats) if stats else width_cap
+        band = host.governor.band
+        if band == "yellow":
+            free = min(free, 1)  # a wider fan-out waits for the band to clear
+        checks = [
+            (ok is not False, why or "the capacity table does not hold this plan"),
+            (not host.governor.pressure, f"memory band is {band}"),
+            (waiting == 0, f"{waiting} requests are waiting"),
+            (free >= width, f"only {free} decode slots are free" + (" (yellow band: one counts)" if band == "yellow"
+                                                                   else "")),
+        ]
+        reason = next((msg for passed, msg in checks if not passed), None)
+        return {"width": width, "depth": depth, "ok": ok, "admit_now": reason is None, "reason": reason,
+                "band": band, "free_slots": free, "waiting": waiting, **self._wave(width, depth)}
+
+    def _wave(self, width: int, depth: int) -> dict[str, float | None]:
+        """When the last of `width` cold prompts of `depth` tokens sent now would get its first token, and when
+        the engine would be empty: the boot model's replay; null until it is resident and has prefilled once."""
+        boot = self.host.capacity.boot
+        engine = self.host.resident.get(boot.model_id) if boot else None
+        rates = self.host.telemetry.models.get(boot.model_id) if boot else None
+        if boot is None or engine is None or rates is None or rates.prefill_pace is None:
+            return {"est_ttft_s": None, "est_drain_s": None}
+        r = self.host.admission.wave(boot.model_id, engine.stats(), width, depth)
+        return {"est_ttft_s": round(max(r.first_token_s), 3), "est_drain_s": round(r.drain_s, 3)}
