@@ -40,7 +40,7 @@ from gmlx_server.engine.types import GenerationRequest, SamplingParams, TokenEve
 from gmlx_server.generation_params import GenerationParams
 from gmlx_server.protocol.tools import FORMATS, CallParser, LenientCalls, ToolCallEnd, new_call_id
 from gmlx_server.serving.addressing import Settings
-from gmlx_server.serving.generate import render_chat
+from gmlx_server.serving.generation import render_chat
 from gmlx_server.serving.tool_prompt import ToolPlan, plan_tools
 from tests.conftest import gemma_path, qwen_coder_path, smollm2_path
 

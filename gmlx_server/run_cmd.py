@@ -1,6 +1,6 @@
 """`gmlx run <id-or-path>[@profile] "prompt"`: one prompt from the terminal, through the server's own path.
 
-The model host, prompt preparation and request builder are the server's (serving/generate.py), so a profile's
+The model host, prompt preparation and request builder are the server's (serving/generation.py), so a profile's
 stop strings, max_tokens and system prompt and the context fit apply as they do to an HTTP request; only
 admission is skipped (one request) and no HTTP server starts.
 """
@@ -24,7 +24,7 @@ from gmlx_server.serving.addressing import Address, Catalog, resolve_address
 
 if TYPE_CHECKING:  # the service and engine modules load once the process is prepared for MLX
     from gmlx_server.engine.types import Engine, GenerationRequest
-    from gmlx_server.serving.generate import Prepared
+    from gmlx_server.serving.generation import Prepared
     from gmlx_server.serving.model_host import ModelHost
 
 log = logging.getLogger("gmlx.run")
@@ -169,7 +169,7 @@ def _with_weights(cfg: ServerConfig, model_id: str, weights: WeightsLayout | Non
 
 async def _prepare(host: ModelHost, inp: GenerationParams) -> Prepared:
     """The server's path up to submit (prompt, context fit, request), in one event loop for the CLI."""
-    from gmlx_server.serving.generate import prepare_request
+    from gmlx_server.serving.generation import prepare_request
 
     return await prepare_request(host, inp, f"run-{uuid.uuid4().hex[:8]}")
 

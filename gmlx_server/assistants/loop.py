@@ -2,7 +2,7 @@
 MCP -> feed the results back through the model's chat template -> the next turn, until a turn answers
 without a call or `max_steps` tool rounds ran (the answer then says it stopped).
 
-Each turn is an ordinary generation request (serving/generate.py's start_generation, under the request's
+Each turn is an ordinary generation request (serving/generation.py's start_generation, under the request's
 id): addressing, the template, the context fit, admission and telemetry are the model's own. The first turn
 starts before the route sends a byte, so it refuses like any request; the loop then runs as the handle the
 route streams. Visible text streams as it comes, every turn's; a call's markup never does. Each finished
@@ -23,7 +23,7 @@ from gmlx_server.assistants.turns import Call, TurnReader
 from gmlx_server.engine.types import TokenEvent
 from gmlx_server.errors import InvalidRequest
 from gmlx_server.generation_params import GenerationParams
-from gmlx_server.serving.generate import Started, start_generation
+from gmlx_server.serving.generation import Started, start_generation
 from gmlx_server.serving.model_host import ModelHost
 
 if TYPE_CHECKING:

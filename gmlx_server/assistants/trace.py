@@ -19,7 +19,7 @@ from gmlx_server.assistants.loop import AssistantStarted, Trace
 from gmlx_server.engine.types import TokenEvent
 from gmlx_server.errors import GmlxError
 from gmlx_server.protocol.shared import Event, EventEncoder
-from gmlx_server.serving.generate import Started
+from gmlx_server.serving.generation import Started
 
 Style = Literal["chat", "anthropic", "responses"]
 

@@ -17,7 +17,7 @@ from gmlx_server.routes.common import GmlxRequest, report_clamp
 from gmlx_server.routes.event_driver import send
 from gmlx_server.routes.parsing import parse_body
 from gmlx_server.routes.request_log import request_record
-from gmlx_server.serving.generate import count_prompt_tokens
+from gmlx_server.serving.generation import count_prompt_tokens
 from gmlx_server.serving.model_host import ModelHost
 
 

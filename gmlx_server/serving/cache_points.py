@@ -37,7 +37,7 @@ _MEMO_SIZE = 32
 Message = dict[str, Any]  # as GenerationParams.messages holds them
 Render = Callable[[Sequence[Message]], str]
 Encode = Callable[[str], list[int]]
-ChatRenderer = Callable[[GenerationParams, Settings, ChatTemplate], str]  # serving/generate.py's render_chat
+ChatRenderer = Callable[[GenerationParams, Settings, ChatTemplate], str]  # serving/generation.py's render_chat
 
 
 class CacheHints(TypedDict):
@@ -118,7 +118,7 @@ def _newest_turn(messages: Sequence[Message]) -> int | None:
 
 async def request_hints(inp: GenerationParams, settings: Settings, engine: Engine, ids: Sequence[int],
                         render_chat: ChatRenderer, memo: TokenMemo | None = None) -> CacheHints:
-    """generate.py's entry: probes rendered through the request's own path (profile system prompt,
+    """generation.py's entry: probes rendered through the request's own path (profile system prompt,
     tools, template variables), so they agree with the prompt it rendered."""
     if inp.prompt is not None or not engine_cache_stats(engine).get("enabled"):  # no messages, or no cache
         return NO_HINTS

@@ -27,7 +27,7 @@ from gmlx_server.engine.vision.processor import ImageProcessor
 from gmlx_server.generation_params import GenerationParams
 from gmlx_server.serving.addressing import resolve_address, resolve_settings
 from gmlx_server.serving.admission import paces_of
-from gmlx_server.serving.generate import check_message_count, tokenize, tool_plan
+from gmlx_server.serving.generation import check_message_count, tokenize, tool_plan
 from gmlx_server.serving.hf_policy import local_entry
 from gmlx_server.serving.model_host import ModelHost
 from gmlx_server.serving.image_fetch import ImagePolicy

@@ -14,7 +14,7 @@ import pytest
 
 from gmlx_server.app import create_app
 from gmlx_server.config import ModelEntry, RuntimeEnv
-from gmlx_server.serving import generate
+from gmlx_server.serving import generation
 from gmlx_server.serving.model_host import ModelHost
 from tests.conftest import smollm2_path
 from tests.fakes import FakeEngine, FakeFactory, FakeTemplate, FakeTokenizer
@@ -152,9 +152,9 @@ def test_more_messages_than_the_limit_is_refused_before_any_work(s: Served, monk
 
 
 def test_the_message_limit_is_a_hundred_thousand(s: Served) -> None:
-    many = [{"role": ("user", "assistant")[i % 2], "content": ""} for i in range(generate.MAX_MESSAGES + 1)]
+    many = [{"role": ("user", "assistant")[i % 2], "content": ""} for i in range(generation.MAX_MESSAGES + 1)]
     body = {"model": "m1", "messages": many}
-    assert generate.MAX_MESSAGES == 100_000
+    assert generation.MAX_MESSAGES == 100_000
     assert "100001 messages" in _too_long(s.client.post("/v1/chat/completions", json=body))["message"]
 
 

@@ -20,7 +20,7 @@ from gmlx_server.engine.types import PromptCacheStats
 from gmlx_server.generation_params import GenerationParams
 from gmlx_server.serving.addressing import Settings
 from gmlx_server.serving.cache_points import NO_HINTS, cache_hints, common_prefix, request_hints
-from gmlx_server.serving.generate import render_chat
+from gmlx_server.serving.generation import render_chat
 from tests.conftest import gemma_path, smollm2_path
 from tests.fakes import FakeTemplate, FakeTokenizer, fake_info
 

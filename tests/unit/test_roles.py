@@ -17,7 +17,7 @@ from gmlx_server.engine.chat_template import FAMILY_TEMPLATES, JinjaChatTemplate
 from gmlx_server.errors import InvalidRequest
 from gmlx_server.generation_params import GenerationParams
 from gmlx_server.serving.addressing import Settings
-from gmlx_server.serving.generate import render_messages, tokenize
+from gmlx_server.serving.generation import render_messages, tokenize
 from gmlx_server.serving.roles import fold_system, merge_roles
 from tests.conftest import smollm2_path
 from tests.fakes import FakeTokenizer

@@ -15,7 +15,7 @@ from gmlx_server.engine.chat_template import CHATML_TEMPLATE, GEMMA_TEMPLATE, Ji
 from gmlx_server.generation_params import GenerationParams
 from gmlx_server.protocol.tools import FORMATS
 from gmlx_server.serving.addressing import Settings
-from gmlx_server.serving.generate import render_messages
+from gmlx_server.serving.generation import render_messages
 from gmlx_server.serving.roles import call_text
 from gmlx_server.serving.tool_prompt import ToolPlan, compact_tool, plan_tools, prompted_messages, tool_block
 from tests.unit.test_tool_parsers import DATA, TOOLS
