@@ -139,6 +139,15 @@ class DiskCache:
         self.hits += 1
         return entry
 
+    def load_longest(self, prompt: Sequence[int], lengths: Sequence[int]) -> Entry | None:
+        """The longest stored prefix of `prompt` among the candidate `lengths` (its message boundaries)."""
+        for n in sorted({n for n in lengths if 0 < n < len(prompt)}, reverse=True):
+            if self.path_for(prompt[:n]).exists():
+                entry = self.load(prompt[:n])
+                if entry is not None:
+                    return entry
+        return None
+
     def clear(self) -> int:
         """Remove every entry file in the directory; the count removed."""
         n = 0

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -67,8 +67,9 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 class PromptCache:
     """Mutated by the engine thread only; other threads read `published` or call peek() (under the lock)."""
 
-    def __init__(self, max_bytes: int, block: int = BLOCK) -> None:
+    def __init__(self, max_bytes: int, block: int = BLOCK, spill: Callable[[Entry], object] | None = None) -> None:
         self.max_bytes, self.block = max_bytes, block
+        self._spill = spill  # the disk tier's non-blocking put: checkpoints and anchors also go to disk
         self._entries: OrderedDict[Key, Entry] = OrderedDict()  # least recently used first
         self._blocks: dict[int, OrderedDict[Key, None]] = {}  # chain hash -> trimmable entries covering it
         self._lengths: dict[int, int] = {}  # entry length -> how many entries have it
@@ -171,6 +172,8 @@ class PromptCache:
         self._entries[entry.tokens] = entry
         self.bytes += entry.nbytes
         self.stores += 1
+        if self._spill is not None and (entry.kind == "ckpt" or entry.pinned):
+            self._spill(entry)
         self._lengths[len(entry.tokens)] = self._lengths.get(len(entry.tokens), 0) + 1
         if entry.trimmable:
             for h in block_hashes(entry.tokens, self.block):

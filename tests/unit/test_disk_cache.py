@@ -13,7 +13,7 @@ from mlx_vlm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache
 
 from gmlx_server.engine.disk_cache import DiskCache, model_identity
 from gmlx_server.engine.kv_snapshot import restore, take
-from gmlx_server.engine.prompt_cache import Entry
+from gmlx_server.engine.prompt_cache import Entry, PromptCache
 
 
 def _make() -> list[object]:
@@ -104,3 +104,19 @@ def test_two_caches_share_one_dir(tmp_path: Path) -> None:
     b.flush()
     assert a.load(entry.tokens) is not None and b.load(entry.tokens) is not None
     assert not list((tmp_path / "pc").glob(".*tmp*"))
+
+
+def test_checkpoints_spill_to_disk_and_the_longest_comes_back(tmp_path: Path) -> None:
+    disk = _disk(tmp_path)
+    pc = PromptCache(1 << 24, spill=disk.put)
+    short, long = _entry(n=4), _entry(n=6)
+    short.kind, long.kind = "ckpt", "ckpt"
+    plain = _entry(n=5, seed=1)  # a "prompt" entry stays in RAM only
+    for e in (short, long, plain):
+        assert pc.store(e)
+    disk.flush()
+    assert disk.stats()["entries"] == 2
+    prompt = [*range(6), 99, 100]
+    back = disk.load_longest(prompt, [4, 6, 7])
+    assert back is not None and back.tokens == tuple(range(6)) and back.kind == "ckpt"
+    assert disk.load_longest(prompt, [5]) is None
