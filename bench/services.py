@@ -29,10 +29,10 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gmlx_server.startup import preload_blas
-from tests.e2e.server import gmlx_serve
 from tests.auxiliary.conftest import minilm_dir, piper_voice, whisper_tiny_dir, write_config
 from tests.auxiliary.ct2_to_mlx import convert
 from tests.auxiliary.tiny_kokoro import tiny_kokoro
+from tests.e2e.server import gmlx_serve
 
 TEXT = ("Local models answer without a network. The server keeps each service on a worker of its own, so a long "
         "transcription never holds up a chat stream. Speech comes back sentence by sentence as it is made.")

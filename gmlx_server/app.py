@@ -12,6 +12,7 @@ import falcon.asgi
 import falcon.inspect
 
 from gmlx_server.assistants import Assistants
+from gmlx_server.auxiliary.service_host import ServiceHost
 from gmlx_server.config import ServerConfig
 from gmlx_server.errors import GmlxError
 from gmlx_server.routes.auth import AuthMiddleware
@@ -34,11 +35,10 @@ from gmlx_server.routes.services import Embeddings, Rerank, Speech, SystemOne, T
 from gmlx_server.serving.cache_stats import resident_cache_stats
 from gmlx_server.serving.conversations import ResponseStore
 from gmlx_server.serving.estimate import Estimator
-from gmlx_server.serving.model_host import EngineFactory, ModelHost
 from gmlx_server.serving.ignored_fields import IgnoredFields
+from gmlx_server.serving.model_host import EngineFactory, ModelHost
 from gmlx_server.serving.prometheus import make_registry
 from gmlx_server.serving.snapshot import Snapshotter
-from gmlx_server.auxiliary.service_host import ServiceHost
 from gmlx_server.web_policy import HostPolicy, OriginPolicy
 
 GmlxApp = falcon.asgi.App[GmlxRequest, falcon.asgi.Response]

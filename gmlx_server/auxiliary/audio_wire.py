@@ -10,10 +10,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gmlx_server.errors import InvalidRequest, clip
 from gmlx_server.auxiliary.audio_out import FORMATS as SPEECH_FORMATS
 from gmlx_server.auxiliary.embeddings_wire import body_object, optional_str
 from gmlx_server.auxiliary.stt import Transcript
+from gmlx_server.errors import InvalidRequest, clip
 
 TEXT_FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
 GRANULARITIES = ("segment", "word")

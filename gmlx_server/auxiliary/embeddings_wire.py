@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from gmlx_server.errors import InvalidRequest, clip
 from gmlx_server.auxiliary.embeddings import Embedder, fit_window
+from gmlx_server.errors import InvalidRequest, clip
 
 FORMATS = ("float", "base64")
 

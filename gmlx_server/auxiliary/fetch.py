@@ -9,8 +9,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gmlx_server.errors import ModelLoadDeferred
 from gmlx_server.auxiliary.service_errors import ServiceUnavailable
+from gmlx_server.errors import ModelLoadDeferred
 
 log = logging.getLogger("gmlx.services")
 DOWNLOAD_RETRY_S = 5.0  # Retry-After while a download runs

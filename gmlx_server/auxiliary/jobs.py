@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gmlx_server.config import ServiceEntry
 from gmlx_server.auxiliary.audio_out import Encoder
 from gmlx_server.auxiliary.audio_wire import SpeechRequest, TranscriptionRequest, transcription_body
 from gmlx_server.auxiliary.embeddings import Embedder
@@ -20,6 +19,7 @@ from gmlx_server.auxiliary.embeddings_wire import (
 from gmlx_server.auxiliary.rerank import RerankRequest, cosine_scores, rerank_response
 from gmlx_server.auxiliary.stt import Transcriber
 from gmlx_server.auxiliary.tts import Speaker
+from gmlx_server.config import ServiceEntry
 
 
 def embed_job(req: EmbeddingsRequest, embedder: Embedder, entry: ServiceEntry) -> dict[str, Any]:

@@ -12,13 +12,13 @@ import asyncio
 import math
 import uuid
 
+from gmlx_server.auxiliary.rerank import RerankRequest
 from gmlx_server.engine.types import GenerationRequest, SamplingParams, Tokenizer
 from gmlx_server.errors import EngineFailure, InvalidRequest
 from gmlx_server.generation_params import GenerationParams
 from gmlx_server.serving.generation import prepare_prompt
 from gmlx_server.serving.model_host import ModelHost
 from gmlx_server.serving.request_log import OutputCap, RequestRecord
-from gmlx_server.auxiliary.rerank import RerankRequest
 
 SYSTEM = ('Judge whether the Document meets the requirements based on the Query. Note that the answer can only '
           'be "yes" or "no".')

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from gmlx_server.errors import InvalidRequest
 from gmlx_server.auxiliary.embeddings import Embedder, fit_window
 from gmlx_server.auxiliary.embeddings_wire import body_object, flag, optional_str, positive_int
+from gmlx_server.errors import InvalidRequest
 
 
 @dataclass(frozen=True)

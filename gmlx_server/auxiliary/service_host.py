@@ -6,13 +6,13 @@ import asyncio
 import logging
 from typing import Any
 
+from gmlx_server.auxiliary.backends import default_loader
+from gmlx_server.auxiliary.fetch import ModelSource
+from gmlx_server.auxiliary.service_errors import ServiceNotConfigured
+from gmlx_server.auxiliary.service_thread import Loader, Service
 from gmlx_server.config import ServerConfig, ServiceEntry, hf_hub_cache_dir
 from gmlx_server.errors import ModelNotFound
 from gmlx_server.serving.model_host import ModelHost
-from gmlx_server.auxiliary.backends import default_loader
-from gmlx_server.auxiliary.service_errors import ServiceNotConfigured
-from gmlx_server.auxiliary.fetch import ModelSource
-from gmlx_server.auxiliary.service_thread import Loader, Service
 
 log = logging.getLogger("gmlx.services")
 # Until a service loads; then its backend object says (stt and tts: by what the directory holds).

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gmlx_plan.queueing import retry_after_s
+from gmlx_server.auxiliary.fetch import ModelSource
+from gmlx_server.auxiliary.service_errors import ServiceExtraMissing, ServiceUnavailable
+from gmlx_server.auxiliary.stats import ServiceStats
 from gmlx_server.config import ServiceEntry
 from gmlx_server.errors import GmlxError, ServerOverloaded
-from gmlx_server.auxiliary.service_errors import ServiceExtraMissing, ServiceUnavailable
-from gmlx_server.auxiliary.fetch import ModelSource
-from gmlx_server.auxiliary.stats import ServiceStats
 
 T = TypeVar("T")
 Loader = Callable[[ServiceEntry, Path | None], Any]  # builds the backend on the worker thread

@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from gmlx_server.errors import InvalidRequest
 from gmlx_server.auxiliary.stt import Transcriber, Transcript, temperatures, transcript
+from gmlx_server.errors import InvalidRequest
 
 # compute_type on MLX: (activation dtype, 8-bit weights?); "auto" is float16 on a GPU, float32 on the CPU.
 COMPUTE_TYPES = {"auto": (None, False), "float32": ("float32", False), "float16": ("float16", False),

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from gmlx_server.errors import InvalidRequest, clip
 from gmlx_server.auxiliary.stt_mlx import read_config
+from gmlx_server.errors import InvalidRequest, clip
 
 SERVED = ("kokoro",)
 SEED = 0  # Kokoro's excitation adds noise: a fixed seed per request makes the same request speak the same audio

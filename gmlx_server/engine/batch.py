@@ -15,8 +15,8 @@ from typing import Any
 import mlx.core as mx
 from mlx_vlm.models.cache import BatchKVCache, BatchRotatingKVCache, KVCache, RotatingKVCache
 
-from gmlx_server.engine.request_run import RequestRun, describe
 from gmlx_server.engine.kv_quant import as_batch_quantized
+from gmlx_server.engine.request_run import RequestRun, describe
 from gmlx_server.engine.sampling import Draw
 from gmlx_server.engine.spec_round import Speculator
 

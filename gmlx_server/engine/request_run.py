@@ -21,8 +21,8 @@ from gmlx_server.engine.kv_snapshot import has_window, restore, take
 from gmlx_server.engine.last_row import last_row_only
 from gmlx_server.engine.prompt_cache import PromptCache
 from gmlx_server.engine.sampling import Draw, RequestSampler, top_alternatives
-from gmlx_server.engine.text_stream import StepResult, TextStream
 from gmlx_server.engine.structured import GrammarConstraint, GrammarViolation
+from gmlx_server.engine.text_stream import StepResult, TextStream
 from gmlx_server.engine.thinking import ThinkingBudget
 from gmlx_server.engine.types import (
     FinishReason,

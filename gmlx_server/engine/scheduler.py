@@ -19,8 +19,8 @@ import mlx.core as mx
 
 from gmlx_plan.pace import fit_step_depth
 from gmlx_server.engine.batch import BatchDecoder
-from gmlx_server.engine.request_run import GrammarTokenizer, Progress, RequestRun
 from gmlx_server.engine.prompt_cache import PromptCache
+from gmlx_server.engine.request_run import GrammarTokenizer, Progress, RequestRun
 from gmlx_server.engine.spec_round import Speculator
 from gmlx_server.engine.types import GenerationRequest, MemorySnapshot, SpeculativeStats, TokenEvent
 

@@ -16,8 +16,8 @@ from gmlx_server.errors import UnsupportedFeature
 from gmlx_server.generation_params import GenerationParams
 from gmlx_server.protocol import params as p
 from gmlx_server.protocol.image_parts import parts_content, responses_image
-from gmlx_server.protocol.shared import merge_turns, name_tool_results, tool_call_entry, tool_function
 from gmlx_server.protocol.openai import body_object, response_format, thinking_controls
+from gmlx_server.protocol.shared import merge_turns, name_tool_results, tool_call_entry, tool_function
 
 if TYPE_CHECKING:
     from gmlx_server.engine.structured import CompiledGrammar

@@ -14,8 +14,8 @@ from typing import Any
 import falcon.asgi
 
 from gmlx_server.engine.types import RequestHandle
-from gmlx_server.protocol.shared import Event, EventEncoder
 from gmlx_server.protocol.openai_out import event_error
+from gmlx_server.protocol.shared import Event, EventEncoder
 from gmlx_server.routes.common import GmlxRequest
 from gmlx_server.routes.error_mapper import as_gmlx_error
 from gmlx_server.routes.streaming import KEEPALIVE, SSE_HEADERS, ClientDisconnected, Receive, watch_events

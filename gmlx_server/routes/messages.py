@@ -10,8 +10,8 @@ import falcon.asgi
 from gmlx_server.assistants import Assistants, start_reply, with_trace
 from gmlx_server.protocol.anthropic import parse_messages
 from gmlx_server.protocol.anthropic_out import AnthropicEncoder, MessageMeta
-from gmlx_server.protocol.shared import new_id
 from gmlx_server.protocol.reasoning_split import with_reasoning
+from gmlx_server.protocol.shared import new_id
 from gmlx_server.protocol.tool_calls import with_tool_calls
 from gmlx_server.routes.common import GmlxRequest, report_clamp
 from gmlx_server.routes.event_driver import send

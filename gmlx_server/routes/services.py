@@ -9,17 +9,17 @@ from typing import Any, TypeVar
 import falcon
 import falcon.asgi
 
-from gmlx_server.routes.common import GmlxRequest, body_of
-from gmlx_server.routes.context import RawBody
 from gmlx_server.auxiliary.audio_out import CONTENT_TYPES
 from gmlx_server.auxiliary.audio_wire import parse_form, parse_speech, parse_transcription
 from gmlx_server.auxiliary.embeddings_wire import parse_embeddings
-from gmlx_server.auxiliary.service_errors import ServiceNotConfigured
-from gmlx_server.auxiliary.service_host import ServiceHost, uses_chat_model
 from gmlx_server.auxiliary.jobs import embed_job, rerank_cosine_job, speech_job, transcribe_job
 from gmlx_server.auxiliary.llm_rerank import llm_scores
 from gmlx_server.auxiliary.rerank import parse_rerank, rerank_response
+from gmlx_server.auxiliary.service_errors import ServiceNotConfigured
+from gmlx_server.auxiliary.service_host import ServiceHost, uses_chat_model
 from gmlx_server.auxiliary.service_thread import Lease, Service
+from gmlx_server.routes.common import GmlxRequest, body_of
+from gmlx_server.routes.context import RawBody
 
 T = TypeVar("T")
 ROUTES = {"embeddings": "POST /v1/embeddings", "rerank": "POST /v1/rerank", "stt": "POST /v1/audio/transcriptions",

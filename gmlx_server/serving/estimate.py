@@ -29,8 +29,8 @@ from gmlx_server.serving.addressing import resolve_address, resolve_settings
 from gmlx_server.serving.admission import paces_of
 from gmlx_server.serving.generation import check_message_count, tokenize, tool_plan
 from gmlx_server.serving.hf_policy import local_entry
-from gmlx_server.serving.model_host import ModelHost
 from gmlx_server.serving.image_fetch import ImagePolicy
+from gmlx_server.serving.model_host import ModelHost
 from gmlx_server.serving.vision import prompt_images
 
 

@@ -32,8 +32,8 @@ from gmlx_server.generation_params import GenerationParams
 from gmlx_server.serving.addressing import Settings, merge_sampling, resolve_address, resolve_settings
 from gmlx_server.serving.cache_points import request_hints
 from gmlx_server.serving.fair_share import Released
-from gmlx_server.serving.model_host import ModelHost
 from gmlx_server.serving.image_fetch import ImagePolicy
+from gmlx_server.serving.model_host import ModelHost
 from gmlx_server.serving.reasoning import reasoning_syntax, reasoning_use, with_effort_budget
 from gmlx_server.serving.request_log import OutputCap
 from gmlx_server.serving.roles import REPAIRS

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from gmlx_server.config import ServiceEntry
 from gmlx_server.auxiliary.embeddings import fit_window
+from gmlx_server.config import ServiceEntry
 
 
 class ScriptedEmbedder:

@@ -16,8 +16,8 @@ import openai
 import pytest
 
 from gmlx_server.auxiliary.audio_out import wav_header
-from tests.e2e.server import LiveServer, gmlx_serve
 from tests.auxiliary.conftest import SENTENCE, piper_voice, whisper_tiny_dir, write_config
+from tests.e2e.server import LiveServer, gmlx_serve
 
 pytestmark = pytest.mark.slow
 LONG = " ".join(["Speech recognition turns spoken words into written text, one sentence after another."] * 5)

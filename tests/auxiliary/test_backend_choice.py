@@ -56,8 +56,8 @@ def test_tts_picks_mlx_audio_by_the_directory_and_refuses_what_it_does_not_serve
 
 
 def test_piper_voice_names_a_speaker_only_on_a_multi_speaker_voice() -> None:
-    from gmlx_server.errors import InvalidRequest
     from gmlx_server.auxiliary.tts import Voice
+    from gmlx_server.errors import InvalidRequest
 
     voice = Voice.__new__(Voice)  # pick reads only the speaker map a loaded voice would have
     voice.speakers = {}

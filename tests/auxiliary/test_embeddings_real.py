@@ -13,9 +13,9 @@ import numpy as np
 import openai
 import pytest
 
-from tests.e2e.server import LiveServer, gmlx_serve
 from tests.auxiliary.conftest import minilm_dir, write_config
 from tests.auxiliary.rerank_set import accuracy
+from tests.e2e.server import LiveServer, gmlx_serve
 
 pytestmark = pytest.mark.slow
 

@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.server import LiveServer, gmlx_serve
 from tests.auxiliary.conftest import minilm_dir, piper_voice, write_config
 from tests.auxiliary.hub import Hub, Repo, running_hub
+from tests.e2e.server import LiveServer, gmlx_serve
 
 pytestmark = pytest.mark.slow
 POLL_LIMIT = 600  # bounded waits: polls of /v1/models, not a timed assertion

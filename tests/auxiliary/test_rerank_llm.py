@@ -7,10 +7,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.conftest import qwen_coder_path
-from tests.e2e.server import LiveServer, gmlx_serve
 from tests.auxiliary.conftest import write_config
 from tests.auxiliary.rerank_set import LABELLED, accuracy
+from tests.conftest import qwen_coder_path
+from tests.e2e.server import LiveServer, gmlx_serve
 
 pytestmark = pytest.mark.slow
 

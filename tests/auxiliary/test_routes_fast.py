@@ -17,14 +17,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gmlx_server.app import create_app
+from gmlx_server.auxiliary.service_host import ServiceHost
 from gmlx_server.config import ServerConfig, ServiceEntry
 from gmlx_server.serving.model_host import ModelHost
-from gmlx_server.auxiliary.service_host import ServiceHost
+from tests.auxiliary.scripted import ScriptedEmbedder, entry, scripted_loader
 from tests.fakes import FakeFactory
 from tests.hostile.harness import FUZZ, Client, check
 from tests.hostile.strategies import requests
 from tests.routes.conftest import SyncClient, make_config
-from tests.auxiliary.scripted import ScriptedEmbedder, entry, scripted_loader
 
 ROUTES = [("/v1/embeddings", "embeddings"), ("/v1/rerank", "rerank"), ("/rerank", "rerank"),
           ("/v1/audio/transcriptions", "stt"), ("/v1/audio/translations", "stt"), ("/v1/audio/speech", "tts"),

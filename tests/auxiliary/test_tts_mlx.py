@@ -18,9 +18,9 @@ import pytest
 
 from gmlx_server.auxiliary.audio_out import wav_header
 from gmlx_server.auxiliary.tts_mlx import SEED, english_g2p_missing
-from tests.e2e.server import LiveServer, gmlx_serve
 from tests.auxiliary.conftest import write_config
 from tests.auxiliary.tiny_kokoro import tiny_kokoro
+from tests.e2e.server import LiveServer, gmlx_serve
 
 pytestmark = pytest.mark.slow
 SPANISH = "Hola, amigo.\nBuenos días."  # two lines: mlx-audio speaks (and gmlx streams) two segments

@@ -10,9 +10,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.server import LiveServer, gmlx_serve
 from tests.auxiliary.conftest import piper_voice, whisper_base_dir, write_config
 from tests.auxiliary.test_audio_real import SENTENCE, wer
+from tests.e2e.server import LiveServer, gmlx_serve
 
 pytestmark = pytest.mark.slow
 

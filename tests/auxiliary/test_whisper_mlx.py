@@ -14,9 +14,9 @@ import pytest
 
 from gmlx_server.auxiliary.backends import load_transcriber
 from gmlx_server.auxiliary.stt import Ct2Transcriber
-from tests.e2e.server import LiveServer, gmlx_serve
 from tests.auxiliary.conftest import SENTENCE, piper_voice, whisper_tiny_dir, write_config
 from tests.auxiliary.test_audio_real import transcribe, wer
+from tests.e2e.server import LiveServer, gmlx_serve
 
 pytestmark = pytest.mark.slow
 

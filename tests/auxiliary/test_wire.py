@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from gmlx_server.config import ConfigError, load_config
-from gmlx_server.errors import InvalidRequest
 from gmlx_server.auxiliary.audio_out import wav_header
 from gmlx_server.auxiliary.audio_wire import Form, parse_form, parse_speech, parse_transcription, subtitles
 from gmlx_server.auxiliary.stt import Transcript
+from gmlx_server.config import ConfigError, load_config
+from gmlx_server.errors import InvalidRequest
 from tests.conftest import smollm2_path
 
 

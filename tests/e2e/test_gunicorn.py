@@ -21,7 +21,8 @@ def test_gunicorn_uvicorn_worker_serves_chat(tmp_path: Path) -> None:
     port = free_port()
     gunicorn = str(Path(sys.executable).parent / "gunicorn")
     log = open(tmp_path / "gunicorn.log", "wb")  # noqa: SIM115  (closed below, after the process ends)
-    proc = subprocess.Popen([gunicorn, "-k", "gmlx_server.gunicorn_worker.UvicornWorker", "-w", "1", "-b", f"127.0.0.1:{port}",
+    worker = "gmlx_server.gunicorn_worker.UvicornWorker"
+    proc = subprocess.Popen([gunicorn, "-k", worker, "-w", "1", "-b", f"127.0.0.1:{port}",
                              "gmlx_server.asgi:app"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     base = f"http://127.0.0.1:{port}"

@@ -139,7 +139,7 @@ def test_rendering_and_tokenizing_run_off_the_event_loop(s: Served) -> None:
 
 
 def test_more_messages_than_the_limit_is_refused_before_any_work(s: Served, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(generate, "MAX_MESSAGES", 50)
+    monkeypatch.setattr(generation, "MAX_MESSAGES", 50)
     many = [{"role": ("user", "assistant")[i % 2], "content": "hi"} for i in range(51)]  # no turns to merge
     for path, anthropic in (("/v1/chat/completions", False), ("/v1/messages", True),
                             ("/v1/messages/count_tokens", True), ("/v1/estimate", False)):

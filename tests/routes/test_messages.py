@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from gmlx_server.config import RuntimeEnv
 from gmlx_server.engine.types import TokenEvent
 from gmlx_server.protocol.anthropic_out import AnthropicEncoder, MessageMeta, signature
-from gmlx_server.protocol.shared import ToolCall
 from gmlx_server.protocol.params import ignored_params
+from gmlx_server.protocol.shared import ToolCall
 from tests.fakes import FakeBehavior, FakeFactory, FakeTemplate
 from tests.routes.conftest import Lines, Served, ThreadedServer, make_config, serve
 from tests.routes.test_params import another_client, bodies, json_values

@@ -11,8 +11,8 @@ from gmlx_server.app import create_app
 from gmlx_server.config import RuntimeEnv
 from gmlx_server.engine.types import EngineStats
 from gmlx_server.serving.governor import Governor
-from gmlx_server.serving.model_host import ModelHost
 from gmlx_server.serving.memory_probes import MemoryReading
+from gmlx_server.serving.model_host import ModelHost
 from gmlx_server.serving.snapshot import SECTION_KEYS
 from tests.fakes import FakeFactory
 from tests.routes.conftest import Served, SyncClient, make_config, serve

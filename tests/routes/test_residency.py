@@ -20,8 +20,8 @@ from gmlx_server.app import create_app
 from gmlx_server.config import ModelEntry, RuntimeEnv, ServerConfig, ServerSettings, load_config
 from gmlx_server.engine.types import EngineStats
 from gmlx_server.serving.governor import Governor
-from gmlx_server.serving.model_host import ModelHost
 from gmlx_server.serving.memory_probes import MemoryReading
+from gmlx_server.serving.model_host import ModelHost
 from tests.fakes import FakeBehavior, FakeEngine, FakeFactory
 from tests.routes.conftest import Served, SyncClient, ThreadedServer
 

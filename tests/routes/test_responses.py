@@ -16,9 +16,9 @@ from openai.types.responses import ResponseStreamEvent
 
 from gmlx_server.config import RuntimeEnv
 from gmlx_server.engine.types import TokenEvent
-from gmlx_server.protocol.shared import ToolCall
 from gmlx_server.protocol.params import ignored_params
 from gmlx_server.protocol.responses_out import ResponsesEncoder, ResponsesMeta
+from gmlx_server.protocol.shared import ToolCall
 from gmlx_server.serving.conversations import ResponseStore
 from tests.fakes import FakeBehavior, FakeFactory, FakeTemplate
 from tests.routes.conftest import Lines, Served, ThreadedServer, make_config, serve

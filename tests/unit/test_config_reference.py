@@ -18,8 +18,9 @@ README = (ROOT / "README.md").read_text()
 
 def accepted_keys() -> set[str]:
     return (set(parse._SERVER_KINDS) | set(parse._MODEL_KINDS) | set(parse._KV_QUANT_KINDS) | parse._PROFILE_KEYS
-            | parse._TOP_KEYS | DRAFT_KEYS | {"kv_quant"} | set(services.KINDS)
-            | set(services._COMMON) | {"aliases"} | {k for kind in services.OPTIONS.values() for k in kind}
+            | parse._TOP_KEYS | DRAFT_KEYS | {"kv_quant"} | set(service_entries.KINDS)
+            | set(service_entries._COMMON) | {"aliases"}
+            | {k for kind in service_entries.OPTIONS.values() for k in kind}
             | assistants.KEYS)
 
 

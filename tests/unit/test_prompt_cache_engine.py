@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 
 from gmlx_plan.gguf_header import read_header
 from gmlx_server.engine.arch import arch_spec, make_cache, vocab_size
-from gmlx_server.engine.request_run import Progress, RequestRun
 from gmlx_server.engine.gguf_tensors import load_gguf_tensors
 from gmlx_server.engine.prompt_cache import PIN_SHARE, PromptCache
+from gmlx_server.engine.request_run import Progress, RequestRun
 from gmlx_server.engine.types import GenerationRequest, SamplingParams, TokenEvent
 from gmlx_server.engine.weights import install_weights, transpose_dense_linears
 from tests.gguf_factory import write_gguf

@@ -21,10 +21,10 @@ from gmlx_server.engine.arch import make_cache
 from gmlx_server.engine.loader import LoadedModel, load_gguf_model
 from gmlx_server.engine.mlx_engine import MLXEngine
 from gmlx_server.engine.types import GenerationRequest, SamplingParams, TokenEvent
-from gmlx_server.engine.vision.vision_loader import load_vision_model
 from gmlx_server.engine.vision.prefill import bind_images
 from gmlx_server.engine.vision.processor import ImageProcessor
 from gmlx_server.engine.vision.prompt import VIRTUAL_BASE, VisionPrompt
+from gmlx_server.engine.vision.vision_loader import load_vision_model
 from tests.conftest import native_kernels
 from tests.vision.conftest import FAMILIES, NEW_TOKENS, Expected, hf_messages, pil, png, reference
 from tests.vision.tiny_models import tiny_vlm

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from gmlx_server.engine.types import GenerationRequest
-from gmlx_server.engine.vision.vision_loader import load_vision_model
 from gmlx_server.engine.vision.mmproj import UnsupportedProjector, check_pair, read_projector
 from gmlx_server.engine.vision.prefill import bind_images
 from gmlx_server.engine.vision.prompt import VIRTUAL_BASE, ImageSlots, VisionPrompt, real_ids, virtual_ids
+from gmlx_server.engine.vision.vision_loader import load_vision_model
 from gmlx_server.errors import InvalidRequest, UnsupportedFeature
 from gmlx_server.generation_params import ImageRef
 from gmlx_server.protocol.anthropic import parse_messages

@@ -6,6 +6,9 @@
     events = parser.feed(delta) ... parser.finish()
 """
 
+from gmlx_server.protocol.tools.call_stream import CallParser, ToolFormat, ToolStreamParser, new_call_id
+from gmlx_server.protocol.tools.formats import FORMATS, format_of, infer_tool_format
+from gmlx_server.protocol.tools.lenient import LenientCalls
 from gmlx_server.protocol.tools.parse_events import (
     ParsedCall,
     TextDelta,
@@ -14,9 +17,6 @@ from gmlx_server.protocol.tools.parse_events import (
     ToolCallStart,
     ToolEvent,
 )
-from gmlx_server.protocol.tools.formats import FORMATS, format_of, infer_tool_format
-from gmlx_server.protocol.tools.lenient import LenientCalls
-from gmlx_server.protocol.tools.call_stream import CallParser, ToolFormat, ToolStreamParser, new_call_id
 
 __all__ = [
     "FORMATS",

@@ -19,9 +19,9 @@ from collections.abc import Callable
 from typing import Any
 
 from gmlx_server.engine.tool_syntax import SYNTAXES, ToolSyntax, infer_tool_syntax
-from gmlx_server.protocol.tools.parse_events import ParsedCall
-from gmlx_server.protocol.tools.mlx_vlm_parsers import mlx_vlm_parser
 from gmlx_server.protocol.tools.call_stream import BodyEnd, BodyParser, ToolFormat, Tools
+from gmlx_server.protocol.tools.mlx_vlm_parsers import mlx_vlm_parser
+from gmlx_server.protocol.tools.parse_events import ParsedCall
 
 _DECODER = json.JSONDecoder()
 _GEMMA4_QUOTE = '<|"|>'  # Gemma 4's string delimiter token; FunctionGemma spells it <escape>

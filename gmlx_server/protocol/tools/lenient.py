@@ -16,8 +16,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from gmlx_server.protocol.tools.parse_events import ToolCallArgsDelta, ToolCallEnd, ToolCallStart, ToolEvent
 from gmlx_server.protocol.tools.call_stream import ToolFormat, Tools, ToolStreamParser
+from gmlx_server.protocol.tools.parse_events import ToolCallArgsDelta, ToolCallEnd, ToolCallStart, ToolEvent
 
 _DECODER = json.JSONDecoder()
 _FENCE = re.compile(r"```[ \t]*(json)?[ \t]*\n", re.IGNORECASE)
