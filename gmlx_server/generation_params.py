@@ -1,18 +1,16 @@
 """The generation request: what every protocol parser and `gmlx run` produce and the service consumes.
 
 It sits below both the protocol and the service layer (which never import each other), so one type serves
-both sides; it imports nothing of the server (the grammar's type only for the type checker). Copies with
-other fields are `dataclasses.replace(params, ...)`.
+both sides; it imports nothing of the server. Copies with other fields are `dataclasses.replace(params, ...)`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal
 
-if TYPE_CHECKING:
-    from gmlx_server.engine.structured import CompiledGrammar
+FormatKind = Literal["json_schema", "json_object"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +23,17 @@ class ImageRef:
     data: bytes | None = None  # the bytes of a base64 data URI or source
     media_type: str | None = None  # as declared (data URI, Anthropic media_type); None for a URL
     detail: str | None = None  # OpenAI's low/high/auto: accepted; the model family's processor sets the size
+
+
+@dataclass(frozen=True)
+class OutputFormat:
+    """A structured-output request, shape-checked by the protocol layer and not yet compiled: the service compiles
+    it (serving/output_format.py) before the model is asked for anything, so a bad one is still a 400."""
+
+    kind: FormatKind
+    source: str  # the field that carried it (response_format, text.format, structured_outputs, grammar)
+    param: str  # where its payload sits (response_format.json_schema.schema), named by the 400 on a bad one
+    schema: Mapping[str, Any] | None = None  # json_schema, json_object
 
 
 @dataclass(frozen=True)
@@ -52,10 +61,9 @@ class GenerationParams:
     priority: int | None = None  # lower is served sooner and shed later; None: the profile's, else normal (0)
     include_usage: bool = False
     timings_per_token: bool = False
-    grammar: CompiledGrammar | None = None  # structured output, compiled while parsing
+    output_format: OutputFormat | None = None  # structured output; the service compiles it
     ignored: tuple[str, ...] = ()
     messages_param: str = "messages"  # what the protocol calls the conversation, for errors (Responses: input)
-    format_param: str = "response_format"  # the field that carried `grammar`, for errors (Responses: text.format)
 
     @property
     def offers_tools(self) -> bool:

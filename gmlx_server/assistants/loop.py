@@ -74,9 +74,10 @@ def check_request(entry: Assistant, params: GenerationParams) -> None:
     if params.logprobs:
         raise InvalidRequest(f"'logprobs': not available from assistant '{entry.id}' (its answer spans several "
                              "model turns)", param="logprobs")
-    if params.grammar is not None:
-        raise InvalidRequest(f"'{params.format_param}': not available from assistant '{entry.id}' (its turns "
-                             "must be free to call tools)", param=params.format_param)
+    if params.output_format is not None:
+        source = params.output_format.source
+        raise InvalidRequest(f"'{source}': not available from assistant '{entry.id}' (its turns must be free to "
+                             "call tools)", param=source)
 
 
 def with_system(system: str | None, messages: tuple[dict[str, Any], ...]) -> tuple[dict[str, Any], ...]:

@@ -1,8 +1,9 @@
-"""Grammar-constrained decoding with llguidance: `response_format` json_schema / json_object (and tool calls,
-whose grammars engine/tool_grammar.py builds).
+"""Grammar-constrained decoding with llguidance: JSON schemas (and tool calls, whose grammars
+engine/tool_grammar.py builds).
 
 Three pieces, each owned by its caller:
-- `compile_response_format` checks a request's format before generation (typed 400 on failure);
+- `json_grammar` checks an output format before generation (the service turns a StructuredOutputError
+  into a 400 naming the field);
 - `GrammarTokenizerCache` builds llguidance's view of a model's vocabulary once per tokenizer;
 - `GrammarConstraint` is a per-request logits processor that masks every token the grammar forbids.
 
@@ -19,12 +20,13 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import llguidance as llg
 import llguidance.numpy as llg_numpy
 import mlx.core as mx
+
+from gmlx_server.engine.types import CompiledGrammar
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions  # a TypedDict that exists only in the stub
@@ -35,11 +37,10 @@ log = logging.getLogger("gmlx.engine")
 
 # One-line JSON with readable separators (as mlx-vlm does): no whitespace runs for a small model to loop in.
 JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
 
 
 class StructuredOutputError(ValueError):
-    """A response_format that cannot be enforced (unknown type, malformed schema)."""
+    """An output format that cannot be enforced (a malformed schema)."""
 
     def __init__(self, message: str, param: str = "response_format") -> None:
         super().__init__(message)
@@ -50,48 +51,18 @@ class GrammarViolation(RuntimeError):
     """The matcher rejected a token mid-generation (a bug or a processor that undid the mask)."""
 
 
-@dataclass(frozen=True)
-class CompiledGrammar:
-    """A checked llguidance grammar (an output format, or tool calls); one `GrammarConstraint` per request."""
-
-    kind: Literal["json_schema", "json_object", "tool_call"]
-    schema: Mapping[str, Any]
-    grammar: str  # llguidance's grammar text
-
-
-def compile_response_format(fmt: Mapping[str, Any]) -> CompiledGrammar | None:
-    """Check an OpenAI `response_format` (or Anthropic `output_config.format`); None means plain text.
-
-    Raises StructuredOutputError before any generation starts.
-    """
-    kind = fmt.get("type")
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return CompiledGrammar("json_object", _OBJECT_SCHEMA, _grammar(_OBJECT_SCHEMA))
-    if kind == "json_schema":
-        schema = _schema_of(fmt)
-        return CompiledGrammar("json_schema", schema, _grammar(schema))
-    raise StructuredOutputError(
-        f"response_format type {kind!r} is not supported; use 'json_schema', 'json_object' or 'text'",
-        param="response_format.type",
-    )
-
-
-def _schema_of(fmt: Mapping[str, Any]) -> dict[str, Any]:
-    # OpenAI nests it under json_schema.schema; Anthropic's output_config.format has it at the top.
-    holder = fmt.get("json_schema", fmt)
-    schema = holder.get("schema") if isinstance(holder, Mapping) else None
-    if isinstance(schema, bool):
-        schema = {} if schema else {"not": {}}
-    if not isinstance(schema, dict):
-        raise StructuredOutputError("response_format json_schema needs an object at json_schema.schema",
-                                    param="response_format.json_schema.schema")
+def json_grammar(schema: Mapping[str, Any], kind: Literal["json_schema", "json_object"] = "json_schema",
+                 ) -> CompiledGrammar:
+    """A JSON schema held to; raises StructuredOutputError before any generation starts."""
     _check_draft(schema)
-    return schema
+    try:
+        grammar = llg.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=JSON_OPTIONS)
+    except ValueError as e:
+        raise StructuredOutputError(f"malformed JSON schema: {e}") from e
+    return CompiledGrammar(kind, schema, _checked(grammar, "JSON schema cannot be enforced"))
 
 
-def _check_draft(schema: dict[str, Any]) -> None:
+def _check_draft(schema: Mapping[str, Any]) -> None:
     """The JSON Schema meta-schema check (jsonschema is optional: llguidance's own check still runs)."""
     try:
         from jsonschema import exceptions, validators
@@ -100,19 +71,13 @@ def _check_draft(schema: dict[str, Any]) -> None:
     try:
         validators.validator_for(schema).check_schema(schema)
     except exceptions.SchemaError as e:
-        raise StructuredOutputError(f"malformed JSON schema: {e.message}",
-                                    param="response_format.json_schema.schema") from e
+        raise StructuredOutputError(f"malformed JSON schema: {e.message}") from e
 
 
-def _grammar(schema: Mapping[str, Any]) -> str:
-    try:
-        grammar = llg.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=JSON_OPTIONS)
-    except ValueError as e:
-        raise StructuredOutputError(f"malformed JSON schema: {e}") from e
+def _checked(grammar: str, what: str) -> str:
     failed, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar)
     if failed:
-        raise StructuredOutputError(f"JSON schema cannot be enforced: {first_line(messages[0])}",
-                                    param="response_format.json_schema.schema")
+        raise StructuredOutputError(f"{what}: {first_line(messages[0])}")
     return grammar
 
 
@@ -201,7 +166,7 @@ class GrammarConstraint:
         self.compiled = compiled
         self._matcher = llg.LLMatcher(tokenizer, compiled.grammar, log_level=0)
         if self._matcher.is_error():
-            raise StructuredOutputError(f"JSON schema cannot be enforced: {self.error}")
+            raise StructuredOutputError(f"the grammar cannot be enforced: {self.error}")
         self._mask = llg_numpy.allocate_token_bitmask(1, tokenizer.vocab_size)
         self.uses_metal = metal_mask_available() if metal is None else metal
         self._apply = _metal_apply if self.uses_metal else apply_token_bitmask

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 import llguidance as llg
 
-from gmlx_server.engine.structured import JSON_OPTIONS, CompiledGrammar, StructuredOutputError, first_line
+from gmlx_server.engine.structured import JSON_OPTIONS, StructuredOutputError, first_line
 from gmlx_server.engine.tool_syntax import ToolSyntax
+from gmlx_server.engine.types import CompiledGrammar
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions  # a TypedDict that exists only in the stub

@@ -8,14 +8,25 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from gmlx_plan.capacity import KVQuantReport
 
-if TYPE_CHECKING:  # structured.py imports MLX; these types stay pure
-    from gmlx_server.engine.structured import CompiledGrammar
+if TYPE_CHECKING:  # vision imports MLX; these types stay pure
     from gmlx_server.engine.vision.processor import ImageProcessor
     from gmlx_server.engine.vision.prompt import VisionPrompt
+
+GrammarKind = Literal["json_schema", "json_object", "regex", "choice", "grammar", "tool_call"]
+
+
+@dataclass(frozen=True)
+class CompiledGrammar:
+    """A grammar checked by engine/structured.py (an output format, or tool calls); one GrammarConstraint each."""
+
+    kind: GrammarKind
+    schema: Mapping[str, Any] | None  # the JSON schema it enforces (None: a regex, choice or grammar)
+    grammar: str  # llguidance's grammar text
+
 
 FinishReason = Literal["stop", "length", "cancelled", "shed", "error"]
 RequestState = Literal["queued", "prefill", "decode", "done"]
@@ -71,7 +82,7 @@ class GenerationRequest:
     thinking: ThinkingControl | None = None
     # True when the rendered prompt already opened a thinking block (template with enable_thinking).
     starts_in_thinking: bool = False
-    grammar: CompiledGrammar | None = None  # response_format, checked before submit; masks every token
+    grammar: CompiledGrammar | None = None  # an output format or tool calls, compiled before submit; masks tokens
     # Prompt-cache hints: token positions where messages end (checkpoints for sliding-window models)
     # and the length of a shared prefix (system + tools) to pin as an anchor.
     cache_boundaries: Sequence[int] = ()

@@ -8,17 +8,15 @@ Unknown top-level fields (metadata, context_management, service_tier, ...) are a
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gmlx_server.errors import UnsupportedFeature
-from gmlx_server.generation_params import GenerationParams
+from gmlx_server.generation_params import GenerationParams, OutputFormat
 from gmlx_server.protocol import params as p
 from gmlx_server.protocol.image_parts import anthropic_image, parts_content
 from gmlx_server.protocol.openai import body_object, response_format, text_content, thinking_controls
+from gmlx_server.protocol.output_fields import format_object
 from gmlx_server.protocol.shared import merge_turns, name_tool_results, tool_call_entry, tool_function
-
-if TYPE_CHECKING:
-    from gmlx_server.engine.structured import CompiledGrammar
 
 _EFFORTS = {"low": "low", "medium": "medium", "high": "high", "xhigh": "xhigh", "max": "xhigh"}
 STOP_SEQUENCES_LIMIT = 64  # Anthropic publishes no limit; this bounds the engine's per-token stop check
@@ -185,27 +183,18 @@ def _thinking_fields(body: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _output_config(body: Mapping[str, Any]) -> CompiledGrammar | None:
-    """Anthropic's structured output (output_config.format json_schema); else OpenAI's response_format."""
+def _output_config(body: Mapping[str, Any]) -> OutputFormat | None:
+    """Anthropic's structured output (output_config.format), else OpenAI's response_format."""
     config = p.obj(body, "output_config") or {}
     fmt = p.nested(p.obj, config, "format", "output_config.format")
-    if fmt is None:
-        return response_format(body)
-    if fmt.get("type") != "json_schema":
-        raise p.bad("output_config.format.type", f"expected json_schema, got {fmt.get('type')!r}")
-    return p.structured_format(fmt, "output_config.format")
-
-
-def _format_param(body: Mapping[str, Any]) -> str:
-    """The field the structured-output format came from (output_config.format, else response_format)."""
-    return "output_config.format" if (p.obj(body, "output_config") or {}).get("format") else "response_format"
+    return response_format(body) if fmt is None else format_object(fmt, "output_config.format")
 
 
 def parse_messages(raw: Any) -> GenerationParams:
     """A /v1/messages (or count_tokens) body -> GenerationParams; `ignored` names the fields it ignores."""
     body = body_object(raw)
     ignored = p.ignored_fields("messages", body)
-    grammar = _output_config(body)
+    fmt = _output_config(body)
     tools, choice = _tools(body)
     return GenerationParams(
         **p.generation_basics(body), **_thinking_fields(body),
@@ -213,6 +202,5 @@ def parse_messages(raw: Any) -> GenerationParams:
         max_tokens=p.max_tokens(body, ("max_tokens", "max_output_tokens")),
         stop=p.stop(body, "stop_sequences", STOP_SEQUENCES_LIMIT),
         template_kwargs=p.obj(body, "chat_template_kwargs") or {},
-        grammar=grammar, ignored=ignored,
-        format_param=_format_param(body),
+        output_format=fmt, ignored=ignored,
     )

@@ -7,16 +7,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gmlx_server.errors import InvalidRequest, UnsupportedFeature
-from gmlx_server.generation_params import GenerationParams
+from gmlx_server.generation_params import GenerationParams, OutputFormat
 from gmlx_server.protocol import jsonsafe
 from gmlx_server.protocol import params as p
 from gmlx_server.protocol.image_parts import openai_image, parts_content
-
-if TYPE_CHECKING:
-    from gmlx_server.engine.structured import CompiledGrammar
+from gmlx_server.protocol.output_fields import format_object
 
 _ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 _EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
@@ -134,9 +132,9 @@ def _tools(body: Mapping[str, Any]) -> tuple[tuple[dict[str, Any], ...] | None, 
     return (tuple(tools) if tools else None), choice
 
 
-def response_format(body: Mapping[str, Any]) -> CompiledGrammar | None:
-    """`response_format` json_schema / json_object, compiled now; text (or none) leaves output free."""
-    return p.structured_format(p.obj(body, "response_format"), "response_format")
+def response_format(body: Mapping[str, Any]) -> OutputFormat | None:
+    """`response_format` json_schema / json_object; text (or none) leaves output free."""
+    return format_object(p.obj(body, "response_format"), "response_format")
 
 
 def _reasoning(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -180,7 +178,7 @@ def parse_chat(raw: Any) -> GenerationParams:
     """A /v1/chat/completions body -> GenerationParams; `ignored` names the fields it ignores."""
     body = body_object(raw)
     ignored = p.ignored_fields("chat", body)
-    grammar = response_format(body)
+    fmt = response_format(body)
     tools, choice = _tools(body)
     top_logprobs = p.integer(body, "top_logprobs", 0, 20) or 0
     logprobs = bool(p.boolean(body, "logprobs"))
@@ -194,7 +192,7 @@ def parse_chat(raw: Any) -> GenerationParams:
         logprobs=logprobs, top_logprobs=top_logprobs,
         template_kwargs=p.obj(body, "chat_template_kwargs") or {},
         timings_per_token=bool(p.boolean(body, "timings_per_token")),
-        grammar=grammar, ignored=ignored,
+        output_format=fmt, ignored=ignored,
     )
 
 

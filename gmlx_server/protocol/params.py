@@ -9,14 +9,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from gmlx_server.config import PRIORITIES, PRIORITY_LIMIT
 from gmlx_server.errors import InvalidRequest, clip
-from gmlx_server.protocol import jsonsafe
-
-if TYPE_CHECKING:  # structured.py loads llguidance and MLX; it is imported when a request needs it
-    from gmlx_server.engine.structured import CompiledGrammar
 
 T = TypeVar("T")
 Route = Literal["chat", "responses", "messages", "completions"]
@@ -247,22 +243,3 @@ def priority(body: Mapping[str, Any]) -> int | None:
             raise bad("priority", f"expected one of {', '.join(PRIORITIES)} or an integer, got {clip(v)!r}")
         return PRIORITIES[v]
     return integer(body, "priority", -PRIORITY_LIMIT, PRIORITY_LIMIT)
-
-
-def structured_format(fmt: Mapping[str, Any] | None, where: str) -> CompiledGrammar | None:
-    """A structured-output format (chat response_format, Responses text.format, Anthropic
-    output_config.format) compiled now, so a bad one is a 400 naming `where` before generation."""
-    if fmt is None:
-        return None
-    if jsonsafe.depth_of(fmt) > jsonsafe.MAX_SCHEMA_DEPTH:  # the schema checkers recurse per level
-        raise InvalidRequest(f"'{where}': nested deeper than {jsonsafe.MAX_SCHEMA_DEPTH} levels of arrays and "
-                             "objects (the limit for a JSON schema)", param=where, code="json_too_deep")
-    from gmlx_server.engine.structured import StructuredOutputError, compile_response_format
-
-    try:
-        return compile_response_format(fmt)
-    except StructuredOutputError as e:
-        rest = e.param.removeprefix("response_format")
-        if where != "response_format":  # text.format and output_config.format hold the schema at the top
-            rest = rest.replace(".json_schema", "")
-        raise InvalidRequest(f"'{where}': {e}", param=where + rest) from None

@@ -10,17 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gmlx_server.errors import UnsupportedFeature
-from gmlx_server.generation_params import GenerationParams
+from gmlx_server.generation_params import GenerationParams, OutputFormat
 from gmlx_server.protocol import params as p
 from gmlx_server.protocol.image_parts import parts_content, responses_image
 from gmlx_server.protocol.openai import body_object, response_format, thinking_controls
+from gmlx_server.protocol.output_fields import format_object
 from gmlx_server.protocol.shared import merge_turns, name_tool_results, tool_call_entry, tool_function
-
-if TYPE_CHECKING:
-    from gmlx_server.engine.structured import CompiledGrammar
 
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 _TEXT_PARTS = {"input_text": "text", "output_text": "text", "text": "text", "refusal": "refusal"}
@@ -142,11 +140,11 @@ def _tool_choice(body: Mapping[str, Any]) -> str | dict[str, Any] | None:
     raise p.bad("tool_choice", 'expected none, auto, required or {"type": "function", "name": ...}')
 
 
-def _text_format(body: Mapping[str, Any]) -> CompiledGrammar | None:
+def _text_format(body: Mapping[str, Any]) -> OutputFormat | None:
     """Responses spells structured output `text.format` (the schema at its top); else response_format."""
     text = p.obj(body, "text") or {}
     fmt = p.nested(p.obj, text, "format", "text.format")
-    return response_format(body) if fmt is None else p.structured_format(fmt, "text.format")
+    return response_format(body) if fmt is None else format_object(fmt, "text.format")
 
 
 def _echo(body: Mapping[str, Any], max_tokens: int | None, instructions: str | None, store: bool,
@@ -165,7 +163,7 @@ def parse_responses(raw: Any) -> ResponsesRequest:
     """A /v1/responses body -> ResponsesRequest; `ignored` names the fields it ignores."""
     body = body_object(raw)
     ignored = p.ignored_fields("responses", body)
-    grammar = _text_format(body)
+    fmt = _text_format(body)
     instructions = p.string(body, "instructions") or None
     max_tokens = p.max_tokens(body, ("max_output_tokens", "max_tokens"))
     messages = _input(body)
@@ -174,8 +172,8 @@ def parse_responses(raw: Any) -> ResponsesRequest:
         messages=messages, tools=p.array_of(body, "tools", _tool) or None, tool_choice=_tool_choice(body),
         parallel_tool_calls=p.boolean(body, "parallel_tool_calls") is not False,
         max_tokens=max_tokens,
-        template_kwargs=p.obj(body, "chat_template_kwargs") or {}, grammar=grammar, ignored=ignored,
-        messages_param="input", format_param="text.format",
+        template_kwargs=p.obj(body, "chat_template_kwargs") or {}, output_format=fmt, ignored=ignored,
+        messages_param="input",
     )
     store = p.boolean(body, "store") is not False
     echo = {**_echo(body, max_tokens, instructions, store),

@@ -31,6 +31,7 @@ from gmlx_server.serving.generation import check_message_count, tokenize, tool_p
 from gmlx_server.serving.hf_policy import local_entry
 from gmlx_server.serving.image_fetch import ImagePolicy
 from gmlx_server.serving.model_host import ModelHost
+from gmlx_server.serving.output_format import compile_format
 from gmlx_server.serving.vision import prompt_images
 
 
@@ -98,6 +99,7 @@ class Estimator:
     async def estimate(self, inp: GenerationParams) -> dict[str, Any]:
         host = self.host
         check_message_count(inp)
+        await compile_format(inp.output_format)  # a format that cannot be enforced is the generation's 400
         addr = resolve_address(inp.model, inp.profile, host.catalog)
         tools, engine = await self.tools(addr.model_id)
         settings = resolve_settings(addr, tools.family, host.catalog)

@@ -34,6 +34,7 @@ from gmlx_server.serving.cache_points import request_hints
 from gmlx_server.serving.fair_share import Released
 from gmlx_server.serving.image_fetch import ImagePolicy
 from gmlx_server.serving.model_host import ModelHost
+from gmlx_server.serving.output_format import compile_format
 from gmlx_server.serving.reasoning import reasoning_syntax, reasoning_use, with_effort_budget
 from gmlx_server.serving.request_log import OutputCap
 from gmlx_server.serving.roles import REPAIRS
@@ -42,8 +43,8 @@ from gmlx_server.serving.tool_prompt import ToolPlan, note_compact, plan_tools, 
 from gmlx_server.serving.vision import PromptImages, prompt_images
 
 if TYPE_CHECKING:
-    from gmlx_server.engine.structured import CompiledGrammar
     from gmlx_server.engine.tool_syntax import ToolUse
+    from gmlx_server.engine.types import CompiledGrammar
     from gmlx_server.engine.vision.prompt import VisionPrompt
     from gmlx_server.serving.request_log import RequestRecord
 
@@ -226,6 +227,7 @@ class Prompt:
     tools: ToolPlan | None = None  # the syntax the reply's tool calls are read in
     vision: VisionPrompt | None = None  # its images, at their soft tokens in `ids`
     reasoning: ReasoningSyntax | None = None  # the template's thinking block
+    grammar: CompiledGrammar | None = None  # the request's output format, compiled
 
 
 def tool_plan(host: ModelHost, model_id: str, inp: GenerationParams, template: ChatTemplate) -> ToolPlan | None:
@@ -235,7 +237,8 @@ def tool_plan(host: ModelHost, model_id: str, inp: GenerationParams, template: C
 
 async def prepare_prompt(host: ModelHost, inp: GenerationParams) -> Prompt:
     """Address -> engine -> template -> tokens: shared by generation and token counting, so both agree."""
-    check_message_count(inp)  # before a model loads for it
+    check_message_count(inp)  # before a model loads for it, as is the output format's compile
+    grammar = await compile_format(inp.output_format)
     addr = resolve_address(inp.model, inp.profile, host.catalog)
     engine: Engine = await host.engine(addr.model_id)
     settings = resolve_settings(addr, engine.info.family, host.catalog)
@@ -246,7 +249,8 @@ async def prepare_prompt(host: ModelHost, inp: GenerationParams) -> Prompt:
                                               addr.model_id, engine.info.context_length, plan, images,
                                               host.entry(addr.model_id).tool_prompt_budget)
     return Prompt(engine, addr.model_id, settings, text, ids, plan, images.bind(ids) if images is not None else None,
-                  reasoning_syntax(engine.template) if inp.prompt is None else None)  # a raw prompt has no template
+                  reasoning_syntax(engine.template) if inp.prompt is None else None,  # a raw prompt has no template
+                  grammar)
 
 
 async def count_prompt_tokens(host: ModelHost, inp: GenerationParams) -> tuple[str, int]:
@@ -284,7 +288,7 @@ def build_request(prompt: Prompt, inp: GenerationParams, request_id: str, cap: O
         sampling=sampling,
         stop=add_stops(add_stops(inp.stop, tool_stops), settings.stop),
         logprobs=inp.logprobs, top_logprobs=min(inp.top_logprobs, top_logprobs_k),
-        thinking=thinking, starts_in_thinking=opened, grammar=inp.grammar or tool_grammar, vision=prompt.vision,
+        thinking=thinking, starts_in_thinking=opened, grammar=prompt.grammar or tool_grammar, vision=prompt.vision,
         priority=inp.priority if inp.priority is not None else settings.priority or 0,
     )
 
@@ -366,9 +370,9 @@ def _submit(host: ModelHost, prep: Prepared, record: RequestRecord | None) -> Re
 def check_speculative(inp: GenerationParams, settings: Settings, sampling: SamplingParams) -> None:
     """A speculative model honours only what its rounds can (engine/draft_policy.py): a grammar or any other
     request-level logits processor is a 400 naming the field and who set it."""
-    if inp.grammar is not None:
-        raise UnsupportedFeature(f"'{inp.format_param}': {refusal('grammar', inp.format_param)}",
-                                 param=inp.format_param)
+    if inp.output_format is not None:
+        source = inp.output_format.source
+        raise UnsupportedFeature(f"'{source}': {refusal('grammar', source)}", param=source)
     refused = unsupported_sampling(sampling)
     if refused:
         name = refused[0]

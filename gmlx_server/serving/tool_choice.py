@@ -21,7 +21,7 @@ from gmlx_server.serving.telemetry import Telemetry
 from gmlx_server.serving.tool_prompt import ToolPlan, chosen_function
 
 if TYPE_CHECKING:
-    from gmlx_server.engine.structured import CompiledGrammar
+    from gmlx_server.engine.types import CompiledGrammar
     from gmlx_server.serving.request_log import RequestRecord
 
 log = logging.getLogger("gmlx.tools")
@@ -71,7 +71,7 @@ async def constrain_tools(plan: ToolPlan | None, inp: GenerationParams, engine: 
     A whitespace stop string (a one-line profile's "\n") would cut a call laid out on lines: it is held
     to one line then."""
     name = check_choice(inp)
-    if plan is None or inp.grammar is not None:
+    if plan is None or inp.output_format is not None:
         return None
     forced = name is not None or inp.tool_choice == "required"
     why = _why_not(plan, forced, engine, thinking)

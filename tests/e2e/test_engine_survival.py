@@ -17,7 +17,7 @@ from gmlx_server.engine import scheduler as scheduler_mod
 from gmlx_server.engine import structured as structured_mod
 from gmlx_server.engine.loader import load_gguf_model
 from gmlx_server.engine.mlx_engine import MLXEngine
-from gmlx_server.engine.structured import compile_response_format
+from gmlx_server.engine.structured import json_grammar
 from gmlx_server.engine.types import EngineClosed, GenerationRequest, SamplingParams, TokenEvent
 from tests.conftest import smollm2_path
 
@@ -158,7 +158,7 @@ def test_a_failing_grammar_fails_alone(engine: MLXEngine, baseline: dict[str, st
         return real(self, token)
 
     monkeypatch.setattr(structured_mod.GrammarConstraint, "consume", consume)
-    grammar = compile_response_format({"type": "json_object"})
+    grammar = json_grammar({"type": "object"}, "json_object")
     _assert_only_victim_failed(engine, baseline, _victim(engine, grammar=grammar))
 
 

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from gmlx_server.engine.loader import LoadedModel, load_gguf_model
 from gmlx_server.engine.sampling import RequestSampler
-from gmlx_server.engine.structured import GrammarConstraint, GrammarTokenizerCache, compile_response_format
+from gmlx_server.engine.structured import GrammarConstraint, GrammarTokenizerCache, json_grammar
 from gmlx_server.engine.types import SamplingParams
 from tests.conftest import smollm2_path
 
@@ -124,7 +124,7 @@ def test_constrained_outputs_parse_and_validate(
     sample_seed: int,
 ) -> None:
     loaded, cache, width = smol
-    compiled = compile_response_format({"type": "json_schema", "json_schema": {"name": "t", "schema": schema}})
+    compiled = json_grammar(schema)
     assert compiled is not None
     constraint = GrammarConstraint(compiled, cache.get(loaded.tokenizer, width))
     tokens, finished = _constrained(loaded, constraint, _prompt(loaded, schema),
@@ -140,7 +140,7 @@ def test_constrained_outputs_parse_and_validate(
 def test_json_object_mode_gives_an_object(smol: tuple[LoadedModel, GrammarTokenizerCache, int]) -> None:
     """The permissive grammar has no length bound: unfinished at the cap, the text is still a valid prefix."""
     loaded, cache, width = smol
-    compiled = compile_response_format({"type": "json_object"})
+    compiled = json_grammar({"type": "object"}, "json_object")
     assert compiled is not None
     constraint = GrammarConstraint(compiled, cache.get(loaded.tokenizer, width))
     prompt = _prompt(loaded, {"type": "object", "properties": {"city": {"type": "string"}}})

@@ -14,7 +14,7 @@ import pytest
 
 from gmlx_server.engine.request_run import Progress, RequestRun
 from gmlx_server.engine.sampling import RequestSampler
-from gmlx_server.engine.structured import GrammarTokenizerCache, compile_response_format
+from gmlx_server.engine.structured import GrammarTokenizerCache, json_grammar
 from gmlx_server.engine.types import GenerationRequest, SamplingParams, TokenEvent
 from tests.unit.test_structured import SCHEMA, FakeVocab
 
@@ -52,7 +52,7 @@ def _run(schema: dict[str, Any], seed: int, temperature: float = 0.0, max_tokens
          forced: dict[int, int] | None = None) -> list[TokenEvent]:
     """Prefill, then draw/accept one token at a time, as BatchDecoder.step does for each row."""
     vocab, events = Tokenizer(), list[TokenEvent]()
-    grammar = compile_response_format({"type": "json_schema", "json_schema": {"schema": schema}})
+    grammar = json_grammar(schema)
     request = GenerationRequest("r", [1, 2, 3], max_tokens, SamplingParams(temperature, seed=seed), grammar=grammar)
     cache = GrammarTokenizerCache()
     seq = RequestRun(RandomModel(vocab.padded, seed), vocab, request, events.append, lambda: False, Progress(),

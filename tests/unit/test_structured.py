@@ -5,7 +5,6 @@ from __future__ import annotations
 import gc
 import json
 import logging
-from typing import Any
 
 import jsonschema
 import mlx.core as mx
@@ -17,9 +16,8 @@ from gmlx_server.engine.structured import (
     GrammarConstraint,
     GrammarTokenizerCache,
     GrammarViolation,
-    StructuredOutputError,
     apply_token_bitmask,
-    compile_response_format,
+    json_grammar,
     metal_mask_available,
 )
 
@@ -82,48 +80,10 @@ def test_cpu_device_takes_the_portable_path() -> None:
         pytest.skip("Metal device: the kernel path is the right one here")
     assert not metal_mask_available()
     cache = GrammarTokenizerCache()
-    compiled = compile_response_format({"type": "json_object"})
+    compiled = json_grammar({"type": "object"}, "json_object")
     assert compiled is not None
     constraint = GrammarConstraint(compiled, cache.get(FakeVocab()))
     assert not constraint.uses_metal
-
-
-# response_format checks ---------------------------------------------------------------------------
-
-def test_formats_that_compile() -> None:
-    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
-    compiled = compile_response_format({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
-    assert compiled is not None and compiled.kind == "json_schema" and compiled.schema == schema
-    anthropic = compile_response_format({"type": "json_schema", "schema": schema})  # output_config.format
-    assert anthropic is not None and anthropic.grammar == compiled.grammar
-    obj = compile_response_format({"type": "json_object"})
-    assert obj is not None and obj.kind == "json_object" and obj.schema == {"type": "object"}
-    assert compile_response_format({"type": "text"}) is None
-
-
-@pytest.mark.parametrize("fmt", [{"type": "xml"}, {"type": None}, {}, {"type": "grammar", "grammar": "x"}])
-def test_unknown_types_are_rejected(fmt: dict[str, Any]) -> None:
-    with pytest.raises(StructuredOutputError, match="not supported") as err:
-        compile_response_format(fmt)
-    assert isinstance(err.value, ValueError) and err.value.param == "response_format.type"
-
-
-@pytest.mark.parametrize("schema", [
-    {"type": "strin"},
-    {"type": "object", "properties": 5},
-    {"type": "integer", "minimum": "a"},
-    {"type": "integer", "minimum": 5, "maximum": 1},
-    {"type": "string", "pattern": "(("},
-    {"$ref": "#/definitions/missing"},
-    {"allOf": [{"type": "string"}, {"type": "integer"}]},
-    [],
-    "not a schema",
-    None,
-])
-def test_malformed_schemas_are_rejected_before_generation(schema: Any) -> None:
-    with pytest.raises(StructuredOutputError) as err:
-        compile_response_format({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
-    assert err.value.param is not None and err.value.param.startswith("response_format")
 
 
 # The tokenizer cache ------------------------------------------------------------------------------
@@ -187,7 +147,7 @@ def _decode(constraint: GrammarConstraint, vocab: FakeVocab, seed: int, explicit
 @pytest.mark.parametrize(("seed", "explicit"), [(0, False), (1, True), (2, False), (3, True)])
 def test_random_logits_through_the_constraint_give_valid_json(seed: int, explicit: bool) -> None:
     vocab = FakeVocab()
-    compiled = compile_response_format({"type": "json_schema", "json_schema": {"schema": SCHEMA}})
+    compiled = json_grammar(SCHEMA)
     assert compiled is not None
     constraint = GrammarConstraint(compiled, GrammarTokenizerCache().get(vocab, vocab.padded))
     text = _decode(constraint, vocab, seed, explicit)
@@ -197,7 +157,7 @@ def test_random_logits_through_the_constraint_give_valid_json(seed: int, explici
 
 def test_finished_grammar_allows_only_eos() -> None:
     vocab = FakeVocab()
-    compiled = compile_response_format({"type": "json_schema", "json_schema": {"schema": {"enum": [7]}}})
+    compiled = json_grammar({"enum": [7]})
     assert compiled is not None
     constraint = GrammarConstraint(compiled, GrammarTokenizerCache().get(vocab, vocab.padded))
     first = constraint(mx.array([1]), mx.zeros((vocab.padded,)))
@@ -210,7 +170,7 @@ def test_finished_grammar_allows_only_eos() -> None:
 
 def test_a_forbidden_token_is_a_grammar_violation() -> None:
     vocab = FakeVocab()
-    compiled = compile_response_format({"type": "json_object"})
+    compiled = json_grammar({"type": "object"}, "json_object")
     assert compiled is not None
     constraint = GrammarConstraint(compiled, GrammarTokenizerCache().get(vocab))
     constraint(mx.array([1]), mx.zeros((1, vocab.vocab_size)))
@@ -220,7 +180,7 @@ def test_a_forbidden_token_is_a_grammar_violation() -> None:
 
 def test_history_is_required_after_the_first_token() -> None:
     vocab = FakeVocab()
-    compiled = compile_response_format({"type": "json_object"})
+    compiled = json_grammar({"type": "object"}, "json_object")
     assert compiled is not None
     constraint = GrammarConstraint(compiled, GrammarTokenizerCache().get(vocab))
     constraint(mx.array([], dtype=mx.int32), mx.zeros((1, vocab.vocab_size)))  # first call: nothing to consume
