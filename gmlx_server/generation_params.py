@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-FormatKind = Literal["json_schema", "json_object"]
+FormatKind = Literal["json_schema", "json_object", "regex", "choice", "grammar"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,9 @@ class OutputFormat:
     source: str  # the field that carried it (response_format, text.format, structured_outputs, grammar)
     param: str  # where its payload sits (response_format.json_schema.schema), named by the 400 on a bad one
     schema: Mapping[str, Any] | None = None  # json_schema, json_object
+    pattern: str | None = None  # regex
+    choices: tuple[str, ...] = ()  # choice
+    grammar: str | None = None  # grammar: llguidance's Lark, or GBNF as llama-server takes it
 
 
 @dataclass(frozen=True)

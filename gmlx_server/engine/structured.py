@@ -1,9 +1,9 @@
-"""Grammar-constrained decoding with llguidance: JSON schemas (and tool calls, whose grammars
-engine/tool_grammar.py builds).
+"""Grammar-constrained decoding with llguidance: JSON schemas, regexes, choices and Lark / GBNF grammars (and
+tool calls, whose grammars engine/tool_grammar.py builds).
 
 Three pieces, each owned by its caller:
-- `json_grammar` checks an output format before generation (the service turns a StructuredOutputError
-  into a 400 naming the field);
+- `json_grammar`, `regex_grammar`, `choice_grammar` and `lark_grammar` check an output format before
+  generation (the service turns a StructuredOutputError into a 400 naming the field);
 - `GrammarTokenizerCache` builds llguidance's view of a model's vocabulary once per tokenizer;
 - `GrammarConstraint` is a per-request logits processor that masks every token the grammar forbids.
 
@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import llguidance as llg
@@ -40,7 +40,7 @@ JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separato
 
 
 class StructuredOutputError(ValueError):
-    """An output format that cannot be enforced (a malformed schema)."""
+    """An output format that cannot be enforced (a malformed schema, regex or grammar)."""
 
     def __init__(self, message: str, param: str = "response_format") -> None:
         super().__init__(message)
@@ -60,6 +60,26 @@ def json_grammar(schema: Mapping[str, Any], kind: Literal["json_schema", "json_o
     except ValueError as e:
         raise StructuredOutputError(f"malformed JSON schema: {e}") from e
     return CompiledGrammar(kind, schema, _checked(grammar, "JSON schema cannot be enforced"))
+
+
+def regex_grammar(pattern: str) -> CompiledGrammar:
+    """The whole output matches `pattern` (Rust regex syntax, as llguidance reads it)."""
+    return CompiledGrammar("regex", None, _checked(llg.LLMatcher.grammar_from_regex(pattern), "invalid regex"))
+
+
+def choice_grammar(choices: Sequence[str]) -> CompiledGrammar:
+    """The output is exactly one of `choices`."""
+    return CompiledGrammar("choice", None, _checked(llg.grammar_from("choice", json.dumps(list(choices))),
+                                                    "choices cannot be enforced"))
+
+
+def lark_grammar(text: str) -> CompiledGrammar:
+    """llguidance's Lark, or GBNF as llama-server takes it (converted to Lark first)."""
+    try:
+        grammar = llg.grammar_from("grammar", text)
+    except ValueError as e:
+        raise StructuredOutputError(f"invalid grammar: {first_line(str(e))}") from e
+    return CompiledGrammar("grammar", None, _checked(grammar, "invalid grammar"))
 
 
 def _check_draft(schema: Mapping[str, Any]) -> None:

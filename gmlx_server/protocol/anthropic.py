@@ -15,7 +15,7 @@ from gmlx_server.generation_params import GenerationParams, OutputFormat
 from gmlx_server.protocol import params as p
 from gmlx_server.protocol.image_parts import anthropic_image, parts_content
 from gmlx_server.protocol.openai import body_object, response_format, text_content, thinking_controls
-from gmlx_server.protocol.output_fields import format_object
+from gmlx_server.protocol.output_fields import format_object, output_format
 from gmlx_server.protocol.shared import merge_turns, name_tool_results, tool_call_entry, tool_function
 
 _EFFORTS = {"low": "low", "medium": "medium", "high": "high", "xhigh": "xhigh", "max": "xhigh"}
@@ -184,10 +184,11 @@ def _thinking_fields(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _output_config(body: Mapping[str, Any]) -> OutputFormat | None:
-    """Anthropic's structured output (output_config.format), else OpenAI's response_format."""
+    """Anthropic's structured output (output_config.format), else OpenAI's response_format; or an alias."""
     config = p.obj(body, "output_config") or {}
     fmt = p.nested(p.obj, config, "format", "output_config.format")
-    return response_format(body) if fmt is None else format_object(fmt, "output_config.format")
+    native = response_format(body) if fmt is None else format_object(fmt, "output_config.format")
+    return output_format(body, native)
 
 
 def parse_messages(raw: Any) -> GenerationParams:

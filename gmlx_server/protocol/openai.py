@@ -14,7 +14,7 @@ from gmlx_server.generation_params import GenerationParams, OutputFormat
 from gmlx_server.protocol import jsonsafe
 from gmlx_server.protocol import params as p
 from gmlx_server.protocol.image_parts import openai_image, parts_content
-from gmlx_server.protocol.output_fields import format_object
+from gmlx_server.protocol.output_fields import format_object, output_format
 
 _ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 _EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
@@ -133,7 +133,7 @@ def _tools(body: Mapping[str, Any]) -> tuple[tuple[dict[str, Any], ...] | None, 
 
 
 def response_format(body: Mapping[str, Any]) -> OutputFormat | None:
-    """`response_format` json_schema / json_object; text (or none) leaves output free."""
+    """`response_format` (json_schema, json_object, regex, choice, grammar); text (or none) leaves output free."""
     return format_object(p.obj(body, "response_format"), "response_format")
 
 
@@ -178,7 +178,7 @@ def parse_chat(raw: Any) -> GenerationParams:
     """A /v1/chat/completions body -> GenerationParams; `ignored` names the fields it ignores."""
     body = body_object(raw)
     ignored = p.ignored_fields("chat", body)
-    fmt = response_format(body)
+    fmt = output_format(body, response_format(body))
     tools, choice = _tools(body)
     top_logprobs = p.integer(body, "top_logprobs", 0, 20) or 0
     logprobs = bool(p.boolean(body, "logprobs"))
@@ -221,5 +221,5 @@ def parse_completion(raw: Any) -> GenerationParams:
     return GenerationParams(
         **_common(body), prompt=prompt,
         max_tokens=p.max_tokens(body, ("max_tokens", "max_output_tokens")),
-        ignored=ignored,
+        output_format=output_format(body, response_format(body)), ignored=ignored,
     )

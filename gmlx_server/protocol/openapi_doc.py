@@ -12,6 +12,7 @@ from typing import Any
 from gmlx_server.protocol.anthropic import STOP_SEQUENCES_LIMIT
 from gmlx_server.protocol.jsonsafe import MAX_DEPTH
 from gmlx_server.protocol.openapi_services import service_paths, service_schemas
+from gmlx_server.protocol.output_fields import FORMAT_TYPES, MAX_CHOICES, MAX_GRAMMAR_CHARS
 from gmlx_server.protocol.params import SAMPLING_FIELDS
 
 Schema = dict[str, Any]
@@ -56,9 +57,19 @@ def _sampling() -> dict[str, Schema]:
 
 
 def _generation(**props: Schema) -> dict[str, Schema]:
-    """What every generation route reads alike (params.generation_basics), plus the route's own fields."""
+    """What every generation route reads alike (params.generation_basics, the structured-output aliases), plus
+    the route's own fields."""
     return {"model": STRING, "profile": STRING, "stream": BOOL, "logit_bias": ref("LogitBias"), **_sampling(),
-            "chat_template_kwargs": OBJECT, "priority": PRIORITY, **props}
+            "chat_template_kwargs": OBJECT, "priority": PRIORITY,
+            "structured_outputs": obj(json=one_of(OBJECT, STRING), json_object={"enum": [True]}, regex=GRAMMAR,
+                                      choice=CHOICES, grammar=GRAMMAR),
+            "grammar": GRAMMAR, **props}
+
+
+def _format(**schema: Schema) -> Schema:
+    """A route's format object: `schema` says where its JSON schema sits (OpenAI nests it under json_schema)."""
+    return obj(("type",), type={"enum": list(FORMAT_TYPES)}, regex=GRAMMAR, choice=CHOICES, grammar=GRAMMAR,
+               **schema)
 
 
 def _thinking() -> dict[str, Schema]:
@@ -69,6 +80,8 @@ def _thinking() -> dict[str, Schema]:
 
 
 DETAIL = {"enum": ["auto", "low", "high"]}
+GRAMMAR: Schema = {"type": "string", "minLength": 1, "maxLength": MAX_GRAMMAR_CHARS}  # a regex, Lark or GBNF
+CHOICES: Schema = array({"type": "string", "minLength": 1}, minItems=1, maxItems=MAX_CHOICES)
 PRIORITY = one_of({"enum": ["interactive", "normal", "batch"]}, {"type": "integer", "minimum": -1000, "maximum": 1000})
 
 
@@ -87,11 +100,9 @@ def _chat() -> Schema:
                function=obj(("name",), name=STRING, description=STRING, parameters=OBJECT))
     choice = one_of({"enum": ["none", "auto", "required"]}, obj(("type", "function"), type={"enum": ["function"]},
                                                                  function=obj(("name",), name=STRING)))
-    fmt = obj(("type",), type={"enum": ["text", "json_object", "json_schema"]},
-              json_schema=obj(("schema",), name=STRING, schema=OBJECT, strict=BOOL))
     return obj(("messages",), **_generation(
         messages=array(ref("ChatMessage"), minItems=1), tools=array(tool), tool_choice=choice, parallel_tool_calls=BOOL,
-        response_format=fmt, stream_options=obj(include_usage=BOOL), stop=ref("Stop"),
+        response_format=ref("ResponseFormat"), stream_options=obj(include_usage=BOOL), stop=ref("Stop"),
         max_tokens=TOKENS, max_completion_tokens=TOKENS, max_output_tokens=TOKENS,
         logprobs=BOOL, top_logprobs={"type": "integer", "minimum": 0, "maximum": 20},
         timings_per_token=BOOL, dry_run=BOOL, **_thinking()))
@@ -99,7 +110,8 @@ def _chat() -> Schema:
 
 def _completion() -> Schema:
     return obj(("prompt",), **_generation(
-        prompt=STRING, max_tokens=TOKENS, max_output_tokens=TOKENS, stop=ref("Stop"),
+        prompt=STRING, response_format=ref("ResponseFormat"), max_tokens=TOKENS, max_output_tokens=TOKENS,
+        stop=ref("Stop"),
         stream_options=obj(include_usage=BOOL), n={"type": "integer", "minimum": 1, "maximum": 1},
         best_of={"type": "integer", "minimum": 1, "maximum": 1}, echo={"enum": [False]}, suffix={"enum": [""]}))
 
@@ -126,8 +138,7 @@ def _messages() -> Schema:
         stop_sequences=array(STRING, maxItems=STOP_SEQUENCES_LIMIT),
         thinking=obj(("type",), type={"enum": ["enabled", "disabled", "adaptive"]},
                      budget_tokens={"type": "integer", "minimum": 0}),
-        output_config=obj(effort=STRING, format=obj(("type", "schema"), type={"enum": ["json_schema"]},
-                                                     schema=OBJECT)),
+        output_config=obj(effort=STRING, format=_format(schema=OBJECT)), response_format=ref("ResponseFormat"),
         metadata=OBJECT, **_thinking()))
 
 
@@ -143,11 +154,11 @@ def _responses() -> Schema:
     tool = obj(("type",), type=STRING, name=STRING, description=STRING, parameters=OBJECT)
     choice = one_of({"enum": ["none", "auto", "required"]}, obj(("type", "name"), type={"enum": ["function"]},
                                                                  name=STRING))
-    fmt = obj(("type",), type={"enum": ["text", "json_object", "json_schema"]}, name=STRING, schema=OBJECT)
+    fmt = _format(name=STRING, schema=OBJECT)
     return obj(("input",), **_generation(
         input=one_of(STRING, array(item, minItems=1)), instructions=STRING, tools=array(tool), tool_choice=choice,
-        parallel_tool_calls=BOOL,
-        text=obj(format=fmt), max_output_tokens=TOKENS, max_tokens=TOKENS, store=BOOL,
+        parallel_tool_calls=BOOL, text=obj(format=fmt), response_format=ref("ResponseFormat"),
+        max_output_tokens=TOKENS, max_tokens=TOKENS, store=BOOL,
         previous_response_id=STRING, metadata=OBJECT, **_thinking()))
 
 
@@ -165,6 +176,7 @@ def _components() -> Schema:
             "ChatRequest": _chat(), "CompletionRequest": _completion(), "MessagesRequest": _messages(),
             "ResponsesRequest": _responses(), "ChatMessage": _chat_message(), "AnthropicBlock": _anthropic_block(),
             "ModelRequest": obj(model=STRING, keep=BOOL, warm=BOOL),
+            "ResponseFormat": _format(json_schema=obj(("schema",), name=STRING, schema=OBJECT, strict=BOOL)),
             "Stop": one_of(STRING, array(STRING, maxItems=16)),
             "LogitBias": {"type": "object", "propertyNames": {"pattern": "^[0-9]+$"},
                           "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}},

@@ -20,8 +20,8 @@ ROUTES: tuple[Route, ...] = ("chat", "responses", "messages", "completions")
 _H, _I = "honored", "ignored"
 _CHECKED = "checked"  # validated and never warned about (completions rejects n > 1 and best_of > 1)
 
-# The table. /v1/completions takes standard sampling, seed, stop, stream, stream_options and profile;
-# no template, no logprobs.
+# The table. /v1/completions takes standard sampling, seed, stop, stream, stream_options, profile and the
+# structured-output fields; no template, no logprobs.
 #                         chat responses messages completions
 PARAMETER_TABLE: Mapping[str, tuple[str, str, str, str]] = {
     "max_completion_tokens": (_H, _I, _I, _I),
@@ -35,7 +35,9 @@ PARAMETER_TABLE: Mapping[str, tuple[str, str, str, str]] = {
     "seed": (_H, _H, _H, _H),
     "stream_options": (_H, _I, _I, _H),
     "timings_per_token": (_H, _I, _I, _I),
-    "response_format": (_H, _H, _H, _I),
+    "response_format": (_H, _H, _H, _H),
+    "structured_outputs": (_H, _H, _H, _H),  # vLLM's spelling
+    "grammar": (_H, _H, _H, _H),  # llama-server's (GBNF)
     "logprobs": (_H, _I, _I, _I),
     "top_logprobs": (_H, _I, _I, _I),
     "stop": (_H, _I, _I, _H),

@@ -17,7 +17,7 @@ from gmlx_server.generation_params import GenerationParams, OutputFormat
 from gmlx_server.protocol import params as p
 from gmlx_server.protocol.image_parts import parts_content, responses_image
 from gmlx_server.protocol.openai import body_object, response_format, thinking_controls
-from gmlx_server.protocol.output_fields import format_object
+from gmlx_server.protocol.output_fields import format_object, output_format
 from gmlx_server.protocol.shared import merge_turns, name_tool_results, tool_call_entry, tool_function
 
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
@@ -141,10 +141,11 @@ def _tool_choice(body: Mapping[str, Any]) -> str | dict[str, Any] | None:
 
 
 def _text_format(body: Mapping[str, Any]) -> OutputFormat | None:
-    """Responses spells structured output `text.format` (the schema at its top); else response_format."""
+    """Responses spells structured output `text.format` (the schema at its top); else response_format; or an
+    alias."""
     text = p.obj(body, "text") or {}
     fmt = p.nested(p.obj, text, "format", "text.format")
-    return response_format(body) if fmt is None else format_object(fmt, "text.format")
+    return output_format(body, response_format(body) if fmt is None else format_object(fmt, "text.format"))
 
 
 def _echo(body: Mapping[str, Any], max_tokens: int | None, instructions: str | None, store: bool,

@@ -28,6 +28,12 @@ async def compile_format(fmt: OutputFormat | None) -> CompiledGrammar | None:
 def _compile(fmt: OutputFormat) -> CompiledGrammar:
     from gmlx_server.engine import structured
 
-    if fmt.schema is not None:
-        return structured.json_grammar(fmt.schema, fmt.kind)
+    if fmt.kind in ("json_schema", "json_object") and fmt.schema is not None:
+        return structured.json_grammar(fmt.schema, "json_object" if fmt.kind == "json_object" else "json_schema")
+    if fmt.kind == "regex" and fmt.pattern is not None:
+        return structured.regex_grammar(fmt.pattern)
+    if fmt.kind == "choice":
+        return structured.choice_grammar(fmt.choices)
+    if fmt.kind == "grammar" and fmt.grammar is not None:
+        return structured.lark_grammar(fmt.grammar)
     raise ValueError(f"output format {fmt.kind!r} without its payload")  # the protocol layer never builds one
