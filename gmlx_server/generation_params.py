@@ -62,6 +62,7 @@ class GenerationParams:
     reasoning_effort: str | None = None
     stream: bool = False
     priority: int | None = None  # lower is served sooner and shed later; None: the profile's, else normal (0)
+    keep_alive_s: float | None = None  # the model's lifetime after this request (inf: no end); None: leave it as is
     include_usage: bool = False
     timings_per_token: bool = False
     output_format: OutputFormat | None = None  # structured output; the service compiles it

@@ -11,6 +11,7 @@ from typing import Any
 
 from gmlx_server.protocol.anthropic import STOP_SEQUENCES_LIMIT
 from gmlx_server.protocol.jsonsafe import MAX_DEPTH
+from gmlx_server.protocol.lifetime import PATTERN as DURATION_PATTERN
 from gmlx_server.protocol.openapi_services import service_paths, service_schemas
 from gmlx_server.protocol.output_fields import FORMAT_TYPES, MAX_CHOICES, MAX_GRAMMAR_CHARS
 from gmlx_server.protocol.params import SAMPLING_FIELDS
@@ -60,7 +61,7 @@ def _generation(**props: Schema) -> dict[str, Schema]:
     """What every generation route reads alike (params.generation_basics, the structured-output aliases), plus
     the route's own fields."""
     return {"model": STRING, "profile": STRING, "stream": BOOL, "logit_bias": ref("LogitBias"), **_sampling(),
-            "chat_template_kwargs": OBJECT, "priority": PRIORITY,
+            "chat_template_kwargs": OBJECT, "priority": PRIORITY, **LIFETIME,
             "structured_outputs": obj(json=one_of(OBJECT, STRING), json_object={"enum": [True]}, regex=GRAMMAR,
                                       choice=CHOICES, grammar=GRAMMAR),
             "grammar": GRAMMAR, **props}
@@ -82,6 +83,9 @@ def _thinking() -> dict[str, Schema]:
 DETAIL = {"enum": ["auto", "low", "high"]}
 GRAMMAR: Schema = {"type": "string", "minLength": 1, "maxLength": MAX_GRAMMAR_CHARS}  # a regex, Lark or GBNF
 CHOICES: Schema = array({"type": "string", "minLength": 1}, minItems=1, maxItems=MAX_CHOICES)
+# keep_alive (Ollama) or ttl (LM Studio), not both: seconds or a Go duration; negative: no end, 0: unload after
+DURATION = one_of({"type": "number"}, {"type": "string", "pattern": DURATION_PATTERN})
+LIFETIME: dict[str, Schema] = {"keep_alive": DURATION, "ttl": DURATION}
 PRIORITY = one_of({"enum": ["interactive", "normal", "batch"]}, {"type": "integer", "minimum": -1000, "maximum": 1000})
 
 
@@ -175,7 +179,7 @@ def _components() -> Schema:
         "schemas": {
             "ChatRequest": _chat(), "CompletionRequest": _completion(), "MessagesRequest": _messages(),
             "ResponsesRequest": _responses(), "ChatMessage": _chat_message(), "AnthropicBlock": _anthropic_block(),
-            "ModelRequest": obj(model=STRING, keep=BOOL, warm=BOOL),
+            "ModelRequest": obj(model=STRING, keep=BOOL, warm=BOOL, keep_alive=DURATION, ttl=DURATION),
             "ResponseFormat": _format(json_schema=obj(("schema",), name=STRING, schema=OBJECT, strict=BOOL)),
             "Stop": one_of(STRING, array(STRING, maxItems=16)),
             "LogitBias": {"type": "object", "propertyNames": {"pattern": "^[0-9]+$"},

@@ -13,6 +13,7 @@ from typing import Any, Literal, TypeVar
 
 from gmlx_server.config import PRIORITIES, PRIORITY_LIMIT
 from gmlx_server.errors import InvalidRequest, clip
+from gmlx_server.protocol.lifetime import parse_duration
 
 T = TypeVar("T")
 Route = Literal["chat", "responses", "messages", "completions"]
@@ -51,7 +52,7 @@ PARAMETER_TABLE: Mapping[str, tuple[str, str, str, str]] = {
     **{k: (_H, _H, _H, _H) for k in (
         "max_tokens", "max_output_tokens", "temperature", "top_p", "top_k", "min_p", "top_n_sigma", "p_less",
         "typical_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "repetition_context_size",
-        "presence_context_size", "frequency_context_size", "xtc_threshold")},
+        "presence_context_size", "frequency_context_size", "xtc_threshold", "keep_alive", "ttl")},
     **{k: (_H, _H, _H, _I) for k in ("enable_thinking", "thinking_budget", "reasoning", "reasoning_effort")},
 }
 
@@ -228,12 +229,42 @@ def max_tokens(body: Mapping[str, Any], names: Sequence[str]) -> int | None:
 
 
 def generation_basics(body: Mapping[str, Any]) -> dict[str, Any]:
-    """model, profile, sampling, logit_bias and stream: the fields every chat-style route reads alike."""
+    """model, profile, sampling, logit_bias, stream, priority, keep_alive: what every generation route reads."""
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise bad("model", f"expected a string, got {json_type(model)}")
     return {"model": model or "", "profile": string(body, "profile") or None, "sampling": sampling(body),
-            "logit_bias": logit_bias(body), "stream": bool(boolean(body, "stream")), "priority": priority(body)}
+            "logit_bias": logit_bias(body), "stream": bool(boolean(body, "stream")), "priority": priority(body),
+            "keep_alive_s": keep_alive(body)}
+
+
+KEEP_ALIVE_FIELDS = ("keep_alive", "ttl")  # Ollama's word and LM Studio's, for one setting
+
+
+def keep_alive(body: Mapping[str, Any]) -> float | None:
+    """How long the model stays resident once this request ends, in seconds (math.inf: no end, 0: unload it
+    then); None when the body sets neither `keep_alive` nor `ttl`, a 400 naming the field when it sets both."""
+    given = [name for name in KEEP_ALIVE_FIELDS if body.get(name) is not None]
+    if len(given) > 1:
+        raise bad("ttl", "'keep_alive' and 'ttl' both set how long the model stays loaded; send one of them")
+    return lifetime(body[given[0]], given[0]) if given else None
+
+
+def lifetime(v: Any, name: str) -> float:
+    """A number of seconds or a duration string; any negative value is math.inf (kept with no end)."""
+    try:
+        if isinstance(v, str):
+            seconds = parse_duration(v)
+        elif isinstance(v, int | float) and not isinstance(v, bool):
+            seconds = float(v)
+        else:
+            raise bad(name, f"expected a number of seconds or a duration string, got {json_type(v)}")
+    except (ValueError, OverflowError):  # overflow: an integer beyond any float
+        raise bad(name, f'expected a duration such as "10m", "1h30m" or "45s", a number of seconds, or -1 '
+                        f"(no end), got {clip(str(v))!r}") from None
+    if not math.isfinite(seconds):
+        raise bad(name, f"out of range, got {clip(str(v))!r}")
+    return math.inf if seconds < 0 else seconds
 
 
 def priority(body: Mapping[str, Any]) -> int | None:

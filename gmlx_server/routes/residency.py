@@ -10,6 +10,7 @@ import falcon.asgi
 from gmlx_server.assistants import Assistants
 from gmlx_server.config import ServerConfig
 from gmlx_server.errors import InvalidRequest
+from gmlx_server.protocol import params
 from gmlx_server.routes.common import GmlxRequest, body_of
 from gmlx_server.serving.addressing import resolve_address
 from gmlx_server.serving.model_host import ModelHost
@@ -65,7 +66,9 @@ class Unload:
 
 
 class Keep:
-    """{"model": id} keeps it resident past the idle timeout and warms it; "warm": false, "keep": false."""
+    """{"model": id} keeps it resident past the idle timeout and warms it; "warm": false, "keep": false. A
+    keep_alive (or ttl) sets its lifetime instead of keeping it: a keep has no end, so "keep": true beside one
+    is a 400."""
 
     def __init__(self, host: ModelHost) -> None:
         self.host = host
@@ -73,7 +76,11 @@ class Keep:
     async def on_post(self, req: GmlxRequest, resp: falcon.asgi.Response) -> None:
         body = _body(req)
         model = _model(self.host, body) or resolve_address(None, None, self.host.catalog).model_id
-        resp.media = await self.host.keep(model, keep=_flag(body, "keep"), warm=_flag(body, "warm"))
+        keep_alive = params.keep_alive(body)
+        if keep_alive is not None and body.get("keep") is True:
+            raise params.bad("keep", "a keep has no end: send 'keep': true or a 'keep_alive', not both")
+        resp.media = await self.host.keep(model, keep=_flag(body, "keep") and keep_alive is None,
+                                          warm=_flag(body, "warm"), keep_alive_s=keep_alive)
 
 
 class Reload:

@@ -241,6 +241,8 @@ async def prepare_prompt(host: ModelHost, inp: GenerationParams) -> Prompt:
     grammar = await compile_format(inp.output_format)
     addr = resolve_address(inp.model, inp.profile, host.catalog)
     engine: Engine = await host.engine(addr.model_id)
+    if inp.keep_alive_s is not None:  # the latest request's keep_alive or ttl sets the model's lifetime
+        host.residency.keep_alive(addr.model_id, inp.keep_alive_s)
     settings = resolve_settings(addr, engine.info.family, host.catalog)
     inp = with_effort_budget(inp, host.entry(addr.model_id), engine.template)
     plan = tool_plan(host, addr.model_id, inp, engine.template)

@@ -242,7 +242,15 @@ class ModelHost:
         """resident_models[] markers: pinned (config), kept (/v1/keep), how often the model loaded and how often
         its engine died."""
         return {"pinned": self.is_pinned(model_id), **self.residency.marks(model_id),
-                "restarts": self.supervisor.restarts.get(model_id, 0)}
+                "restarts": self.supervisor.restarts.get(model_id, 0), "lifetime": self.lifetime(model_id)}
+
+    def lifetime(self, model_id: str) -> dict[str, object] | None:
+        """A resident model's lifetime: what sets it, its length and the seconds left (None: not resident)."""
+        engine = self._engines.get(model_id)
+        if engine is None:
+            return None
+        return self.residency.lifetime(model_id, streaming(engine), self.is_pinned(model_id),
+                                       self.config.server.idle_timeout_s)
 
     async def evict(self, model_id: str, explicit: bool = False) -> None:
         """Unload now; the caller holds the load lock and has checked that the model is not streaming."""
@@ -287,7 +295,7 @@ class ModelHost:
             await asyncio.sleep(left)
 
     async def sweep(self) -> list[str]:
-        """The periodic idle task: unload models idle past server.idle_timeout_s, and stale ones once idle."""
+        """The periodic idle task: unload models idle past their lifetime, and stale ones once idle."""
         if self._load_lock.locked():
             return []  # a load or unload is under way: next tick
         async with self._load_lock:
@@ -296,13 +304,17 @@ class ModelHost:
                 await self.evict(model_id)
         return due
 
-    async def keep(self, model_id: str, keep: bool = True, warm: bool = True) -> dict[str, Any]:
-        """/v1/keep: load if needed and warm; keep=False only releases (the idle timeout counts from now)."""
+    async def keep(self, model_id: str, keep: bool = True, warm: bool = True,
+                   keep_alive_s: float | None = None) -> dict[str, Any]:
+        """/v1/keep: load if needed and warm; keep=False only releases (the lifetime counts from now). A
+        keep_alive sets the lifetime, as a request's does; 0 loads nothing, and the model unloads once idle."""
         state = self.residency.state(model_id)
         warm_s = None
-        if keep:
+        if keep or keep_alive_s:
             engine = await self.engine(model_id)
-            state.kept = True
+            state.kept = keep
+            if keep_alive_s is not None:
+                self.residency.keep_alive(model_id, keep_alive_s)
             try:
                 warm_s = round(await warm_up(engine), 3) if warm else None
             except EngineClosed as exc:  # it died since it was handed out: the supervisor restarts it
@@ -310,8 +322,10 @@ class ModelHost:
         else:
             state.kept = False
             self.residency.touch(model_id)
+            if keep_alive_s is not None and model_id in self._engines:
+                self.residency.keep_alive(model_id, keep_alive_s)
         return {"model": model_id, "kept": state.kept, "resident": model_id in self._engines,
-                "warm_s": warm_s, "loads": state.loads}
+                "warm_s": warm_s, "loads": state.loads, "lifetime": self.lifetime(model_id)}
 
     async def reconfigure(self, config: ServerConfig) -> ModelChanges:
         """Swap in a re-read config (POST /v1/reload). Engines of unchanged entries stay loaded; changed or

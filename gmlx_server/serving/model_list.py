@@ -36,6 +36,8 @@ class ListHost(Protocol):
 
     def verify_files(self, entries: list[ModelEntry]) -> None: ...
 
+    def lifetime(self, model_id: str) -> dict[str, object] | None: ...
+
 
 class ModelList:
     def __init__(self, host: ListHost) -> None:
@@ -90,7 +92,7 @@ class ModelList:
         kv = {"kv_quant": kv_quant_json(engine.info.kv_quant)} if engine and engine.info.kv_quant else {}
         return {
             "id": entry.id, "object": "model", "created": 0, "owned_by": "gmlx", "kind": "chat",
-            "resident": entry.id in host.resident, "pinned": entry.pinned,
+            "resident": entry.id in host.resident, "pinned": entry.pinned, "lifetime": host.lifetime(entry.id),
             "speculative": _speculative(entry, engine), "vlm": self._vlm(entry, engine),
             "profile": entry.profile, "default": entry.id == default or len(host.config.models) == 1,
             "discovered": entry.discovered,

@@ -1,5 +1,10 @@
-"""Residency bookkeeping: when each model was last used, whether it is kept, how often it loaded, and which
-resident models may be unloaded (idle timeout, LRU eviction under memory pressure).
+"""Residency bookkeeping: when each model was last used, whether it is kept, how long it stays after its last
+request, how often it loaded, and which resident models may be unloaded (its lifetime, LRU eviction under
+memory pressure).
+
+A model's lifetime is the latest keep_alive (or ttl) a request or /v1/keep gave it, else server.idle_timeout_s;
+it counts from the end of the model's last request, a request without one leaves it as it stands, and an unload
+forgets it. Pinned and kept models outlive any lifetime; memory pressure may evict any idle unpinned model.
 
 Pure bookkeeping over the resident engines' stats(); the host owns the engines and does the unloading.
 """
@@ -8,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -27,6 +33,7 @@ class ModelState:
     loads: int = 0
     weights_bytes: int | None = None  # ModelInfo.weights_bytes of the last load
     stale: bool = False  # a reload changed or removed it: unload once idle
+    keep_alive_s: float | None = None  # the latest request's keep_alive (inf: no end); None: the idle timeout
 
 
 @dataclass(frozen=True)
@@ -66,8 +73,30 @@ class Residency:
     def unloaded(self, model_id: str, explicit: bool) -> None:
         """An explicit /unload ends a keep; an eviction under pressure does not (nor is a pin ever lost)."""
         s = self.state(model_id)
-        s.stale = False
+        s.stale, s.keep_alive_s = False, None  # a fresh load starts with the server's idle timeout
         s.kept = s.kept and not explicit
+
+    def keep_alive(self, model_id: str, seconds: float) -> None:
+        """A request's keep_alive or ttl: the model's lifetime from now on (0: unload once its requests end)."""
+        self.state(model_id).keep_alive_s = seconds
+
+    def lifetime_s(self, model_id: str, timeout_s: float) -> float:
+        """Seconds the model stays after its last request: the latest keep_alive, else the idle timeout (0: never
+        unloaded, inf)."""
+        life = self.state(model_id).keep_alive_s
+        return life if life is not None else timeout_s if timeout_s > 0 else math.inf
+
+    def lifetime(self, model_id: str, busy: bool, pinned: bool, timeout_s: float) -> dict[str, object]:
+        """What sets a resident model's lifetime, its length (null: no end) and the seconds left; while the model
+        streams, the whole length: the countdown starts when its last request ends."""
+        s = self.state(model_id)
+        source = ("pinned" if pinned else "kept" if s.kept else
+                  "request" if s.keep_alive_s is not None else "idle_timeout")
+        life = math.inf if source in ("pinned", "kept") else self.lifetime_s(model_id, timeout_s)
+        if math.isinf(life):
+            return {"source": source, "keep_alive_s": None, "expires_in_s": None}
+        left = life if busy else max(0.0, s.last_used + max(life, self.grace_s) - self.clock())
+        return {"source": source, "keep_alive_s": life, "expires_in_s": round(left, 1)}
 
     def retire(self, model_id: str, resident: bool) -> None:
         """A reload changed or removed the entry: its remembered weights no longer hold; a resident engine
@@ -102,15 +131,15 @@ class Residency:
         return out
 
     def expired(self, engines: Mapping[str, Engine], pinned: Callable[[str], bool], timeout_s: float) -> list[str]:
-        """Models to unload now: stale ones once idle, and unpinned unkept ones idle past the timeout (0 = never)."""
+        """Models to unload now: stale ones once idle, and unpinned unkept ones idle past their lifetime (the
+        idle timeout, 0 = never, unless a request set another)."""
         c = self.classify(engines, pinned)
-        idle_for = max(timeout_s, self.grace_s)
         now = self.clock()
 
         def due(m: str) -> bool:
             s = self.state(m)
-            timed_out = timeout_s > 0 and not s.kept and now - s.last_used >= idle_for
-            return s.stale or timed_out
+            idle_for = max(self.lifetime_s(m, timeout_s), self.grace_s)
+            return s.stale or (not s.kept and now - s.last_used >= idle_for)
 
         return [m for m in c.evictable if due(m)]
 

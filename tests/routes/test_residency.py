@@ -245,7 +245,7 @@ def test_keep_without_warm_up_and_release_of_a_model_not_resident() -> None:
     body = z.post("/v1/keep", {"model": "a", "warm": False}).json()
     assert body["kept"] and body["warm_s"] is None and z.engine("a").submitted == []
     body = z.post("/v1/keep", {"model": "b", "keep": False}).json()
-    assert body == {"model": "b", "kept": False, "resident": False, "warm_s": None, "loads": 0}
+    assert body == {"model": "b", "kept": False, "resident": False, "warm_s": None, "loads": 0, "lifetime": None}
     for bad in ({"model": "a", "warm": "yes"}, {"model": 5}, [1]):
         assert z.post("/v1/keep", bad).status_code == 400
 
