@@ -6,6 +6,7 @@ capacity table), so each formatter takes loose JSON and answers "-" for what is 
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ BAND_STYLE = {"green": "bold black on #3fb950", "yellow": "bold black on #e3b341
 STATE_STYLE = {"queued": "yellow", "prefill": "cyan", "decode": "green"}
 REQUEST_COLUMNS = ("id", "model", "key", "state", "pos", "prompt", "gen/max", "tok/s", "ttft", "elapsed",
                    "cache", "spec")
-MODEL_COLUMNS = ("model", "flags", "in flight", "waiting", "weights", "active", "profile")
+MODEL_COLUMNS = ("model", "flags", "expires", "in flight", "waiting", "weights", "active", "profile")
 HOST_COLUMNS = ("host", "state", "band", "queue", "decoding", "decode tok/s", "prefill tok/s", "rejected", "eta")
 
 
@@ -99,13 +100,32 @@ def request_summary(requests: list[Mapping[str, Any]]) -> str:
 
 
 def model_flags(row: Mapping[str, Any]) -> str:
-    flags = [name for name in ("pinned", "kept") if row.get(name)]
+    lifetime = row.get("lifetime")
+    by_request = isinstance(lifetime, Mapping) and lifetime.get("source") == "request"
+    flags = [name for name in ("pinned", "kept") if row.get(name)] + (["keep_alive"] if by_request else [])
     return " ".join(flags) or DASH
+
+
+def expires(lifetime: Any) -> str:
+    """What a resident model has left before the idle sweep unloads it (`8m43s`), or "never"."""
+    if not isinstance(lifetime, Mapping):
+        return DASH
+    if "keep_alive_s" in lifetime and lifetime["keep_alive_s"] is None:
+        return "never"  # pinned, kept, a keep_alive of -1, or no idle timeout
+    left = lifetime.get("expires_in_s")
+    return duration(left) if _is_num(left) and math.isfinite(left) else DASH
+
+
+def duration(seconds: float) -> str:
+    """45s, 9m58s, 1h30m: a countdown at the precision that matters."""
+    hours, rest = divmod(max(0, int(seconds)), 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 def model_cells(row: Mapping[str, Any]) -> tuple[str, ...]:
     busy = f"{num(row.get('in_flight'))}/{num(row.get('decode_batch'))}"
-    return (str(row.get("id") or DASH), model_flags(row), busy, num(row.get("waiting")),
+    return (str(row.get("id") or DASH), model_flags(row), expires(row.get("lifetime")), busy, num(row.get("waiting")),
             size(row.get("weights_bytes")), size(row.get("active_bytes")), str(row.get("profile") or DASH))
 
 

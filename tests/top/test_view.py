@@ -13,6 +13,7 @@ from gmlx_top.view import (
     accept_rate,
     cache_tier,
     capacity_lines,
+    expires,
     governor_text,
     memory_line,
     model_cells,
@@ -64,6 +65,15 @@ def test_units_and_fallbacks() -> None:
     assert cache_tier({"tier": "block", "warm_tokens": 4096}) == "block 4096" and cache_tier({"tier": "miss"}) == "miss"
     assert capacity_lines(None) == ["no capacity table"]
     assert governor_text({})[0] == " unknown "
+
+
+def test_a_model_row_says_what_sets_its_lifetime_and_what_is_left() -> None:
+    row = recorded("idle")["server"]["resident_models"][0]  # a request's keep_alive of 10m, 523.4 s left
+    assert model_cells(row)[1:3] == ("keep_alive", "8m43s")
+    pinned = recorded("busy")["server"]["resident_models"][0]
+    assert model_cells(pinned)[1:3] == ("pinned", "never")
+    assert [expires({"keep_alive_s": 60.0, "expires_in_s": s}) for s in (5400.0, 59.9, 0.0)] == ["1h30m", "59s", "0s"]
+    assert expires(None) == expires({"expires_in_s": "soon"}) == "-"  # not resident, or an old server
 
 
 def test_history_starts_at_zero_and_keeps_its_length() -> None:
