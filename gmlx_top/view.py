@@ -112,7 +112,7 @@ def expires(lifetime: Any) -> str:
         return DASH
     if "keep_alive_s" in lifetime and lifetime["keep_alive_s"] is None:
         return "never"  # pinned, kept, a keep_alive of -1, or no idle timeout
-    left = lifetime.get("expires_in_s")
+    left: Any = lifetime.get("expires_in_s")
     return duration(left) if _is_num(left) and math.isfinite(left) else DASH
 
 
