@@ -28,7 +28,8 @@ SYNTAX_OF = {"qwen2.5.jinja": "hermes", "qwen3.jinja": "hermes", "llama3.1.jinja
              "mistral_v3.jinja": "mistral", "mistral_tekken.jinja": "mistral", "functiongemma.jinja": "functiongemma"}
 NAMES = st.from_regex(r"[a-z][a-z_]{0,11}", fullmatch=True).filter(lambda n: not keyword.iskeyword(n))  # tool_code
 WORDS = st.text(st.characters(codec="ascii", categories=("L", "N"), include_characters=" .,-"), min_size=1,
-                max_size=20).map(str.strip).filter(bool)
+                max_size=20).map(str.strip).filter(lambda w: w and w.lower() != "null")
+# "null" in any case is JSON's null in the Qwen3-Coder XML form (as vLLM's and mlx-vlm's parsers read it), not text
 VALUES = st.one_of(WORDS, st.integers(-1000, 1000))
 ARGS = st.dictionaries(st.from_regex(r"[a-z][a-z_]{0,7}", fullmatch=True).filter(lambda n: not keyword.iskeyword(n)),
                        VALUES, max_size=3)
