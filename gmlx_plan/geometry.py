@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gmlx_plan.gguf_header import GGUFHeader
+from gmlx_plan.gguf_types import GGUFHeader
 
 DEFAULT_CONTEXT = 4096  # the loader's default when the GGUF has no context_length
 GEMMA3_WINDOW, GEMMA3_PATTERN = 4096, 6

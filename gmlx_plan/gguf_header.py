@@ -2,16 +2,24 @@
 
 gguf's GGUFReader builds numpy views for every array element and takes ~20 s on a
 262k-token vocabulary; this reads the same header in a fraction of a second, which
-the planner (30 GB files "in well under a second") and the engine both need.
+the planner (30 GB files "in well under a second") and the engine both need. What it reads into
+(GGUFHeader, TensorInfo, the ggml type table) is gguf_types.py, which opens no file.
 """
 
 from __future__ import annotations
 
 import mmap
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from gmlx_plan.gguf_types import GGML_TYPES as GGML_TYPES
+from gmlx_plan.gguf_types import GGUFFormatError as GGUFFormatError
+from gmlx_plan.gguf_types import GGUFHeader as GGUFHeader
+from gmlx_plan.gguf_types import SkippedArray as SkippedArray
+from gmlx_plan.gguf_types import TensorInfo as TensorInfo
+from gmlx_plan.gguf_types import ggml_type_name as ggml_type_name
+from gmlx_plan.gguf_types import tensor_nbytes as tensor_nbytes
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -21,76 +29,6 @@ _SCALARS: dict[int, str] = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i"
                             12: "<d"}
 _STRING, _ARRAY = 8, 9
 _U64 = struct.Struct("<Q")
-
-
-class GGUFFormatError(ValueError):
-    """The file is not GGUF, is truncated, or has a header we cannot read."""
-
-    def __init__(self, path: str | Path, reason: str) -> None:
-        super().__init__(f"{path}: {reason}")
-        self.path = str(path)
-        self.reason = reason
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    name: str
-    shape: tuple[int, ...]  # GGUF order: fastest-varying dimension first
-    ggml_type: int
-    offset: int  # absolute byte offset of the tensor data in the file
-    nbytes: int
-
-    @property
-    def n_elements(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
-
-
-@dataclass(frozen=True)
-class GGUFHeader:
-    path: str
-    version: int
-    metadata: dict[str, Any]
-    tensors: tuple[TensorInfo, ...]
-    data_offset: int
-    file_size: int
-
-    @property
-    def architecture(self) -> str:
-        return str(self.metadata.get("general.architecture", ""))
-
-    def arch_value(self, key: str, default: Any = None) -> Any:
-        """`{arch}.{key}` from the metadata, e.g. arch_value('block_count')."""
-        return self.metadata.get(f"{self.architecture}.{key}", default)
-
-
-# ggml type id -> (name, block size in elements, bytes per block).
-GGML_TYPES: dict[int, tuple[str, int, int]] = {
-    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
-    6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 36),
-    10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176),
-    14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292), 16: ("IQ2_XXS", 256, 66), 17: ("IQ2_XS", 256, 74),
-    18: ("IQ3_XXS", 256, 98), 19: ("IQ1_S", 256, 50), 20: ("IQ4_NL", 32, 18), 21: ("IQ3_S", 256, 110),
-    22: ("IQ2_S", 256, 82), 23: ("IQ4_XS", 256, 136), 24: ("I8", 1, 1), 25: ("I16", 1, 2), 26: ("I32", 1, 4),
-    27: ("I64", 1, 8), 28: ("F64", 1, 8), 29: ("IQ1_M", 256, 56), 30: ("BF16", 1, 2),
-    34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66), 39: ("MXFP4", 32, 17),
-}
-
-
-def ggml_type_name(ggml_type: int) -> str:
-    return GGML_TYPES.get(ggml_type, (f"type{ggml_type}", 0, 0))[0]
-
-
-@dataclass(frozen=True)
-class SkippedArray:
-    """A string array that read_header(..., strings=False) stepped over: only its length is known."""
-
-    count: int
-
-    def __len__(self) -> int:
-        return self.count
 
 
 class _Cursor:
@@ -153,16 +91,6 @@ class _Cursor:
             raise GGUFFormatError(self.path, f"truncated header (a string array runs past byte {end})")
         self.pos = pos
         return out if self.keep_strings else SkippedArray(count)
-
-
-def tensor_nbytes(shape: tuple[int, ...], ggml_type: int, path: str = "") -> int:
-    if ggml_type not in GGML_TYPES:
-        raise GGUFFormatError(path, f"unknown ggml tensor type {ggml_type}")
-    _, block, size = GGML_TYPES[ggml_type]
-    n = 1
-    for d in shape:
-        n *= d
-    return (n // block) * size
 
 
 def read_header(path: str | Path, *, strings: bool = True) -> GGUFHeader:

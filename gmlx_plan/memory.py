@@ -59,7 +59,7 @@ from functools import cached_property
 from typing import Literal, get_args
 
 from gmlx_plan.geometry import Geometry, LayerKV, geometry_from_header
-from gmlx_plan.gguf_header import GGML_TYPES, GGUFHeader, TensorInfo, ggml_type_name
+from gmlx_plan.gguf_types import GGML_TYPES, GGUFHeader, TensorInfo, ggml_type_name
 
 Layout = Literal["packed", "dense", "native"]  # how weights are held: the one list of layout names
 LayoutChoice = Literal["auto", "packed", "dense", "native"]  # what a config or flag may ask for

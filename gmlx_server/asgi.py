@@ -11,12 +11,13 @@ import sys
 
 from gmlx_server.app import GmlxApp, create_app
 from gmlx_server.config import ConfigError, load_config_from_env
+from gmlx_server.serving.model_files import check_drafts
 from gmlx_server.startup import prepare_process
 
 
 def _build() -> GmlxApp:
     try:
-        config = load_config_from_env()
+        config = check_drafts(load_config_from_env())
         prepare_process(config)  # OpenBLAS before mlx loads with the first engine
         return create_app(config)
     except ConfigError as e:

@@ -1,7 +1,7 @@
 """A speculative model's drafter: a second GGUF model, loaded beside its target on the engine thread, that
 proposes `tokens` (k) tokens per round for the target to verify in one forward pass.
 
-The drafter must share the target's token list (the config checks it at start and reload; the load checks
+The drafter must share the target's token list (serving/model_files.py checks it at start and reload; the load checks
 it again, since the file may have changed). Its KV caches stay unquantized whatever the target's kv_quant:
 they are small, and gmlx_plan.memory budgets them so (with_draft). Its weights run in the layout its entry
 names (a configured id's `weights`, else auto), which is how a packed model drafts for its dense self.

@@ -15,8 +15,9 @@ import os
 import threading
 from collections.abc import Iterable
 
-from gmlx_plan.gguf_header import GGUFFormatError, read_header
-from gmlx_server.config import ModelEntry
+from gmlx_plan.geometry import GeometryError, geometry_from_header
+from gmlx_plan.gguf_header import GGUFFormatError, GGUFHeader, read_header, token_list_difference
+from gmlx_server.config import ConfigError, ModelEntry, ServerConfig
 from gmlx_server.engine.arch import UnsupportedArchitecture, arch_spec
 from gmlx_server.engine.dir_files import dir_problem, is_model_dir
 from gmlx_server.errors import GmlxError
@@ -54,6 +55,33 @@ def file_problem(path: str) -> str | None:
     if tokenizer not in TOKENIZER_MODELS:
         return f"{path}: unsupported tokenizer {tokenizer!r} (supported: {', '.join(TOKENIZER_MODELS)})"
     return None
+
+
+def check_drafts(config: ServerConfig) -> ServerConfig:
+    """The config, once each speculative model's drafter shares its target's token list (both GGUF headers
+    read: blocking). A ConfigError naming the key otherwise, as the config's own checks would."""
+    for target in config.models.values():
+        if target.draft is None:
+            continue
+        key = f"models.{target.id}.draft"
+        target_header = _gguf_header(config, f"models.{target.id}.path", target.path, "a speculative model")
+        problem = token_list_difference(_gguf_header(config, key, target.draft.path, "a drafter"), target_header)
+        if problem is not None:
+            raise ConfigError(config.source or "config", key, f"the drafter must share the target's token list: "
+                                                                f"{problem}")
+    return config
+
+
+def _gguf_header(config: ServerConfig, key: str, path: str, what: str) -> GGUFHeader:
+    source = config.source or "config"
+    if not path.lower().endswith(".gguf") or not os.path.isfile(path):
+        raise ConfigError(source, key, f"{what} must be a local GGUF file, got {path}")
+    try:
+        header = read_header(path)
+        geometry_from_header(header)
+    except (GGUFFormatError, GeometryError) as e:
+        raise ConfigError(source, key, str(e)) from None
+    return header
 
 
 def _about_the_file(exc: BaseException) -> str | None:

@@ -15,7 +15,7 @@ from gmlx_server.config import ConfigError, ModelEntry, ServerConfig, reload_con
 from gmlx_server.errors import GmlxError
 from gmlx_server.serving.capacity import CapacityService
 from gmlx_server.serving.hf_policy import local_entry
-from gmlx_server.serving.model_files import file_problem
+from gmlx_server.serving.model_files import check_drafts, file_problem
 
 if TYPE_CHECKING:  # the host calls into this module; only its type is needed here
     from gmlx_server.engine.types import Engine
@@ -92,7 +92,7 @@ async def reload(host: ReloadHost, check: Callable[[ServerConfig], Awaitable[Non
     if host.config.source is None:
         return {"status": "unsupported"}
     try:
-        config = await asyncio.to_thread(reload_config, host.config)
+        config = await asyncio.to_thread(lambda: check_drafts(reload_config(host.config)))
         if host.files.check_headers:
             await asyncio.to_thread(check_new_files, host.config, config)
         if check is not None:

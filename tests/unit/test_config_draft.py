@@ -1,6 +1,7 @@
 """models.<id>.draft and draft_tokens: a configured id, a GGUF path or an hf: ref becomes a Draft; every
-misconfiguration is a ConfigError naming the key, at start (load_config) and at reload (reload_config).
-Tiny GGUF headers stand in for models: only their token lists and geometry are read."""
+misconfiguration is a ConfigError naming the key, at start and at reload: the keys by load_config and
+reload_config, the files (the drafter's token list against the target's) by check_drafts, which reads the
+GGUF headers the config layer never opens. Tiny GGUF headers stand in for models."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 
 from gmlx_server.config import ConfigError, Draft, RuntimeEnv, load_config, reload_config
+from gmlx_server.serving.model_files import check_drafts
 from tests.gguf_factory import FakeTensor, write_gguf
 
 TOKENS = [f"t{i}" for i in range(10)]
@@ -46,7 +48,7 @@ def _config(tree: Path, model_keys: str, extra: str = "") -> str:
 
 
 def _load(tree: Path, model_keys: str, extra: str = "") -> Draft | None:
-    return load_config(_config(tree, model_keys, extra), env=_env(tree)).models["coder"].draft
+    return check_drafts(load_config(_config(tree, model_keys, extra), env=_env(tree))).models["coder"].draft
 
 
 def _env(tree: Path) -> RuntimeEnv:
@@ -107,7 +109,7 @@ def test_the_target_must_be_a_local_gguf(tree: Path) -> None:
     text = "models:\n  coder:\n    path: mlx-dir\n    draft: small.gguf\n"
     (tree / "gmlx.yaml").write_text(text)
     with pytest.raises(ConfigError) as e:
-        load_config(str(tree / "gmlx.yaml"))
+        check_drafts(load_config(str(tree / "gmlx.yaml")))
     assert e.value.key == "models.coder.path" and "must be a local GGUF file" in e.value.what
 
 
@@ -115,9 +117,17 @@ def test_reload_refuses_a_broken_draft(tree: Path) -> None:
     running = load_config(_config(tree, "    draft: small\n"), env=_env(tree))
     _config(tree, "    draft: longer.gguf\n")
     with pytest.raises(ConfigError) as e:
-        reload_config(running)
+        check_drafts(reload_config(running))
     assert e.value.key == "models.coder.draft" and "has 11 tokens" in e.value.what
     _config(tree, "    draft: small.gguf\n    draft_tokens: 6\n")
-    assert reload_config(running).models["coder"].draft == Draft(str(tree / "small.gguf"), "small", 6)
+    assert check_drafts(reload_config(running)).models["coder"].draft == Draft(str(tree / "small.gguf"), "small", 6)
 
 
+
+
+def test_the_config_layer_reads_no_header(tree: Path) -> None:
+    """load_config takes a drafter with another token list; only check_drafts, reading both files, refuses it."""
+    cfg = load_config(_config(tree, "    draft: longer.gguf\n"), env=_env(tree))
+    assert cfg.models["coder"].draft == Draft(str(tree / "longer.gguf"), "longer", 4)
+    with pytest.raises(ConfigError, match="has 11 tokens"):
+        check_drafts(cfg)
