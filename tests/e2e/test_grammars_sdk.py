@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from tests.conftest import smollm2_path
-from tests.e2e.server import LiveServer, gmlx_serve
+from tests.e2e.server import LiveServer, anthropic_client, gmlx_serve, openai_client
 
 pytestmark = pytest.mark.slow
 ASK = [{"role": "user", "content": "Give me a phone number, or tell me if it will rain."}]
@@ -46,12 +46,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
 
 @pytest.fixture(scope="module")
 def oai(server: LiveServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.v1, api_key="unused", max_retries=0, timeout=300)
+    return openai_client(server)
 
 
 @pytest.fixture(scope="module")
 def claude(server: LiveServer) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0, timeout=300)
+    return anthropic_client(server)
 
 
 def _chat(oai: openai.OpenAI, extra: dict[str, Any], stream: bool) -> tuple[str, str | None]:

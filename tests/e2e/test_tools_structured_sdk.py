@@ -20,7 +20,7 @@ import pytest
 
 from gmlx_server.engine.loader import load_gguf_model
 from tests.conftest import smollm2_path
-from tests.e2e.server import ROOT, LiveServer, gmlx_serve
+from tests.e2e.server import ROOT, LiveServer, anthropic_client, gmlx_serve, openai_client
 
 pytestmark = pytest.mark.slow
 CAPTURED = json.loads((ROOT / "tests/data/tool_outputs/smollm2_hermes_captured.json").read_text())
@@ -43,12 +43,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
 
 @pytest.fixture(scope="module")
 def oai(server: LiveServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.v1, api_key="unused", max_retries=0, timeout=300)
+    return openai_client(server)
 
 
 @pytest.fixture(scope="module")
 def claude(server: LiveServer) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0, timeout=300)
+    return anthropic_client(server)
 
 
 def _check_call(name: str, arguments: Any, city: str) -> None:
