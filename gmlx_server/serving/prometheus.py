@@ -3,7 +3,8 @@
 Snapshot sections flatten to `gmlx_<section>_<field>` gauges; requests[] is high-cardinality and
 contributes only counts by state. Counters and histograms in base units come from telemetry, and
 `gmlx_prompt_cache_*` per model from the engines' prompt caches (what /v1/cache/stats reports);
-`gmlx_speculative_*` per model from telemetry.
+`gmlx_speculative_*` per model from telemetry. Three `vllm:*` gauges per resident model are what LLM-aware
+routers read (docs/operations.md, "Router gauges").
 """
 
 from __future__ import annotations
@@ -83,6 +84,23 @@ def _resident(server: Mapping[str, Any]) -> Iterator[Metric]:
             if v is not None:
                 families[f].add_metric([row["id"], row.get("profile") or ""], v)
     yield from families.values()
+
+
+# The Gateway API Inference Extension's model-server protocol, under vLLM's names and its `model_name` label.
+_ROUTER = (("vllm:num_requests_waiting", "waiting", "requests queued for a decode slot of this model"),
+           ("vllm:num_requests_running", "in_flight", "requests holding a decode slot of this model"),
+           ("vllm:kv_cache_usage_perc", "kv_cache_usage", "share of this model's KV budget (decode slots x "
+                                                         "context) held by its live requests now, 0..1"))
+
+
+def _router(server: Mapping[str, Any]) -> Iterator[Metric]:
+    for name, field, doc in _ROUTER:
+        family = GaugeMetricFamily(name, doc, labels=["model_name"])
+        for row in server.get("resident_models") or []:
+            v = _num(row.get(field))
+            if v is not None:
+                family.add_metric([row["id"]], v)
+        yield family
 
 
 def _capacity(server: Mapping[str, Any]) -> Iterator[Metric]:
@@ -246,7 +264,7 @@ class SnapshotCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         server = self._snapshot().get("server", {})
-        for part in (_flat_sections, _governor, _requests, _resident, _capacity, _services, _assistants):
+        for part in (_flat_sections, _governor, _requests, _resident, _router, _capacity, _services, _assistants):
             yield from part(server)
         yield from _telemetry(self._telemetry)
         yield from _prompt_cache(self._caches() if self._caches is not None else {})

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gmlx_server.engine.types import Engine, EngineStats, RequestRow, SpeculativeStats
+from gmlx_server.engine.types import Engine, EngineStats, ModelInfo, RequestRow, SpeculativeStats
 from gmlx_server.serving.admission import Admission, queue_cap
 from gmlx_server.serving.governor import BANDS, Governor
 from gmlx_server.serving.telemetry import ModelRates, Telemetry
@@ -108,7 +108,8 @@ class Snapshotter:
             mem = e.memory
             marks = self._marks(m) if self._marks else {"pinned": bool(entry and entry.pinned), "kept": False}
             out.append({"id": m, "in_flight": stats[m].in_flight, "waiting": stats[m].waiting,
-                        "decode_batch": stats[m].decode_batch, **marks, "profile": entry.profile if entry else None,
+                        "decode_batch": stats[m].decode_batch, "kv_cache_usage": kv_usage(stats[m], e.info),
+                        **marks, "profile": entry.profile if entry else None,
                         "weights_bytes": e.info.weights_bytes, "weights_layout": e.info.weights_layout,
                         "active_bytes": mem.active_bytes if mem else None, "load_s": round(e.info.load_s, 3),
                         "speculative": self._drafting(m, e)})
@@ -169,6 +170,15 @@ def measured_paces(rates: ModelRates | None, stats: EngineStats | None) -> dict[
             "decode_step_s": {str(w): s for w, s in sorted(stats.step_s.items())} if stats else {},
             "decode_step_ctx": {str(w): c for w, c in sorted(stats.step_ctx.items())} if stats else {},
             "decode_step_s_per_ctx": stats.step_s_per_ctx if stats else None}
+
+
+def kv_usage(stats: EngineStats, info: ModelInfo) -> float:
+    """The share of a model's KV budget (every decode slot at its full context) that its live rows hold now:
+    prompt tokens prefilled so far, plus the tokens generated once decoding."""
+    held = sum(r.prefilled if r.state == "prefill" else r.prompt_tokens + r.generated
+               for r in stats.rows if r.state in ("prefill", "decode"))
+    budget = stats.decode_batch * info.context_length
+    return round(min(1.0, held / budget), 6) if budget > 0 else 0.0
 
 
 def _round(v: float | None) -> float | None:

@@ -19,6 +19,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -91,9 +92,9 @@ def query(base: str, expr: str) -> list[dict[str, Any]]:
     return result
 
 
-async def _burst(base: str, n: int) -> list[int]:
+async def _burst(base: str, n: int, body: dict[str, Any] = BODY) -> list[int]:
     async with httpx.AsyncClient(base_url=base, timeout=httpx.Timeout(300)) as c:
-        responses = await asyncio.gather(*[c.post("/v1/chat/completions", json=BODY) for _ in range(n)])
+        responses = await asyncio.gather(*[c.post("/v1/chat/completions", json=body) for _ in range(n)])
     return [r.status_code for r in responses]
 
 
@@ -153,3 +154,38 @@ def test_every_dashboard_query_returns_series_from_a_real_prometheus(tmp_path: P
         per_host = query(prom, fleet["gmlx-overview / Decode tok/s per host / A"])
         hosts = {u.base_url.removeprefix("http://") for u in (server, other)}
         assert {s["metric"]["instance"] for s in per_host} == hosts
+
+
+ROUTER_WIDTH = 2
+ROUTER = ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc")
+LONG = {**BODY, "max_tokens": 40, "logit_bias": {"0": -100, "2": -100}}  # EOS banned: each runs to its cap
+
+
+def _series(base: str, name: str, start: float, end: float) -> list[float]:
+    r = httpx.get(base + "/api/v1/query_range", timeout=10,
+                  params={"query": f'{name}{{model_name="smollm2"}}', "start": start, "end": end, "step": "1s"})
+    result = r.json()["data"]["result"]
+    assert len(result) == 1, f"{name}: {result}"
+    return [float(v) for _, v in result[0]["values"]]
+
+
+@pytest.mark.skipif(PROMETHEUS is None, reason="no prometheus binary: run scripts/install_prometheus.sh (as root)")
+def test_router_gauges_move_in_a_real_prometheus_during_a_burst(tmp_path: Path) -> None:
+    """Six 40-token streams at a decode width of 2: some wait, two run, the KV share grows as they decode."""
+    env = {"GMLX_DECODE_BATCH": str(ROUTER_WIDTH), "GMLX_QUEUE_DEPTH_CAP": "8"}
+    with gmlx_serve([], tmp_path, env=env) as server, \
+            prometheus(_config([server], tmp_path / "prometheus.yml"), tmp_path / "tsdb") as prom:
+        httpx.post(server.v1 + "/chat/completions", json=BODY, timeout=300).raise_for_status()  # loads the model
+        _wait(lambda: query(prom, 'vllm:num_requests_running{model_name="smollm2"}'), 60, "router gauges scraped")
+        start = time.time()
+        time.sleep(2)  # idle scrapes first: the burst is seen rising from them
+        codes = asyncio.run(asyncio.wait_for(_burst(server.base_url, 6, LONG), timeout=300))
+        assert codes == [200] * 6, codes
+        time.sleep(3)  # two more scrapes after the last stream
+        series = {name: _series(prom, name, start, time.time()) for name in ROUTER}
+    waiting, running, kv = (series[n] for n in ROUTER)
+    print({n.removeprefix("vllm:"): s for n, s in series.items()})
+    assert max(waiting) > 0 and max(running) == ROUTER_WIDTH, series
+    assert kv[0] == 0 and kv[-1] == 0 and 0 < max(kv) <= 1, kv
+    assert any(b > a > 0 for a, b in pairwise(kv)), kv  # it grows while streams decode
+

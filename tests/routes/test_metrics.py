@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gmlx_server.app import create_app
 from gmlx_server.config import RuntimeEnv
-from gmlx_server.engine.types import EngineStats
+from gmlx_server.engine.types import EngineStats, RequestRow
 from gmlx_server.serving.governor import Governor
 from gmlx_server.serving.memory_probes import MemoryReading
 from gmlx_server.serving.model_host import ModelHost
@@ -61,7 +61,7 @@ def test_prometheus_text_parses_and_names_follow_the_rules(served: Served) -> No
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     families = {f.name: f for f in text_string_to_metric_families(r.text)}
     for name in families:
-        assert NAME.match(name) and name.startswith("gmlx_"), name
+        assert NAME.match(name) and name.startswith(("gmlx_", "vllm:")), name
     for needed in ("gmlx_concurrency_in_flight", "gmlx_queue_eta_s", "gmlx_governor_band",
                    "gmlx_time_to_first_token_seconds", "gmlx_request_duration_seconds", "gmlx_requests"):
         assert needed in families, needed
@@ -91,3 +91,23 @@ def test_queue_cap_rejection_is_a_503_with_retry_after_and_counted(monkeypatch: 
         assert s.chat().status_code == 200  # one below the cap is admitted
     finally:
         s.client.close()
+
+
+def _row(state: str, prompt: int, generated: int = 0, prefilled: int = 0) -> RequestRow:
+    return RequestRow(f"r-{state}-{prompt}", state, prompt, generated, 64, 1.0, None, None,  # type: ignore[arg-type]
+                      prefilled=prefilled)
+
+
+def test_router_gauges_follow_the_engine_under_vllm_names(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert served.chat().status_code == 200  # loads m1 (context 4096; at a decode width of 2, a KV budget of 8192)
+    rows = (_row("queued", 500), _row("prefill", 900, prefilled=300), _row("decode", 1000, generated=24))
+    monkeypatch.setattr(served.engine(), "stats", lambda: EngineStats(2, 2, 1, rows))
+    r = served.client.get("/v1/metrics", params={"format": "prometheus"})
+    families = {f.name: f for f in text_string_to_metric_families(r.text)}
+    got = {name: [(s.labels, s.value) for s in families[name].samples]
+           for name in ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc")}
+    assert got["vllm:num_requests_waiting"] == [({"model_name": "m1"}, 1.0)]
+    assert got["vllm:num_requests_running"] == [({"model_name": "m1"}, 2.0)]
+    # held: the prefilling row's 300 tokens so far and the decoding row's 1000 + 24; the queued row none
+    assert got["vllm:kv_cache_usage_perc"] == [({"model_name": "m1"}, round(1324 / 8192, 6))]
+    assert "gmlx_resident_models_in_flight" in families  # the gmlx series stay beside them
