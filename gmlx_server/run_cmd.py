@@ -21,7 +21,6 @@ from gmlx_server.config import ConfigError, ServerConfig, WeightsLayout, load_co
 from gmlx_server.errors import GmlxError, ModelNotFound
 from gmlx_server.generation_params import GenerationParams, ImageRef
 from gmlx_server.serving.addressing import Address, Catalog, resolve_address
-from gmlx_server.serving.model_files import check_drafts
 
 if TYPE_CHECKING:  # the service and engine modules load once the process is prepared for MLX
     from gmlx_server.engine.types import Engine, GenerationRequest
@@ -68,6 +67,8 @@ def _resolve(args: argparse.Namespace) -> tuple[ServerConfig, Address]:
     path, rest = _split_path(args.model) if args.model else (None, "")
     if args.config and path:
         raise ConfigError("command line", "", "give a GGUF path or --config, not both")
+    from gmlx_server.serving.model_files import check_drafts  # reads tokenizers (numpy): `gmlx --help` stays light
+
     cfg = _with_mmproj(check_drafts(load_config(args.config, model=path, env=read_env())), args.mmproj, path)
     # The terminal's user is the operator: an --image URL is their own word, so any address may be fetched.
     cfg = replace(cfg, server=replace(cfg.server, image_fetch_allow_private=True))

@@ -15,7 +15,6 @@ from typing import Any
 from gmlx_server.config import ConfigError, ServerConfig, load_config, read_env
 from gmlx_server.log_format import LOG_FORMATS, configure_logging
 from gmlx_server.serving.drain import DEFAULT_DRAIN_S
-from gmlx_server.serving.model_files import check_drafts
 from gmlx_server.startup import prepare_process
 
 log = logging.getLogger("gmlx.serve")
@@ -71,6 +70,8 @@ def _config(args: argparse.Namespace) -> ServerConfig:
     env = read_env()
     if args.clamp_max_tokens:
         env = dataclasses.replace(env, clamp_max_tokens=True)  # in env, so /v1/reload keeps it
+    from gmlx_server.serving.model_files import check_drafts  # reads tokenizers (numpy): `gmlx --help` stays light
+
     return check_drafts(load_config(args.config, model=args.model, env=env, host=args.host, port=args.port,
                                     api_key=args.api_key))
 
