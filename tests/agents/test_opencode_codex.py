@@ -11,7 +11,8 @@ which SmolLM2 can ramble on).
 Codex speaks only the Responses API and opens with developer, developer, user, user, which Gemma's
 template refuses as sent; so does opencode's title request (system, user, user): the server's role repair
 answers both. Codex sends no output cap, so each model's profile bounds the answer; Gemma 3 270M is a base
-model that never ends a turn, so its profile also stops at a line break.
+model that never ends a turn, so its profile also stops at the first line break or full stop: a sampled
+Gemma answer once ran 48 tokens without a line break in CI, which Codex reports as an incomplete response.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
         # Codex's prompt varies (date, paths): room for a longer reply, and greedy, since a sampled SmolLM2
         # answer could ramble past any cap, which Codex reports as an incomplete response (exit 1)
         "  short: {max_tokens: 96, temperature: 0}\n"
-        '  oneline: {stop: ["\\n"], max_tokens: 48, seed: 1}\n') as s:
+        '  oneline: {stop: ["\\n", "."], max_tokens: 64, seed: 1}\n') as s:
         yield s
 
 
