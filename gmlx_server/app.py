@@ -32,6 +32,7 @@ from gmlx_server.routes.request_log import RequestLogMiddleware
 from gmlx_server.routes.residency import Keep, Reload, Unload
 from gmlx_server.routes.responses import Responses
 from gmlx_server.routes.services import Embeddings, Rerank, Speech, SystemOne, Transcriptions
+from gmlx_server.routes.tokenization import ApplyTemplate, Detokenize, Tokenize
 from gmlx_server.serving.cache_stats import resident_cache_stats
 from gmlx_server.serving.conversations import ResponseStore
 from gmlx_server.serving.estimate import Estimator
@@ -39,6 +40,7 @@ from gmlx_server.serving.ignored_fields import IgnoredFields
 from gmlx_server.serving.model_host import EngineFactory, ModelHost
 from gmlx_server.serving.prometheus import make_registry
 from gmlx_server.serving.snapshot import Snapshotter
+from gmlx_server.serving.tokenization import Tokenization
 from gmlx_server.web_policy import HostPolicy, OriginPolicy
 
 GmlxApp = falcon.asgi.App[GmlxRequest, falcon.asgi.Response]
@@ -118,6 +120,13 @@ def _service_routes(services: ServiceHost) -> list[tuple[str, object]]:
             ("/v1/audio/speech", Speech(services)), ("/v1/systemone", systemone), ("/systemone", systemone)]
 
 
+def _tokenizer_routes(tokenization: Tokenization) -> list[tuple[str, object]]:
+    """llama-server's spellings at the root and vLLM's, each also under /v1."""
+    resources = {"/tokenize": Tokenize(tokenization), "/detokenize": Detokenize(tokenization),
+                 "/apply-template": ApplyTemplate(tokenization)}
+    return [(prefix + path, resource) for path, resource in resources.items() for prefix in ("", "/v1")]
+
+
 def _follow(services: ServiceHost, assistants: Assistants) -> Callable[[ServerConfig], None]:
     """What a reload that went through tells the services and the assistants."""
     def then(config: ServerConfig) -> None:
@@ -154,6 +163,7 @@ def _routes(host: ModelHost, config: ServerConfig, services: ServiceHost,
         ("/openapi.json", OpenApi()),
         ("/", Root()),
         *_service_routes(services),
+        *_tokenizer_routes(Tokenization(host, estimator)),
     ]
 
 

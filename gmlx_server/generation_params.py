@@ -57,6 +57,7 @@ class GenerationParams:
     logprobs: bool = False
     top_logprobs: int = 0
     template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    add_generation_prompt: bool = True  # False only from the tokenizer routes: the prompt ends after the last turn
     enable_thinking: bool | None = None
     thinking_budget: int | None = None
     reasoning_effort: str | None = None

@@ -174,23 +174,28 @@ def body_object(body: Any) -> Mapping[str, Any]:
     return body
 
 
+def chat_prompt(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields a chat body's prompt is rendered from: messages, tools, template kwargs, thinking controls."""
+    tools, choice = _tools(body)
+    return {**thinking_controls(body), "messages": _messages(body), "tools": tools, "tool_choice": choice,
+            "template_kwargs": p.obj(body, "chat_template_kwargs") or {}}
+
+
 def parse_chat(raw: Any) -> GenerationParams:
     """A /v1/chat/completions body -> GenerationParams; `ignored` names the fields it ignores."""
     body = body_object(raw)
     ignored = p.ignored_fields("chat", body)
     fmt = output_format(body, response_format(body))
-    tools, choice = _tools(body)
+    prompt = chat_prompt(body)
     top_logprobs = p.integer(body, "top_logprobs", 0, 20) or 0
     logprobs = bool(p.boolean(body, "logprobs"))
     if top_logprobs and not logprobs:
         raise p.bad("top_logprobs", "requires 'logprobs': true")
     return GenerationParams(
-        **_common(body), **thinking_controls(body),
-        messages=_messages(body), tools=tools, tool_choice=choice,
+        **_common(body), **prompt,
         parallel_tool_calls=p.boolean(body, "parallel_tool_calls") is not False,
         max_tokens=p.max_tokens(body, ("max_completion_tokens", "max_tokens", "max_output_tokens")),
         logprobs=logprobs, top_logprobs=top_logprobs,
-        template_kwargs=p.obj(body, "chat_template_kwargs") or {},
         timings_per_token=bool(p.boolean(body, "timings_per_token")),
         output_format=fmt, ignored=ignored,
     )

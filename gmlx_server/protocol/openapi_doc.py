@@ -15,6 +15,7 @@ from gmlx_server.protocol.lifetime import PATTERN as DURATION_PATTERN
 from gmlx_server.protocol.openapi_services import service_paths, service_schemas
 from gmlx_server.protocol.output_fields import FORMAT_TYPES, MAX_CHOICES, MAX_GRAMMAR_CHARS
 from gmlx_server.protocol.params import SAMPLING_FIELDS
+from gmlx_server.protocol.tokenization_wire import MAX_TOKEN_IDS
 
 Schema = dict[str, Any]
 
@@ -99,17 +100,43 @@ def _chat_message() -> Schema:
                tool_calls=array(call), reasoning_content=STRING, reasoning=STRING)
 
 
-def _chat() -> Schema:
+def _chat_prompt() -> dict[str, Schema]:
+    """The fields a chat prompt is rendered from (protocol.openai.chat_prompt): chat and the tokenizer routes."""
     tool = obj(("type", "function"), type={"enum": ["function"]},
                function=obj(("name",), name=STRING, description=STRING, parameters=OBJECT))
     choice = one_of({"enum": ["none", "auto", "required"]}, obj(("type", "function"), type={"enum": ["function"]},
                                                                  function=obj(("name",), name=STRING)))
+    return {"messages": array(ref("ChatMessage"), minItems=1), "tools": array(tool), "tool_choice": choice,
+            "chat_template_kwargs": OBJECT, **_thinking()}
+
+
+def _chat() -> Schema:
     return obj(("messages",), **_generation(
-        messages=array(ref("ChatMessage"), minItems=1), tools=array(tool), tool_choice=choice, parallel_tool_calls=BOOL,
+        **_chat_prompt(), parallel_tool_calls=BOOL,
         response_format=ref("ResponseFormat"), stream_options=obj(include_usage=BOOL), stop=ref("Stop"),
         max_tokens=TOKENS, max_completion_tokens=TOKENS, max_output_tokens=TOKENS,
         logprobs=BOOL, top_logprobs={"type": "integer", "minimum": 0, "maximum": 20},
-        timings_per_token=BOOL, dry_run=BOOL, **_thinking()))
+        timings_per_token=BOOL, dry_run=BOOL))
+
+
+def _tokenizer_schemas() -> dict[str, Schema]:
+    """llama-server's and vLLM's tokenizer bodies (protocol.tokenization_wire): text, or a chat prompt."""
+    target = {"model": STRING, "profile": STRING}
+    chat = {**target, **_chat_prompt(), "add_generation_prompt": BOOL}
+    ids = array({"type": "integer", "minimum": 0}, maxItems=MAX_TOKEN_IDS)
+    return {
+        "TokenizeRequest": obj((), **chat, content=STRING, prompt=STRING, add_special=BOOL, add_special_tokens=BOOL,
+                               with_pieces=BOOL, return_token_strs=BOOL),
+        "DetokenizeRequest": obj(("tokens",), **target, tokens=ids),
+        "ApplyTemplateRequest": obj(("messages",), **chat),
+    }
+
+
+def _tokenizer_paths() -> Schema:
+    ops = {"/tokenize": _post("Token ids of a text or of a chat prompt (llama-server, vLLM)", "TokenizeRequest"),
+           "/detokenize": _post("The text of token ids", "DetokenizeRequest"),
+           "/apply-template": _post("A chat prompt as the model's template renders it", "ApplyTemplateRequest")}
+    return {prefix + path: {"post": op} for path, op in ops.items() for prefix in ("", "/v1")}
 
 
 def _completion() -> Schema:
@@ -184,7 +211,7 @@ def _components() -> Schema:
             "Stop": one_of(STRING, array(STRING, maxItems=16)),
             "LogitBias": {"type": "object", "propertyNames": {"pattern": "^[0-9]+$"},
                           "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}},
-            **_errors(), **service_schemas(),
+            **_errors(), **service_schemas(), **_tokenizer_schemas(),
         },
         "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"},
                             "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}},
@@ -250,7 +277,7 @@ def _paths() -> Schema:
         "/v1/metrics": metrics, "/metrics": metrics,
         "/openapi.json": {"get": _get("This document")},
         "/": {"get": _get("The server's name, version and links"), "head": _get("As GET, without a body")},
-        **service_paths(),
+        **service_paths(), **_tokenizer_paths(),
     }
 
 

@@ -25,14 +25,15 @@ from gmlx_server.engine.vision.dir_vision import projector_from_dir, vision_fami
 from gmlx_server.engine.vision.mmproj import read_projector
 from gmlx_server.engine.vision.processor import ImageProcessor
 from gmlx_server.generation_params import GenerationParams
-from gmlx_server.serving.addressing import resolve_address, resolve_settings
+from gmlx_server.serving.addressing import Settings, resolve_address, resolve_settings
 from gmlx_server.serving.admission import paces_of
-from gmlx_server.serving.generation import check_message_count, tokenize, tool_plan
+from gmlx_server.serving.generation import check_message_count, render_chat, tokenize, tool_plan
 from gmlx_server.serving.hf_policy import local_entry
 from gmlx_server.serving.image_fetch import ImagePolicy
 from gmlx_server.serving.model_host import ModelHost
 from gmlx_server.serving.output_format import compile_format
-from gmlx_server.serving.vision import prompt_images
+from gmlx_server.serving.tool_prompt import ToolPlan
+from gmlx_server.serving.vision import PromptImages, prompt_images
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,28 @@ def _header_tools(path: str, chat_template: str | None, max_kv_size: int | None,
                        JinjaChatTemplate.from_metadata(header.metadata, family, chat_template), vision)
 
 
+@dataclass(frozen=True)
+class Rendering:
+    """A chat request ready to render without loading its model: the tools, settings and tool plan a
+    generation would use, its images prepared. render() and tokenize() block: call them in a thread."""
+
+    model_id: str
+    tools: PromptTools
+    engine: Engine | None  # the resident engine, None when the tools were built from the header
+    settings: Settings
+    plan: ToolPlan | None
+    inp: GenerationParams
+    images: PromptImages | None
+
+    def render(self) -> str:
+        return render_chat(self.inp, self.settings, self.tools.template, self.plan)
+
+    def tokenize(self) -> tuple[str, list[int]]:
+        t = self.tools
+        return tokenize(self.inp, self.settings, t.template, t.tokenizer, self.model_id, t.context_length, self.plan,
+                        self.images)
+
+
 def _warm(engine: Engine | None, ids: list[int]) -> tuple[str, int]:
     """The prompt cache's tier and reusable tokens for this prompt; engines without one say miss."""
     return engine.cache_peek(ids) if engine is not None else ("miss", 0)
@@ -96,33 +119,39 @@ class Estimator:
                 raise self.host.files.load_failed(local, exc) from exc
         return self._tools[key], None
 
-    async def estimate(self, inp: GenerationParams) -> dict[str, Any]:
+    async def rendering(self, inp: GenerationParams) -> Rendering:
+        """The request's model (addressed as a generation addresses it), tools, settings, tool plan and images."""
         host = self.host
         check_message_count(inp)
         await compile_format(inp.output_format)  # a format that cannot be enforced is the generation's 400
         addr = resolve_address(inp.model, inp.profile, host.catalog)
         tools, engine = await self.tools(addr.model_id)
         settings = resolve_settings(addr, tools.family, host.catalog)
-        # The same render, length guard and tokenization as a generation, off the loop.
         plan = tool_plan(host, addr.model_id, inp, tools.template)  # the tools' prompt, as a generation has it
         inp, images = await prompt_images(inp, tools.vision, addr.model_id, ImagePolicy.of(host.config.server))
-        _, ids = await asyncio.to_thread(tokenize, inp, settings, tools.template, tools.tokenizer, addr.model_id,
-                                         tools.context_length, plan, images)
-        if images is not None:
-            images.bind(ids)  # the images' slots, as the prompt cache keys them
+        return Rendering(addr.model_id, tools, engine, settings, plan, inp, images)
 
+    async def estimate(self, inp: GenerationParams) -> dict[str, Any]:
+        host = self.host
+        r = await self.rendering(inp)
+        # The same render, length guard and tokenization as a generation, off the loop.
+        _, ids = await asyncio.to_thread(r.tokenize)
+        if r.images is not None:
+            r.images.bind(ids)  # the images' slots, as the prompt cache keys them
+
+        model_id, tools, engine = r.model_id, r.tools, r.engine
         prompt, cap = len(ids), inp.max_tokens
         tier, warm = _warm(engine, ids)
-        need = host.capacity.need(addr.model_id, prompt, cap, warm)
-        drained = host.capacity.drained_bytes(addr.model_id)
+        need = host.capacity.need(model_id, prompt, cap, warm)
+        drained = host.capacity.drained_bytes(model_id)
         free = host.governor.read().available_bytes
         return {
-            "model": addr.model_id, "prompt_tokens": prompt,
+            "model": model_id, "prompt_tokens": prompt,
             "warm_tokens": warm, "cache_tier": tier, "need_bytes": need,
             "fits_now": need <= free if need is not None and free is not None else None,
             "fits_drained": need <= drained if need is not None and drained is not None else None,
             "context_ok": prompt + (cap or 0) <= tools.context_length, "context_limit": tools.context_length,
-            "est_ttft_s": self._ttft(addr.model_id, engine, prompt, warm, cap), "resident": engine is not None,
+            "est_ttft_s": self._ttft(model_id, engine, prompt, warm, cap), "resident": engine is not None,
         }
 
     def _ttft(self, model_id: str, engine: Engine | None, prompt: int, warm: int, cap: int | None) -> float | None:

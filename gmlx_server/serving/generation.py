@@ -109,7 +109,8 @@ def render_messages(inp: GenerationParams, settings: Settings, template: ChatTem
         messages, tools = prompted_messages(messages, plan.rendered(inp.tools or ()), inp.tool_choice), None
 
     def render(msgs: list[dict[str, Any]]) -> str:
-        return template.render(msgs, tools=list(tools) if tools else None, add_generation_prompt=True,
+        return template.render(msgs, tools=list(tools) if tools else None,
+                               add_generation_prompt=inp.add_generation_prompt,
                                **template_variables(inp, settings, template))
 
     try:

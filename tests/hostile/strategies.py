@@ -160,6 +160,14 @@ BODIES: dict[str, list[dict[str, Any]]] = {
     "/v1/keep": [{"model": "MODEL", "keep": True, "warm": False}],
     "/v1/reload": [{}],
     "/v1/cache/reset": [{"model": "MODEL"}],
+    # The tokenizer routes, each also under /v1: text and a chat prompt, ids back to text, the rendered prompt.
+    **{prefix + path: bodies for path, bodies in {
+        "/tokenize": [{"model": "MODEL", "content": "Hello", "with_pieces": True, "add_special": True},
+                      {"model": "MODEL", "messages": [{"role": "user", "content": "hi"}], "return_token_strs": True}],
+        "/detokenize": [{"model": "MODEL", "tokens": [1, 2, 3]}],
+        "/apply-template": [{"model": "MODEL", "messages": [{"role": "user", "content": "hi"}],
+                             "add_generation_prompt": False, "chat_template_kwargs": {"x": 1}}],
+    }.items() for prefix in ("", "/v1")},
     # The services (unconfigured in the hostile apps: tests/auxiliary fuzzes them configured).
     "/v1/embeddings": [{"input": ["a b", "c"], "encoding_format": "float", "dimensions": 8, "truncate": False}],
     "/v1/rerank": [{"query": "q", "documents": ["a", {"text": "b"}], "top_n": 1, "return_documents": True}],
