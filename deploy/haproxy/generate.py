@@ -13,13 +13,18 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 COMMITTED = HERE / "haproxy.cfg"
 EXAMPLE = ("gmlx1=127.0.0.1:8081", "gmlx2=127.0.0.1:8082", "gmlx3=127.0.0.1:8083")
-KEY_HEADER = "X-Gmlx-Conversation"
+# The affinity key: the first of these request headers that is set, each what a client already sends
+# (gmlx's own, Claude Code's, Codex's two spellings, the generic one); then a body's prompt_cache_key
+# (OpenAI's), then the caller's address.
+KEY_HEADERS = ("X-Gmlx-Conversation", "X-Claude-Code-Session-Id", "session-id", "session_id", "X-Session-Id")
+BODY_KEY = "prompt_cache_key"
 # One body for both protocols: OpenAI clients read error.{message,type,param,code}, Anthropic clients
 # read type == "error" and error.{type,message}.
 ERROR_BODY = ('{"type":"error","error":{"type":"%s","message":"%s","param":null,"code":"%s"}}')
@@ -36,7 +41,9 @@ class Fleet:
     hosts: tuple[Host, ...]
     bind: str = "127.0.0.1:8080"
     stats: str | None = "127.0.0.1:8404"
-    key_header: str = KEY_HEADER
+    key_headers: tuple[str, ...] = KEY_HEADERS
+    body_key: bool = True  # a body's prompt_cache_key when no header is set
+    address_key: bool = True  # the caller's address as the last resort
     inter_ms: int = 1000
     rise: int = 2
     fall: int = 3
@@ -106,22 +113,40 @@ def _frontend(f: Fleet) -> list[str]:
     ]
 
 
+def _key(f: Fleet) -> list[str]:
+    """txn.key: the first affinity source a request carries (an empty header counts as none)."""
+    sources = [(f"req.fhdr({h.lower()})", h) for h in f.key_headers]
+    if f.body_key:
+        sources.append((f"req.body,json_query('$.{BODY_KEY}')", f"the body's {BODY_KEY}"))
+    lines = []
+    for i, (fetch, _) in enumerate(sources):
+        unset = "!{ var(txn.key) -m found } " if i else ""
+        lines.append(f"    http-request set-var(txn.key) {fetch} if {unset}{{ {fetch} -m len gt 0 }}")
+    if f.address_key:
+        lines.append('    http-request set-var-fmt(txn.key) "addr:%[src]" if !{ var(txn.key) -m found }')
+    names = ", ".join(n for _, n in sources) + (", then the caller's address" if f.address_key else "")
+    about = textwrap.wrap(f"The affinity key is the first of: {names}. Behind another proxy the caller's "
+                          "address is that proxy's: set a header there." if f.address_key else
+                          f"The affinity key is the first of: {names}.", 100)
+    return [*(f"    # {line}" for line in about), *lines]
+
+
 def _affinity(f: Fleet) -> list[str]:
     """Rendezvous (highest random weight) hashing: each host scores hash(key + host name); the top scorer
     is the conversation's home. Consistent: adding or removing a host moves only that host's keys."""
-    key = f"req.fhdr({f.key_header.lower()})"
     lines = [
-        f"    # Prompt-cache affinity: a request carrying {f.key_header} goes to that conversation's home",
+        "    # Prompt-cache affinity: a request carrying an affinity key goes to that conversation's home",
         "    # host, where its prefix is cached. The home is found by rendezvous hashing (each host scores",
         "    # xxh32(key@name), the highest wins), a consistent hash: adding or removing a host moves only",
         "    # the conversations of that host. A home that is not ready is skipped by use-server, so the",
-        "    # request falls back to least connections. Without the header: least connections alone.",
+        "    # request falls back to least connections, as does one without a key (with --no-address-key).",
         "    # (Hashing the first messages of the body instead would need no client change, but every",
         "    # conversation of one agent starts with the same system prompt: they would all share one home.)",
+        *_key(f),
     ]
     for h in f.hosts:
-        lines.append(f"    http-request set-var(txn.w_{h.name}) {key},concat(@{h.name}),xxh32 "
-                     f"if {{ {key} -m found }}")
+        lines.append(f"    http-request set-var(txn.w_{h.name}) var(txn.key),concat(@{h.name}),xxh32 "
+                     "if { var(txn.key) -m found }")
     for i, h in enumerate(f.hosts):
         # ties (never seen with 32-bit hashes) go to the host listed first
         beats = " ".join(f"{{ var(txn.w_{h.name}),sub(txn.w_{o.name}) {'ge' if j > i else 'gt'} 0 }}"
@@ -227,7 +252,11 @@ def parser() -> argparse.ArgumentParser:
                    help="a gmlx host (repeat); NAME keeps its affinity hash when its address changes")
     p.add_argument("--bind", default=Fleet.bind, help=f"where HAProxy listens (default {Fleet.bind})")
     p.add_argument("--stats", default=Fleet.stats, help="stats and /metrics listener, or 'none'")
-    p.add_argument("--key-header", default=KEY_HEADER, help=f"the affinity header (default {KEY_HEADER})")
+    p.add_argument("--key-header", action="append", default=[], metavar="NAME",
+                   help=f"an affinity header, in order (repeat; default {', '.join(KEY_HEADERS)})")
+    p.add_argument("--no-body-key", action="store_true", help=f"do not read {BODY_KEY} from bodies")
+    p.add_argument("--no-address-key", action="store_true",
+                   help="key-less requests go by least connections instead of the caller's address")
     p.add_argument("--inter-ms", type=int, default=Fleet.inter_ms, help="health check interval")
     p.add_argument("--rise", type=int, default=Fleet.rise, help="good checks before a host takes work again")
     p.add_argument("--fall", type=int, default=Fleet.fall, help="failed checks before a host stops taking work")
@@ -241,7 +270,8 @@ def fleet_of(args: argparse.Namespace) -> Fleet:
     if len({h.name for h in hosts}) != len(hosts):
         raise SystemExit("generate.py: host names must be unique")
     stats = None if args.stats == "none" else args.stats
-    return Fleet(hosts, args.bind, stats, args.key_header, args.inter_ms, args.rise, args.fall, args.timeout_s)
+    return Fleet(hosts, args.bind, stats, tuple(args.key_header) or KEY_HEADERS, not args.no_body_key,
+                 not args.no_address_key, args.inter_ms, args.rise, args.fall, args.timeout_s)
 
 
 def main(argv: list[str]) -> int:

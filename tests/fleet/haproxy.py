@@ -69,14 +69,17 @@ def hosts_of(urls: Sequence[str], names: Sequence[str] | None = None) -> tuple[o
 
 
 @contextmanager
-def haproxy(hosts: Sequence[object], tmp: Path, inter_ms: int = 300, up: bool = True) -> Iterator[Proxy]:
-    """HAProxy in the foreground (-db) in front of `hosts` (generate.Host); waits until every host is UP."""
+def haproxy(hosts: Sequence[object], tmp: Path, inter_ms: int = 300, up: bool = True,
+            address_key: bool = False) -> Iterator[Proxy]:
+    """HAProxy in the foreground (-db) in front of `hosts` (generate.Host); waits until every host is UP.
+    Every test client is 127.0.0.1, so the caller's-address key is off unless asked: key-less requests
+    stand for many callers and go by least connections."""
     assert HAPROXY, SKIP_REASON
     gen = generator()
     port, stats = free_port(), free_port()
     config = tmp / f"haproxy-{port}.cfg"
     config.write_text(gen.render(gen.Fleet(tuple(hosts), f"127.0.0.1:{port}", f"127.0.0.1:{stats}",
-                                           inter_ms=inter_ms)))
+                                           address_key=address_key, inter_ms=inter_ms)))
     log_path = tmp / f"haproxy-{port}.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([HAPROXY, "-db", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT)

@@ -13,6 +13,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
+import anthropic
 import httpx
 import pytest
 
@@ -95,6 +96,59 @@ def test_affinity_is_a_consistent_hash_and_keyless_requests_spread(fleet: Fleet,
         after = _homes(proxy, KEYS)
     moved = {k for k in KEYS if after[k] != homes[k]}
     assert moved == {k for k in KEYS if homes[k] == "gmlx3"}  # only the leaving host's conversations move
+
+
+def _home(proxy: Proxy, headers: dict[str, str] | None = None, body: dict[str, object] = BODY) -> str:
+    r = httpx.post(proxy.url + "/v1/chat/completions", json=body, headers=headers or {}, timeout=10)
+    assert r.status_code == 200, r.text
+    return host_of(r)
+
+
+@pytest.mark.skipif(HAPROXY is None, reason=SKIP_REASON)
+def test_every_clients_session_header_and_prompt_cache_key_pick_the_conversations_home(
+        fleet: Fleet, tmp_path: Path) -> None:
+    keys = KEYS[:9]
+    with haproxy(hosts_of(fleet.urls), tmp_path) as proxy:
+        homes = _homes(proxy, keys)  # by X-Gmlx-Conversation
+        for header in generator().KEY_HEADERS[1:]:
+            assert {k: _home(proxy, {header: k}) for k in keys} == homes, header
+        assert {k: _home(proxy, body={**BODY, "prompt_cache_key": k}) for k in keys} == homes
+        # The chain's order: the first header set wins over later ones and over the body; empty is unset.
+        other = {k: keys[(i + 1) % len(keys)] for i, k in enumerate(keys)}
+        assert any(homes[other[k]] != homes[k] for k in keys)  # so a wrong pick would show
+        assert {k: _home(proxy, {"X-Gmlx-Conversation": "", "X-Claude-Code-Session-Id": k,
+                                 "X-Session-Id": other[k]}, {**BODY, "prompt_cache_key": other[k]})
+                for k in keys} == homes
+
+
+@pytest.mark.skipif(HAPROXY is None, reason=SKIP_REASON)
+def test_without_any_key_the_callers_address_picks_one_home(fleet: Fleet, tmp_path: Path) -> None:
+    with haproxy(hosts_of(fleet.urls), tmp_path, address_key=True) as proxy:
+        assert len({_home(proxy) for _ in range(6)}) == 1  # one caller (127.0.0.1), one home
+        assert set(_homes(proxy, KEYS).values()) == {"gmlx1", "gmlx2", "gmlx3"}  # keys still spread
+
+
+@pytest.mark.skipif(HAPROXY is None, reason=SKIP_REASON)
+def test_two_interleaved_claude_code_sessions_each_stay_on_their_own_home(fleet: Fleet, tmp_path: Path) -> None:
+    """Claude Code's shape: Messages with its session header and metadata.user_id, from one address."""
+    with haproxy(hosts_of(fleet.urls), tmp_path, address_key=True) as proxy:
+        first: dict[str, str] = {}  # two session ids whose homes differ, found by asking the proxy
+        for i in range(32):
+            sid = f"0b9e3c4a-{i:04d}-4f5e-9a7b-claude{i:06d}"
+            first.setdefault(_home(proxy, {"X-Claude-Code-Session-Id": sid}), sid)
+            if len(first) == 2:
+                break
+        assert len(first) == 2, first  # the session header is the key: 32 ids reach more than one home
+        sessions = {sid: anthropic.Anthropic(base_url=proxy.url, api_key="unused", max_retries=0, default_headers={
+            "X-Claude-Code-Session-Id": sid}) for sid in first.values()}
+        seen: dict[str, list[str]] = {sid: [] for sid in sessions}
+        for turn in range(4):
+            for sid, client in sessions.items():
+                r = client.messages.with_raw_response.create(
+                    model="m1", max_tokens=4, metadata={"user_id": f"user_0_account__session_{sid}"},
+                    messages=[{"role": "user", "content": f"turn {turn}"}])
+                seen[sid].append(host_of(r.http_response))
+    assert [set(hosts) for hosts in seen.values()] == [{home} for home in first], seen
 
 
 @pytest.mark.skipif(HAPROXY is None, reason=SKIP_REASON)
