@@ -5,7 +5,7 @@
 Three `gmlx serve` hosts (the embedded SmolLM2) behind HAProxy. `conversations` agent-like conversations
 (one shared system prompt, each its own task) run interleaved turn by turn; each turn resends the whole
 history plus a new user message, as harnesses do. Each shape is one client's real request:
-  claude   Messages with X-Claude-Code-Session-Id (Claude Code)
+  claude   Messages as Claude Code 2.1 sends them to a local server: its session id inside metadata.user_id
   codex    Responses, the whole input each turn, with session_id (Codex)
   openai   chat completions with prompt_cache_key in the body (the OpenAI SDK's field)
   none     chat completions with no key, HAProxy generated with --no-address-key (least connections)
@@ -17,6 +17,7 @@ hosts a conversation touched.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import threading
@@ -37,9 +38,10 @@ Turn = tuple[int, int, str, str]  # prompt tokens, cached tokens, answering host
 
 
 def _claude(url: str, sid: str, history: list[dict[str, str]], output: int) -> Turn:
-    r = httpx.post(url + "/v1/messages", headers={"X-Claude-Code-Session-Id": sid}, timeout=300, json={
+    user = json.dumps({"device_id": "ca0fda8b", "account_uuid": "", "session_id": sid})
+    r = httpx.post(url + "/v1/messages", timeout=300, json={
         "model": "smollm2", "max_tokens": output, "temperature": 0, "system": SYSTEM, "messages": history,
-        "metadata": {"user_id": f"user_0_account__session_{sid}"}})
+        "metadata": {"user_id": user}})
     r.raise_for_status()
     u, text = r.json()["usage"], "".join(b.get("text", "") for b in r.json()["content"])
     return u["input_tokens"] + u["cache_read_input_tokens"], u["cache_read_input_tokens"], host_of(r), text

@@ -22,9 +22,10 @@ COMMITTED = HERE / "haproxy.cfg"
 EXAMPLE = ("gmlx1=127.0.0.1:8081", "gmlx2=127.0.0.1:8082", "gmlx3=127.0.0.1:8083")
 # The affinity key: the first of these request headers that is set, each what a client already sends
 # (gmlx's own, Claude Code's, Codex's two spellings, the generic one); then a body's prompt_cache_key
-# (OpenAI's), then the caller's address.
+# (OpenAI's) or metadata.user_id (Anthropic's, which Claude Code fills with its session id and sends
+# to a local server instead of the header), then the caller's address.
 KEY_HEADERS = ("X-Gmlx-Conversation", "X-Claude-Code-Session-Id", "session-id", "session_id", "X-Session-Id")
-BODY_KEY = "prompt_cache_key"
+BODY_KEYS = ("prompt_cache_key", "metadata.user_id")
 # One body for both protocols: OpenAI clients read error.{message,type,param,code}, Anthropic clients
 # read type == "error" and error.{type,message}.
 ERROR_BODY = ('{"type":"error","error":{"type":"%s","message":"%s","param":null,"code":"%s"}}')
@@ -42,7 +43,7 @@ class Fleet:
     bind: str = "127.0.0.1:8080"
     stats: str | None = "127.0.0.1:8404"
     key_headers: tuple[str, ...] = KEY_HEADERS
-    body_key: bool = True  # a body's prompt_cache_key when no header is set
+    body_key: bool = True  # a body's prompt_cache_key or metadata.user_id when no header is set
     address_key: bool = True  # the caller's address as the last resort
     inter_ms: int = 1000
     rise: int = 2
@@ -117,7 +118,7 @@ def _key(f: Fleet) -> list[str]:
     """txn.key: the first affinity source a request carries (an empty header counts as none)."""
     sources = [(f"req.fhdr({h.lower()})", h) for h in f.key_headers]
     if f.body_key:
-        sources.append((f"req.body,json_query('$.{BODY_KEY}')", f"the body's {BODY_KEY}"))
+        sources += [(f"req.body,json_query('$.{k}')", f"the body's {k}") for k in BODY_KEYS]
     lines = []
     for i, (fetch, _) in enumerate(sources):
         unset = "!{ var(txn.key) -m found } " if i else ""
@@ -254,7 +255,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--stats", default=Fleet.stats, help="stats and /metrics listener, or 'none'")
     p.add_argument("--key-header", action="append", default=[], metavar="NAME",
                    help=f"an affinity header, in order (repeat; default {', '.join(KEY_HEADERS)})")
-    p.add_argument("--no-body-key", action="store_true", help=f"do not read {BODY_KEY} from bodies")
+    p.add_argument("--no-body-key", action="store_true", help=f"do not read {' or '.join(BODY_KEYS)} from bodies")
     p.add_argument("--no-address-key", action="store_true",
                    help="key-less requests go by least connections instead of the caller's address")
     p.add_argument("--inter-ms", type=int, default=Fleet.inter_ms, help="health check interval")

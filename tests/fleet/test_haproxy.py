@@ -6,6 +6,7 @@ The same config in front of three real `gmlx serve` hosts is tests/fleet/test_fl
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 from collections import Counter
 from collections.abc import Iterator
@@ -128,24 +129,37 @@ def test_without_any_key_the_callers_address_picks_one_home(fleet: Fleet, tmp_pa
         assert set(_homes(proxy, KEYS).values()) == {"gmlx1", "gmlx2", "gmlx3"}  # keys still spread
 
 
+def _claude_code(sid: str, by_header: bool) -> tuple[dict[str, str], dict[str, str]]:
+    """(headers, metadata) of a Claude Code request: the session header, or what 2.1 sends a local server
+    (tests/data/agents/claude-session.json): no header, the session id inside metadata.user_id's JSON."""
+    if by_header:
+        return {"X-Claude-Code-Session-Id": sid}, {"user_id": f"user_0_account__session_{sid}"}
+    return {}, {"user_id": json.dumps({"device_id": "ca0fda8b", "account_uuid": "", "session_id": sid})}
+
+
 @pytest.mark.skipif(HAPROXY is None, reason=SKIP_REASON)
-def test_two_interleaved_claude_code_sessions_each_stay_on_their_own_home(fleet: Fleet, tmp_path: Path) -> None:
-    """Claude Code's shape: Messages with its session header and metadata.user_id, from one address."""
+@pytest.mark.parametrize("by_header", [True, False])
+def test_two_interleaved_claude_code_sessions_each_stay_on_their_own_home(fleet: Fleet, tmp_path: Path,
+                                                                          by_header: bool) -> None:
+    """Messages through the Anthropic SDK from one address, each session told apart only by what Claude
+    Code sends: the caller's-address key is on, so one home for both would mean the session was ignored."""
     with haproxy(hosts_of(fleet.urls), tmp_path, address_key=True) as proxy:
         first: dict[str, str] = {}  # two session ids whose homes differ, found by asking the proxy
         for i in range(32):
-            sid = f"0b9e3c4a-{i:04d}-4f5e-9a7b-claude{i:06d}"
-            first.setdefault(_home(proxy, {"X-Claude-Code-Session-Id": sid}), sid)
+            sid = f"0b9e3c4a-{i:04d}-4f5e-9a7b-c1a0de{i:06d}"
+            headers, metadata = _claude_code(sid, by_header)
+            first.setdefault(_home(proxy, headers, {**BODY, "metadata": metadata}), sid)
             if len(first) == 2:
                 break
-        assert len(first) == 2, first  # the session header is the key: 32 ids reach more than one home
-        sessions = {sid: anthropic.Anthropic(base_url=proxy.url, api_key="unused", max_retries=0, default_headers={
-            "X-Claude-Code-Session-Id": sid}) for sid in first.values()}
-        seen: dict[str, list[str]] = {sid: [] for sid in sessions}
+        assert len(first) == 2, first  # the session is the key: 32 ids reach more than one home
+        seen: dict[str, list[str]] = {sid: [] for sid in first.values()}
         for turn in range(4):
-            for sid, client in sessions.items():
+            for sid in seen:
+                headers, metadata = _claude_code(sid, by_header)
+                client = anthropic.Anthropic(base_url=proxy.url, api_key="unused", max_retries=0,
+                                             default_headers=headers)
                 r = client.messages.with_raw_response.create(
-                    model="m1", max_tokens=4, metadata={"user_id": f"user_0_account__session_{sid}"},
+                    model="m1", max_tokens=4, metadata=metadata,  # type: ignore[arg-type]
                     messages=[{"role": "user", "content": f"turn {turn}"}])
                 seen[sid].append(host_of(r.http_response))
     assert [set(hosts) for hosts in seen.values()] == [{home} for home in first], seen
