@@ -20,7 +20,6 @@ import argparse
 import json
 import sys
 import tempfile
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import httpx
 
 from tests.fleet.haproxy import haproxy, host_of, hosts_of
-from tests.fleet.live import Host
+from tests.fleet.live import Host, start_all
 
 SYSTEM = ("You are a coding agent working in a repository. Read files before you change them, keep changes "
           "small, run the tests after each change, and explain what you did in one short paragraph. ") * 6
@@ -104,11 +103,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         hs = [Host(f"gmlx{i + 1}", Path(tmp)) for i in range(3)]
         try:
-            starts = [threading.Thread(target=h.start) for h in hs]
-            for t in starts:
-                t.start()
-            for t in starts:
-                t.join()
+            start_all(hs)
             for name, send in SHAPES.items():
                 for h in hs:
                     httpx.post(h.url + "/v1/cache/reset", json={}, timeout=60).raise_for_status()

@@ -20,7 +20,6 @@ import json
 import math
 import sys
 import tempfile
-import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -34,7 +33,7 @@ from gmlx_plan.fleet import simulate_fleet
 from gmlx_plan.pace import paces_from_json
 from gmlx_plan.simulate import ServerSide, SimResult, Workload
 from tests.fleet.haproxy import haproxy, hosts_of
-from tests.fleet.live import EOS_BAN, Host
+from tests.fleet.live import EOS_BAN, Host, start_all
 
 
 @dataclass
@@ -120,11 +119,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         hs = [Host(f"gmlx{i + 1}", Path(tmp), env=env) for i in range(3)]
         try:
-            starts = [threading.Thread(target=h.start) for h in hs]
-            for t in starts:
-                t.start()
-            for t in starts:
-                t.join()
+            start_all(hs)
             warm(hs, args.output)
             rows = []
             predicted: list[tuple[float, float | None, float | None]] = []

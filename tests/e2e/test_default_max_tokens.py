@@ -12,7 +12,7 @@ import pytest
 
 from gmlx_server.config.settings import DEFAULT_MAX_TOKENS
 from tests.conftest import smollm2_path
-from tests.e2e.server import LiveServer, gmlx_serve, openai_client
+from tests.e2e.server import LiveServer, gmlx_serve
 
 pytestmark = pytest.mark.slow
 SERVER_CAP, MODEL_CAP = 40, 24
@@ -28,11 +28,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
                       f"  smollm2-short:\n    path: {smollm2_path()}\n    default_max_tokens: {MODEL_CAP}\n")
     with gmlx_serve(["--config", str(config)], tmp) as s:
         yield s
-
-
-@pytest.fixture(scope="module")
-def oai(server: LiveServer) -> openai.OpenAI:
-    return openai_client(server)
 
 
 def test_models_show_each_default_cap(server: LiveServer) -> None:

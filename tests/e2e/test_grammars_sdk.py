@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from tests.conftest import smollm2_path
-from tests.e2e.server import LiveServer, anthropic_client, gmlx_serve, openai_client
+from tests.e2e.server import LiveServer, gmlx_serve
 
 pytestmark = pytest.mark.slow
 ASK = [{"role": "user", "content": "Give me a phone number, or tell me if it will rain."}]
@@ -42,16 +42,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     config.write_text(f"models:\n  smollm2:\n    path: {smollm2_path()}\n")
     with gmlx_serve(["--config", str(config)], tmp) as s:
         yield s
-
-
-@pytest.fixture(scope="module")
-def oai(server: LiveServer) -> openai.OpenAI:
-    return openai_client(server)
-
-
-@pytest.fixture(scope="module")
-def claude(server: LiveServer) -> anthropic.Anthropic:
-    return anthropic_client(server)
 
 
 def _chat(oai: openai.OpenAI, extra: dict[str, Any], stream: bool) -> tuple[str, str | None]:

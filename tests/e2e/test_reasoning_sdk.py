@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from tests.conftest import qwen_coder_path
-from tests.e2e.server import LiveServer, anthropic_client, gmlx_serve, openai_client
+from tests.e2e.server import LiveServer, gmlx_serve
 from tests.thinking_model import ANSWER, REASONING, thinking_qwen3
 
 pytestmark = pytest.mark.slow
@@ -40,16 +40,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
                       f"  r1:\n    path: {model}\n    chat_template: {opened}\n")
     with gmlx_serve(["--config", str(config)], tmp) as s:
         yield s
-
-
-@pytest.fixture(scope="module")
-def oai(server: LiveServer) -> openai.OpenAI:
-    return openai_client(server)
-
-
-@pytest.fixture(scope="module")
-def claude(server: LiveServer) -> anthropic.Anthropic:
-    return anthropic_client(server)
 
 
 def _chat(oai: openai.OpenAI, **extra: Any) -> Any:

@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from tests.conftest import qwen_coder_path
-from tests.e2e.server import LiveServer, anthropic_client, gmlx_serve, openai_client
+from tests.e2e.server import LiveServer, anthropic_client, gmlx_serve
 
 pytestmark = pytest.mark.slow
 MODEL = "qwen2.5-coder-0.5b-instruct-q4_k_m"  # the file's stem: served alone
@@ -33,11 +33,6 @@ RESULT = json.dumps({"temperature_c": 22, "sky": "sunny"})
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     with gmlx_serve([qwen_coder_path("0.5b")], tmp_path_factory.mktemp("markerless")) as s:
         yield s
-
-
-@pytest.fixture(scope="module")
-def oai(server: LiveServer) -> openai.OpenAI:
-    return openai_client(server)
 
 
 def _ask(oai: openai.OpenAI, messages: list[Any], stream: bool) -> tuple[str | None, str, list[dict[str, Any]]]:

@@ -20,7 +20,7 @@ import pytest
 
 from gmlx_server.engine.loader import load_gguf_model
 from tests.conftest import smollm2_path
-from tests.e2e.server import ROOT, LiveServer, anthropic_client, gmlx_serve, openai_client
+from tests.e2e.server import ROOT, LiveServer, gmlx_serve
 
 pytestmark = pytest.mark.slow
 CAPTURED = json.loads((ROOT / "tests/data/tool_outputs/smollm2_hermes_captured.json").read_text())
@@ -39,16 +39,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
                       f"    chat_template: {ROOT / 'tests/data/hermes_template.jinja'}\n")
     with gmlx_serve(["--config", str(config)], tmp, env={"TOP_LOGPROBS_K": str(TOP_K)}) as s:
         yield s
-
-
-@pytest.fixture(scope="module")
-def oai(server: LiveServer) -> openai.OpenAI:
-    return openai_client(server)
-
-
-@pytest.fixture(scope="module")
-def claude(server: LiveServer) -> anthropic.Anthropic:
-    return anthropic_client(server)
 
 
 def _check_call(name: str, arguments: Any, city: str) -> None:

@@ -149,3 +149,13 @@ class Load:
 def hosts(tmp: Path, n: int = 3) -> Iterator[Host]:
     for i in range(n):
         yield Host(f"gmlx{i + 1}", tmp)
+
+
+def start_all(hosts: list[Host]) -> None:
+    """Start every host at once (each load takes seconds): returns when all are up."""
+    threads = [threading.Thread(target=h.start) for h in hosts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(h.server is not None for h in hosts), "a host did not start"

@@ -23,7 +23,7 @@ from gmlx_top.client import HttpClient
 from gmlx_top.view import rows
 from tests.conftest import smollm2_path
 from tests.fleet.haproxy import HAPROXY, SKIP_REASON, Proxy, haproxy, hosts_of
-from tests.fleet.live import DECODE_BATCH, EOS_BAN, QUEUE_CAP, Host, Load, Outcome, hosts, stream_chat
+from tests.fleet.live import DECODE_BATCH, EOS_BAN, QUEUE_CAP, Host, Load, Outcome, hosts, start_all, stream_chat
 from tests.top.fakes import SIZE
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(HAPROXY is None, reason=SKIP_REASON)]
@@ -51,12 +51,7 @@ class Fleet:
 
 
 def _start(hs: list[Host]) -> None:
-    threads = [threading.Thread(target=h.start) for h in hs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert all(h.server is not None for h in hs), "a host did not start"
+    start_all(hs)
     for h in hs:  # each loads its model before the fleet takes traffic
         httpx.post(h.url + "/v1/chat/completions", json=SHORT, timeout=300).raise_for_status()
 
