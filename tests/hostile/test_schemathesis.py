@@ -5,6 +5,8 @@ Over fake engines in the fast suite; over the real engine on SmolLM2 (slow), wit
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -30,7 +32,11 @@ CAPPED = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 
 @pytest.fixture(scope="module")
 def fake_url() -> Iterator[str]:
-    s = serve(make_config(("m1",), env=RuntimeEnv(sse_keepalive_s=0.05)))
+    # Fake engines, but m1 names the real SmolLM2 file: the routes that read a non-resident model's header
+    # (estimate, the tokenizer routes) find one, where /fake/m1.gguf would fail m1 for every later example.
+    cfg = make_config(("m1",), env=RuntimeEnv(sse_keepalive_s=0.05))
+    cfg = replace(cfg, models=MappingProxyType({m: replace(e, path=smollm2_path()) for m, e in cfg.models.items()}))
+    s = serve(cfg)
     with ThreadedServer(s.app) as url:
         yield url
     s.client.close()
