@@ -5,8 +5,9 @@ imports another to choose."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from gmlx_server.auxiliary.service_thread import ServiceBackend
 from gmlx_server.config import ServiceEntry
 
 if TYPE_CHECKING:
@@ -14,7 +15,7 @@ if TYPE_CHECKING:
     from gmlx_server.auxiliary.tts import Speaker
 
 
-def default_loader(entry: ServiceEntry, path: Path | None) -> Any:
+def default_loader(entry: ServiceEntry, path: Path | None) -> ServiceBackend:
     """The kind's backend."""
     if path is None:
         raise ValueError("no model path")

@@ -36,6 +36,8 @@ def read_layout(path: Path) -> tuple[str, bool, int | None]:
 class Embedder:
     """The loaded encoder: token counting and batched, pooled embeddings (float32, one row per input)."""
 
+    backend = "mlx-embeddings"
+
     def __init__(self, path: Path, max_batch: int) -> None:
         import mlx.core as mx
         from mlx_embeddings.utils import load_model

@@ -21,7 +21,7 @@ BACKENDS = {"embeddings": "mlx-embeddings", "rerank": "mlx-embeddings", "stt": "
 
 
 def backend_name(svc: Service) -> str:
-    return str(getattr(svc.backend, "backend", None) or BACKENDS[svc.entry.kind])
+    return svc.backend_name or BACKENDS[svc.entry.kind]
 
 
 def uses_chat_model(entry: ServiceEntry) -> bool:

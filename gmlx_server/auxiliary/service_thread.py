@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from gmlx_plan.queueing import retry_after_s
 from gmlx_server.auxiliary.fetch import ModelSource
@@ -21,7 +21,16 @@ from gmlx_server.config import ServiceEntry
 from gmlx_server.errors import GmlxError, ServerOverloaded
 
 T = TypeVar("T")
-Loader = Callable[[ServiceEntry, Path | None], Any]  # builds the backend on the worker thread
+
+
+class ServiceBackend(Protocol):
+    """What the service layer reads of every loaded backend (each kind's job knows the rest of its own)."""
+
+    @property
+    def backend(self) -> str: ...
+
+
+Loader = Callable[[ServiceEntry, Path | None], ServiceBackend]  # builds the backend on the worker thread
 FALLBACK_S = 2.0  # a request's seconds before any has finished, for Retry-After
 log = logging.getLogger("gmlx.services")
 
@@ -62,7 +71,8 @@ class Service:
     def __init__(self, entry: ServiceEntry, source: ModelSource | None, loader: Loader,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.entry, self.source, self.loader, self.clock = entry, source, loader, clock
-        self.backend: Any = None
+        self.backend: Any = None  # the kind's backend, which its job calls
+        self.backend_name: str | None = None  # which library serves it, once loaded
         self.load_error: str | None = None
         self.loading = False
         self.load_s: float | None = None
@@ -166,7 +176,8 @@ class Service:
         path = self.source.local_path() if self.source is not None else None
         self.loading, t0 = True, self.clock()
         try:
-            self.backend = self.loader(self.entry, path)
+            loaded = self.loader(self.entry, path)
+            self.backend, self.backend_name = loaded, loaded.backend
         except ImportError as exc:
             module = (exc.name or str(exc)).split(".")[0]  # the package to install, not its submodule
             self.load_error = f"{module} is not installed"
@@ -185,10 +196,7 @@ class Service:
         return self.backend
 
     def close(self) -> None:
-        backend, self.backend = self.backend, None
-        closer = getattr(backend, "close", None)
-        if closer is not None:
-            self._pool.submit(closer)
+        self.backend = self.backend_name = None  # no backend holds more than memory: dropping it frees it
         self._pool.shutdown(wait=False, cancel_futures=False)
 
     def section(self) -> dict[str, Any]:

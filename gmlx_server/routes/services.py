@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import falcon
 import falcon.asgi
@@ -21,7 +21,15 @@ from gmlx_server.auxiliary.service_thread import Lease, Service
 from gmlx_server.routes.common import GmlxRequest, body_of
 from gmlx_server.routes.context import RawBody
 
-T = TypeVar("T")
+
+class Addressed(Protocol):
+    """A parsed service request: the model it names, if any."""
+
+    @property
+    def model(self) -> str | None: ...
+
+
+R = TypeVar("R", bound=Addressed)
 ROUTES = {"embeddings": "POST /v1/embeddings", "rerank": "POST /v1/rerank", "stt": "POST /v1/audio/transcriptions",
           "tts": "POST /v1/audio/speech"}
 
@@ -30,11 +38,11 @@ def body_bytes(req: GmlxRequest) -> int:
     return int(req.context.body_bytes or req.content_length or 0)
 
 
-def lookup(services: ServiceHost, kind: str, route: str, parse: Callable[[Service], T]) -> tuple[Service, T]:
+def lookup(services: ServiceHost, kind: str, route: str, parse: Callable[[Service], R]) -> tuple[Service, R]:
     """The route's service (404 when unconfigured), the request parsed with its limits, then its `model` checked."""
     svc = services.service(kind, route)
     parsed = parse(svc)
-    services.service(kind, route, getattr(parsed, "model", None))
+    services.service(kind, route, parsed.model)
     return svc, parsed
 
 

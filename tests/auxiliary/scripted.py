@@ -16,6 +16,7 @@ from gmlx_server.config import ServiceEntry
 
 
 class ScriptedEmbedder:
+    backend = "scripted"
     dimensions, window, vocab_size, normalize = 8, 16, 1000, True
 
     def __init__(self) -> None:
