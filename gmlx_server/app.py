@@ -182,7 +182,6 @@ def create_app(
     host = host if host is not None else ModelHost(config, engine_factory, check_headers=check_headers)
     services = services if services is not None else ServiceHost(config, host)
     assistants = assistants if assistants is not None else Assistants(config, host.telemetry)
-    host.services_weights = services.weights  # the chat load gate counts the service models as held
     body = JsonBodyMiddleware(config.env.max_body_bytes, config.env.body_timeout_s)
     lifespan = Lifespan(host, services, assistants)
     middleware: list[Any] = [lifespan, DrainGate(host.drain), body]  # a draining host reads no body

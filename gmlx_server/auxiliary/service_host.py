@@ -12,6 +12,7 @@ from gmlx_server.auxiliary.service_errors import ServiceNotConfigured
 from gmlx_server.auxiliary.service_thread import Loader, Service
 from gmlx_server.config import ServerConfig, ServiceEntry, hf_hub_cache_dir
 from gmlx_server.errors import ModelNotFound
+from gmlx_server.serving.load_gate import HeldWeights
 from gmlx_server.serving.model_host import ModelHost
 
 log = logging.getLogger("gmlx.services")
@@ -31,6 +32,7 @@ def uses_chat_model(entry: ServiceEntry) -> bool:
 class ServiceHost:
     def __init__(self, config: ServerConfig, chat: ModelHost | None = None, loader: Loader = default_loader) -> None:
         self.config, self.chat, self.loader = config, chat, loader
+        self.held = chat.held if chat is not None else HeldWeights()  # the chat load gate counts these
         self.services: dict[str, Service] = {k: self._build(e) for k, e in config.services.items()}
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -39,7 +41,7 @@ class ServiceHost:
         if entry.model is not None and not uses_chat_model(entry):
             source = ModelSource(entry.kind, entry.model, hf_hub_cache_dir(self.config.env),
                                  offline=self.config.server.hf_cache)
-        return Service(entry, source, self.loader)
+        return Service(entry, source, self.loader, self.held)
 
     def start(self) -> None:
         """At server start: hf: models begin downloading; load: start services begin loading."""
@@ -80,10 +82,6 @@ class ServiceHost:
         return rerank if rerank.source is not None else self.services["embeddings"]
 
     # --- /v1/models and /v1/metrics -----------------------------------------------------------------
-
-    def weights(self) -> dict[str, int]:
-        """The loaded service models' weights, by a name the load gate's refusals show."""
-        return {f"service {k}": s.weights_bytes for k, s in self.services.items() if s.weights_bytes}
 
     def rows(self) -> list[dict[str, Any]]:
         rows = []

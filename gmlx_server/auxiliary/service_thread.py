@@ -19,6 +19,7 @@ from gmlx_server.auxiliary.service_errors import ServiceExtraMissing, ServiceUna
 from gmlx_server.auxiliary.stats import ServiceStats
 from gmlx_server.config import ServiceEntry
 from gmlx_server.errors import GmlxError, ServerOverloaded
+from gmlx_server.serving.load_gate import HeldWeights
 
 T = TypeVar("T")
 
@@ -68,9 +69,10 @@ class Lease:
 class Service:
     """state: unloaded, downloading, loading, ready or failed (`error` says why)."""
 
-    def __init__(self, entry: ServiceEntry, source: ModelSource | None, loader: Loader,
+    def __init__(self, entry: ServiceEntry, source: ModelSource | None, loader: Loader, held: HeldWeights,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.entry, self.source, self.loader, self.clock = entry, source, loader, clock
+        """`held`: where its loaded weights are counted for the chat models' load gate."""
+        self.entry, self.source, self.loader, self.held, self.clock = entry, source, loader, held, clock
         self.backend: Any = None  # the kind's backend, which its job calls
         self.backend_name: str | None = None  # which library serves it, once loaded
         self.load_error: str | None = None
@@ -84,6 +86,11 @@ class Service:
     @property
     def kind(self) -> str:
         return self.entry.kind
+
+    @property
+    def held_name(self) -> str:
+        """Its name among the weights the load gate counts (and its refusals show)."""
+        return f"service {self.kind}"
 
     @property
     def state(self) -> str:
@@ -192,11 +199,14 @@ class Service:
         finally:
             self.loading = False
         self.load_error, self.load_s, self.weights_bytes = None, self.clock() - t0, path_bytes(path)
+        if self.weights_bytes:
+            self.held.hold(self.held_name, self.weights_bytes)
         log.info("service %s: loaded %s in %.2f s", self.kind, path, self.load_s)
         return self.backend
 
     def close(self) -> None:
         self.backend = self.backend_name = None  # no backend holds more than memory: dropping it frees it
+        self.held.release(self.held_name)
         self._pool.shutdown(wait=False, cancel_futures=False)
 
     def section(self) -> dict[str, Any]:

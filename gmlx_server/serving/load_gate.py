@@ -10,6 +10,7 @@ memory can take that long to come back from the kernel; past that it answers 503
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -21,6 +22,28 @@ from gmlx_server.errors import ModelLoadDeferred
 from gmlx_server.serving.governor import THRESHOLDS, Governor
 from gmlx_server.serving.memory_probes import MemoryReading
 from gmlx_server.serving.residency import Residency, streaming
+
+
+class HeldWeights:
+    """Weights loaded beside the chat engines (the service models), which no eviction frees, by a name the
+    gate's refusals show: the services write them as their models load and close (on their worker threads),
+    the gate reads them."""
+
+    def __init__(self) -> None:
+        self._bytes: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def hold(self, name: str, nbytes: int) -> None:
+        with self._lock:
+            self._bytes[name] = nbytes
+
+    def release(self, name: str) -> None:
+        with self._lock:
+            self._bytes.pop(name, None)
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._bytes)
 
 FLOOR_FRACTION = THRESHOLDS[-1][1]  # the red band starts below this free fraction
 RETURN_WAIT_S = 3.0

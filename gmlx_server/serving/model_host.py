@@ -32,7 +32,7 @@ from gmlx_server.serving.drain import DEFAULT_DRAIN_S, Drain
 from gmlx_server.serving.fair_share import FairShares
 from gmlx_server.serving.governor import Governor
 from gmlx_server.serving.hf_policy import local_entry
-from gmlx_server.serving.load_gate import LoadGate
+from gmlx_server.serving.load_gate import HeldWeights, LoadGate
 from gmlx_server.serving.memory_probes import MemoryReading, read_memory
 from gmlx_server.serving.model_files import ModelFiles, ModelLoadFailed
 from gmlx_server.serving.model_list import ModelList
@@ -82,8 +82,7 @@ class ModelHost:
         self.supervisor = Supervisor(clock)
         self.drain = Drain(clock, drain_deadline_s)  # SIGTERM's graceful stop (gmlx serve begins it)
         self.gate = LoadGate(self)  # real time: its 3 s wait is wall-clock
-        # the service models' weights by name, which the load gate counts as held (create_app sets it)
-        self.services_weights: Callable[[], Mapping[str, int]] = dict
+        self.held = HeldWeights()  # the service models' weights, which the services write and the gate counts
         self.listing = ModelList(self)
         self.files = ModelFiles(check_headers=check_headers)
         default = self.default_id()
@@ -232,7 +231,7 @@ class ModelHost:
         return self._engines[model_id].info.weights_bytes
 
     def held_elsewhere(self) -> Mapping[str, int]:
-        return self.services_weights()
+        return self.held.snapshot()
 
     def drain_eta_s(self, model_ids: Iterable[str]) -> float | None:
         etas = [self.admission.eta_s(m, self._engines[m].stats()) for m in model_ids if m in self._engines]

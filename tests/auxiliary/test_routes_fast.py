@@ -162,3 +162,14 @@ def test_hostile_bodies_to_configured_services_get_typed_answers(fuzzed: Client,
                                                                  data: st.DataObject) -> None:
     req = data.draw(requests("POST", route, "m1"))
     check(req, fuzzed.send(req))
+
+
+def test_a_loaded_service_model_counts_as_held_for_the_chat_load_gate(tmp_path: Path) -> None:
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 4096)  # its size on disk is what loading it holds
+    client, services = app_with({"embeddings": entry("embeddings", str(tmp_path))}, ScriptedEmbedder())
+    assert services.chat is not None and services.chat.held_elsewhere() == {}
+    assert client.post("/v1/embeddings", json={"input": "hello"}).status_code == 200
+    assert services.chat.held_elsewhere() == {"service embeddings": 4096}
+    services.close()
+    assert services.chat.held_elsewhere() == {}
+    client.close()

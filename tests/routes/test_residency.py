@@ -370,7 +370,7 @@ def test_mlx_memory_is_counted_once_however_many_engines_are_resident() -> None:
 
 
 def test_service_models_count_as_held_by_the_load_gate(three: Sized) -> None:
-    three.host.services_weights = lambda: {"service embeddings": 30}
+    three.host.held.hold("service embeddings", 30)
     assert three.chat("a").status_code == 200  # 100 - 30 - 5 = 65 leaves room for 40
     three.clock.advance(1)
     assert three.chat("b").status_code == 200  # 30 + 40 + 40 + 5 > 100: idle a goes, not the service
