@@ -47,7 +47,7 @@ class ImageBinding:
 
 
 def bind_images(model: Any, req: GenerationRequest) -> ImageBinding:
-    vision: VisionPrompt | None = getattr(req, "vision", None)
+    vision = req.vision
     if vision is None:
         return ImageBinding(model, req.prompt_tokens)
     runtime: VisionRuntime | None = getattr(model, "gmlx_vision", None)
