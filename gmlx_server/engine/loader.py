@@ -24,6 +24,7 @@ from gmlx_server.engine.kv_quant import CacheFactory
 from gmlx_server.engine.layout import choose_layout
 from gmlx_server.engine.tokenizer import GGUFTokenizer
 from gmlx_server.engine.types import ModelInfo
+from gmlx_server.engine.vision.prefill import VisionRuntime
 from gmlx_server.engine.weights import install_weights, transpose_dense_linears
 
 log = logging.getLogger("gmlx.engine")
@@ -39,6 +40,7 @@ class LoadedModel:
     template: JinjaChatTemplate
     report: LoadReport
     make_cache: CacheFactory  # a request's fresh per-layer caches (quantized where kv_quant says)
+    vision: VisionRuntime | None = None  # the vision tower a prompt's images prefill through (None: text only)
 
 
 def load_gguf_model(path: str | Path, model_id: str | None = None, layout: LayoutChoice = "auto",

@@ -111,7 +111,7 @@ class MLXEngine(EngineBase):
         try:
             Scheduler(loaded.model, loaded.tokenizer, self._decode_batch, self._jobs, self._forget, self._measured,
                       grammar_tokenizer, self._prompt_cache, self.pace, loaded.make_cache,
-                      Speculator(self._drafter) if self._drafter is not None else None).run()
+                      Speculator(self._drafter) if self._drafter is not None else None, loaded.vision).run()
         except BaseException as e:  # the loop itself broke: say why, and end every request it held
             self._fault = f"{type(e).__name__}: {e}"
             log.critical("the engine thread of %s died: %s", loaded.info.model_id, self._fault, exc_info=e)

@@ -59,8 +59,8 @@ def load_model_dir(path: str | Path, model_id: str | None = None, max_kv_size: i
     vision = vision_family(config)
     if vision is not None:
         projector = projector_from_dir(d, config, vision)
-        text.gmlx_vision = VisionRuntime(VisionTower(projector, dir_tower_modules(model, vision)), vision)
-        loaded.info = replace(info, vision=ImageProcessor(projector, tokenizer.token_to_id))
+        loaded = replace(loaded, vision=VisionRuntime(VisionTower(projector, dir_tower_modules(model, vision)), vision),
+                         info=replace(info, vision=ImageProcessor(projector, tokenizer.token_to_id)))
     loaded.info = replace(loaded.info, load_s=time.perf_counter() - start)
     log.info("loaded %s (%s directory, %s) in %.2f s through mlx-vlm's loader: %d layers, context %d, %.1f MB%s",
              loaded.info.model_id, kind, d, loaded.info.load_s, info.n_layers, info.context_length,

@@ -32,7 +32,7 @@ from gmlx_server.engine.types import (
     Timings,
     TokenEvent,
 )
-from gmlx_server.engine.vision.prefill import bind_images
+from gmlx_server.engine.vision.prefill import VisionRuntime, bind_images
 
 log = logging.getLogger("gmlx.engine")
 GrammarTokenizer = Callable[[], Any]  # the model's llguidance tokenizer, built on first use
@@ -63,9 +63,9 @@ class RequestRun:
     def __init__(self, model: Any, tokenizer: Any, req: GenerationRequest, emit: Callable[[TokenEvent], None],
                  cancelled: Callable[[], bool], progress: Progress, chunk: int = PREFILL_CHUNK,
                  grammar_tokenizer: GrammarTokenizer | None = None, prompt_cache: PromptCache | None = None,
-                 caches: Callable[[], list[Any]] | None = None) -> None:
+                 caches: Callable[[], list[Any]] | None = None, vision: VisionRuntime | None = None) -> None:
         self.req, self.emit, self.cancelled, self.progress = req, emit, cancelled, progress
-        self.images = bind_images(model, req)  # a prompt with images prefills through the model's vision tower
+        self.images = bind_images(model, vision, req)  # a prompt with images prefills through the model's vision tower
         self.model, self._text = self.images.model, model
         self._caches = caches or (lambda: make_cache(model))  # the loader's: quantized layers where configured
         self._grammar_tokenizer = grammar_tokenizer

@@ -23,6 +23,7 @@ from gmlx_server.engine.prompt_cache import PromptCache
 from gmlx_server.engine.request_run import GrammarTokenizer, Progress, RequestRun
 from gmlx_server.engine.spec_round import Speculator
 from gmlx_server.engine.types import GenerationRequest, MemorySnapshot, SpeculativeStats, TokenEvent
+from gmlx_server.engine.vision.prefill import VisionRuntime
 
 log = logging.getLogger("gmlx.engine")
 PACE_WINDOW = 32  # steps per width the measured decode pace looks back on
@@ -87,8 +88,8 @@ class Scheduler:
                  forget: Callable[[Job], None], memory: MemorySnapshot,
                  grammar_tokenizer: GrammarTokenizer | None = None, prompt_cache: PromptCache | None = None,
                  pace: Pace | None = None, caches: Callable[[], list[Any]] | None = None,
-                 speculator: Speculator | None = None) -> None:
-        self.model, self.tokenizer, self.width, self.caches = model, tokenizer, width, caches
+                 speculator: Speculator | None = None, vision: VisionRuntime | None = None) -> None:
+        self.model, self.tokenizer, self.width, self.caches, self.vision = model, tokenizer, width, caches, vision
         self.grammar_tokenizer, self.prompt_cache = grammar_tokenizer, prompt_cache
         self.inbox, self.forget, self.memory = inbox, forget, memory
         self.pace = pace if pace is not None else Pace()
@@ -189,7 +190,7 @@ class Scheduler:
             try:
                 seq = RequestRun(self.model, self.tokenizer, job.request, job.emit, job.cancelled.is_set,
                                job.progress, grammar_tokenizer=self.grammar_tokenizer, prompt_cache=self.prompt_cache,
-                               caches=self.caches)
+                               caches=self.caches, vision=self.vision)
             except Exception as e:  # a request the engine cannot even set up ends alone
                 log.exception("request %s could not start", job.request.request_id)
                 self._fail(job, f"{type(e).__name__}: {e}")

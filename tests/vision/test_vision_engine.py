@@ -74,7 +74,7 @@ def _prompt(processor: ImageProcessor, template: Any, tokenizer: Any, messages: 
 
 
 def _first_logits(loaded: LoadedModel, slotted: list[int], vision: VisionPrompt) -> np.ndarray:
-    binding = bind_images(loaded.model, GenerationRequest("r", slotted, 1, vision=vision))
+    binding = bind_images(loaded.model, loaded.vision, GenerationRequest("r", slotted, 1, vision=vision))
     out = binding.model(mx.array(slotted)[None], cache=make_cache(loaded.model)).logits[0, -1]
     return np.array(out.astype(mx.float32))
 
@@ -126,7 +126,7 @@ def test_logits_and_greedy_tokens_equal_transformers(family: str, loaded: Loaded
 
 def _chunked_rows(loaded: LoadedModel, slotted: list[int], vision: VisionPrompt, chunk: int = 512) -> np.ndarray:
     """Every prompt row's logits, prefilled in RequestRun's chunks (each end moved off an image's interior)."""
-    binding = bind_images(loaded.model, GenerationRequest("r", slotted, 1, vision=vision))
+    binding = bind_images(loaded.model, loaded.vision, GenerationRequest("r", slotted, 1, vision=vision))
     cache, pos, rows = make_cache(loaded.model), 0, []
     while pos < len(slotted):
         end = binding.chunk_end(pos, min(pos + chunk, len(slotted)))

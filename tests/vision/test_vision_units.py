@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import base64
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pytest
 
 from gmlx_server.engine.types import GenerationRequest
 from gmlx_server.engine.vision.mmproj import UnsupportedProjector, check_pair, read_projector
-from gmlx_server.engine.vision.prefill import bind_images
+from gmlx_server.engine.vision.prefill import VisionRuntime, bind_images
 from gmlx_server.engine.vision.prompt import VIRTUAL_BASE, ImageSlots, VisionPrompt, real_ids, virtual_ids
 from gmlx_server.engine.vision.vision_loader import load_vision_model
 from gmlx_server.errors import InvalidRequest, UnsupportedFeature
@@ -108,19 +109,17 @@ def _vision(spans: list[tuple[int, int]], bidirectional: bool) -> VisionPrompt:
 
 
 def test_chunks_never_end_inside_an_image_that_prefills_whole() -> None:
-    class Model:
-        gmlx_vision = object()
-
     prompt = list(range(40))
     prompt[10:20], prompt[30:34] = virtual_ids(b"x", 10), virtual_ids(b"y", 4)
     req = GenerationRequest("r", prompt, 1, vision=_vision([(10, 20), (30, 34)], bidirectional=True))
-    b = bind_images(Model(), req)
+    tower = cast(VisionRuntime, object())  # chunk_end reads only the prompt's spans
+    b = bind_images(object(), tower, req)
     assert b.token_ids[10:20] == [7] * 10 and b.token_ids[:10] == list(range(10))  # the sampler's history
     assert [b.chunk_end(0, 15), b.chunk_end(10, 15), b.chunk_end(0, 8), b.chunk_end(20, 32)] == [10, 20, 8, 30]
-    causal = bind_images(Model(), GenerationRequest("r", [1] * 40, 1, vision=_vision([(10, 20)], False)))
+    causal = bind_images(object(), tower, GenerationRequest("r", [1] * 40, 1, vision=_vision([(10, 20)], False)))
     assert causal.chunk_end(0, 15) == 15  # causal images may be cut anywhere
     with pytest.raises(ValueError, match="no vision tower"):
-        bind_images(object(), req)
+        bind_images(object(), None, req)
 
 
 def _clip(path: Path, **meta: object) -> Path:

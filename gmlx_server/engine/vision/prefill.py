@@ -46,11 +46,11 @@ class ImageBinding:
         return end
 
 
-def bind_images(model: Any, req: GenerationRequest) -> ImageBinding:
+def bind_images(model: Any, runtime: VisionRuntime | None, req: GenerationRequest) -> ImageBinding:
+    """The request's prefill: through `runtime`, the model's vision tower, when its prompt has images."""
     vision = req.vision
     if vision is None:
         return ImageBinding(model, req.prompt_tokens)
-    runtime: VisionRuntime | None = getattr(model, "gmlx_vision", None)
     if runtime is None:
         raise ValueError("this model has no vision tower (no mmproj): it cannot take images")
     return ImageBinding(_Prefill(model, runtime, vision), real_ids(req.prompt_tokens, vision.image_token_id), vision)

@@ -32,10 +32,10 @@ def load_vision_model(path: str | Path, mmproj: str | Path,
     processor = ImageProcessor(projector, loaded.tokenizer.token_to_id)
     dtype = mx.float16 if mx.default_device() == mx.gpu else mx.float32
     tower, report = load_tower(projector, dtype)
-    loaded.model.gmlx_vision = VisionRuntime(tower, projector.family)  # a plain attribute: not an MLX child
     info = loaded.info
-    loaded.info = replace(info, vision=processor, weights_bytes=info.weights_bytes + report.total_bytes,
-                          load_s=time.perf_counter() - start)
+    loaded = replace(loaded, vision=VisionRuntime(tower, projector.family), info=replace(
+        info, vision=processor, weights_bytes=info.weights_bytes + report.total_bytes,
+        load_s=time.perf_counter() - start))
     log.info("  vision: %s projector %s, %d-pixel tiles of %d soft tokens, tower %.1f MB (%s)", projector.family,
              projector.path, projector.image_size, projector.tokens_per_tile, report.total_bytes / 1e6,
              "fp16" if dtype == mx.float16 else "fp32")
