@@ -37,6 +37,7 @@ import mlx.core as mx
 
 from bench.kernel_speed import read_ceiling
 from gmlx_plan.gguf_header import read_header
+from gmlx_plan.memory import LAYOUT_CHOICES
 from gmlx_server.engine.arch import make_cache
 from gmlx_server.engine.blas import current_blas
 from gmlx_server.engine.kernels import fast_ops, probe
@@ -228,7 +229,7 @@ def _in_dims(m: Any) -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--layout", default="auto", choices=["auto", "native", "dense", "packed"])
+    ap.add_argument("--layout", default="auto", choices=LAYOUT_CHOICES)
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--runs", type=int, default=3)

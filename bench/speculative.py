@@ -44,6 +44,7 @@ import bench.blas_first  # noqa: F401  (OpenBLAS before mlx is first imported)
 # isort: split
 import mlx.core as mx
 
+from gmlx_plan.memory import LAYOUT_CHOICES
 from gmlx_server.config import Draft, ModelEntry, RuntimeEnv
 from gmlx_server.config.settings import DEFAULT_DRAFT_TOKENS
 from gmlx_server.engine.cache_trim import trim
@@ -230,7 +231,7 @@ def main() -> int:
     ap.add_argument("--k", type=int, default=DEFAULT_DRAFT_TOKENS, help="tokens drafted per round")
     ap.add_argument("--gen", type=int, default=96, help="max tokens per answer")
     ap.add_argument("--temperature", type=float, default=0.0)
-    ap.add_argument("--weights", default="auto", choices=("auto", "native", "packed", "dense"))
+    ap.add_argument("--weights", default="auto", choices=LAYOUT_CHOICES)
     ap.add_argument("--rounds", type=int, default=2, help="runs of every prompt on each engine (medians; 0: none)")
     ap.add_argument("--project", action="store_true", help="also project greedy speedups for k = 1..8")
     args = ap.parse_args()

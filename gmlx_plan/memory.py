@@ -1,7 +1,7 @@
 """Bytes a model costs in MLX memory: weights after conversion, KV cache per stream, prefill transient.
 
 Weights (what gmlx_server/engine/gguf_tensors.py makes of each GGUF tensor; PACKED_BITS is the
-single source of truth for the per-type bits, the engine's converter should import it from here):
+one table of per-type bits, which the engine's converter imports):
 
   packed layout  2-D quantized tensor of n elements -> MLX affine, group 32, fp16 scales and biases:
                  n * bits / 8 + (n / 32) * 2 * 2 bytes; 2-D F32/F16/BF16/F64 -> fp16 (2 n);

@@ -46,15 +46,12 @@ import numpy.typing as npt
 from gguf import GGMLQuantizationType
 
 from gmlx_plan.gguf_header import GGML_TYPES, GGUFFormatError, TensorInfo, ggml_type_name
-from gmlx_plan.memory import Layout
+from gmlx_plan.memory import FLOAT_TYPES, PACKED_BITS, Layout
 from gmlx_server.engine.kernels import NATIVE_TYPES
 from gmlx_server.engine.quant_repack import GROUP, REPACKERS, U8, Affine, pack_bits, quantize_affine
 
-# Types with no exact affine form: dequantize with gguf, then requantize at these bits (table above).
-REQUANT_BITS: dict[str, int] = {
-    "Q6_K": 8, "Q3_K": 5, "Q2_K": 4, "IQ2_XXS": 8, "IQ2_XS": 8, "IQ2_S": 8, "IQ3_XXS": 8, "IQ3_S": 8,
-    "IQ1_S": 8, "IQ1_M": 8, "TQ1_0": 8, "TQ2_0": 8, "MXFP4": 8,
-}
+# Types with no exact affine form: dequantize with gguf, then requantize at the planner's bits (table above).
+REQUANT_BITS: dict[str, int] = {name: bits for name, bits in PACKED_BITS.items() if name not in REPACKERS}
 _FLOATS = {"F32": np.float32, "F16": np.float16, "F64": np.float64}
 _DTYPE_NAMES = {mx.float32: "f32", mx.float16: "f16", mx.bfloat16: "bf16"}
 
@@ -181,7 +178,7 @@ def _native_tensor(raw: U8, info: TensorInfo, type_name: str) -> ConvertedTensor
 
 
 def _is_float(type_name: str) -> bool:
-    return type_name in _FLOATS or type_name == "BF16"
+    return type_name in FLOAT_TYPES
 
 
 def _dense_target(info: TensorInfo, type_name: str, layout: Layout, dense_dtype: mx.Dtype) -> mx.Dtype:
@@ -193,7 +190,7 @@ def _dense_target(info: TensorInfo, type_name: str, layout: Layout, dense_dtype:
 
 def _check_supported(info: TensorInfo) -> str:
     name = ggml_type_name(info.ggml_type)
-    if not _is_float(name) and name not in REPACKERS and name not in REQUANT_BITS:
+    if not _is_float(name) and name not in PACKED_BITS:
         raise UnsupportedTensorType(info.name, info.ggml_type)
     return name
 

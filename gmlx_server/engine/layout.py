@@ -6,13 +6,13 @@ import platform
 
 from gmlx_plan.budget import available_memory
 from gmlx_plan.gguf_header import GGUFHeader
-from gmlx_plan.memory import kv_bytes, model_from_header
+from gmlx_plan.memory import Layout, LayoutChoice, kv_bytes, model_from_header
 from gmlx_server.engine import kernels
 from gmlx_server.engine.blas import current_blas
 
 
-def choose_layout(requested: str, on_gpu: bool | None = None, native: bool = True,
-                  header: GGUFHeader | None = None) -> tuple[str, str]:
+def choose_layout(requested: LayoutChoice, on_gpu: bool | None = None, native: bool = True,
+                  header: GGUFHeader | None = None) -> tuple[Layout, str]:
     """Packed affine weights on Metal; on the CPU GGUF blocks read by our kernels when they are built
     (and `native`), else dense fp32 when an optimized BLAS runs the matmuls and the model (its `header`)
     fits dense beside a full window's KV in the memory available now."""

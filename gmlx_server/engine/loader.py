@@ -12,7 +12,7 @@ import mlx.core as mx
 
 from gmlx_plan.geometry import DEFAULT_CONTEXT, geometry_from_header
 from gmlx_plan.gguf_header import GGUFHeader, SkippedArray, read_header
-from gmlx_plan.memory import KVQuant, LayoutChoice, quantized_layers
+from gmlx_plan.memory import KVQuant, Layout, LayoutChoice, quantized_layers
 from gmlx_server.engine.arch import ArchSpec, arch_spec, make_cache, vocab_size
 from gmlx_server.engine.attention import install_attention
 from gmlx_server.engine.blas import current_blas
@@ -58,7 +58,7 @@ def load_gguf_model(path: str | Path, model_id: str | None = None, layout: Layou
     # Metal keeps mx.fast's fused kernel; on the CPU ours is ~1.3-1.7x faster (bench/attention.py)
     install_attention(spec.module, cpu=not on_gpu)
     _fast_ops(not on_gpu and native_kernels)
-    tensors, report = load_gguf_tensors(path, header.tensors, chosen)  # type: ignore[arg-type]
+    tensors, report = load_gguf_tensors(path, header.tensors, chosen)
     install_weights(model, spec, tensors)
     del tensors  # the model holds the arrays now; dropping the dict lets transposed copies replace them
     if chosen == "dense":
@@ -98,7 +98,8 @@ def without_vocabulary_arrays(header: GGUFHeader) -> GGUFHeader:
     return replace(header, metadata=meta)
 
 
-def _layout(requested: LayoutChoice, on_gpu: bool, native_kernels: bool, header: GGUFHeader) -> tuple[str, str]:
+def _layout(requested: LayoutChoice, on_gpu: bool, native_kernels: bool,
+            header: GGUFHeader) -> tuple[Layout, str]:
     chosen, why = choose_layout(requested, on_gpu=on_gpu, native=native_kernels, header=header)
     if chosen != "native":
         if requested == "auto" and not on_gpu and native_kernels:  # e.g. installed without a compiler

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from gmlx_plan.capacity import KVQuantReport
+from gmlx_plan.memory import Layout
 
 if TYPE_CHECKING:  # vision imports MLX; these types stay pure
     from gmlx_server.engine.vision.processor import ImageProcessor
@@ -334,7 +335,7 @@ class ModelInfo:
     n_kv_heads: int
     head_dim: int
     sliding_window: int | None
-    weights_layout: str  # what loaded: native (GGUF blocks, CPU kernels), packed, dense, or mlx (a model dir)
+    weights_layout: Layout | Literal["mlx"]  # what loaded: a GGUF layout, or mlx (a model dir's own weights)
     weights_bytes: int
     load_s: float
     tensor_types: Mapping[str, str] = field(default_factory=dict)  # GGUF type -> what it became

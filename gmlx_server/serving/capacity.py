@@ -52,7 +52,7 @@ def memory_model(entry: ModelEntry) -> MemoryModel:
     model's drafter (its weights, its unquantized KV) is part of it."""
     header = read_header(entry.path, strings=False)
     layout, _ = choose_layout(entry.weights, header=header)
-    m = model_from_header(header, layout, _kv_quant(entry))  # type: ignore[arg-type]
+    m = model_from_header(header, layout, _kv_quant(entry))
     if entry.mmproj is not None:  # a vision model's tower loads beside its text weights
         m = replace(m, weights_bytes=m.weights_bytes + tower_bytes(entry.mmproj))
     d = entry.draft
@@ -60,7 +60,7 @@ def memory_model(entry: ModelEntry) -> MemoryModel:
         return m
     draft_header = read_header(d.path, strings=False)
     draft_layout, _ = choose_layout(d.weights, header=draft_header)
-    return model_with_draft(m, draft_header, draft_layout, d.model_id, d.tokens)  # type: ignore[arg-type]
+    return model_with_draft(m, draft_header, draft_layout, d.model_id, d.tokens)
 
 
 class CapacityService:

@@ -73,27 +73,56 @@ def test_one_family_record_serves_every_reader(name: str, row: str, template: st
         assert spec.family == family_of(arch).name
 
 
-def test_the_engines_bit_tables_are_the_planners() -> None:
-    """The planner sizes packed weights from PACKED_BITS; the engine repacks or requantizes to exactly those."""
-    from gmlx_server.engine.gguf_tensors import REQUANT_BITS
-    from gmlx_server.engine.quant_repack import GROUP, REPACKERS
+@pytest.mark.parametrize("type_name", sorted(memory.PACKED_BITS))
+def test_the_engine_converts_every_type_to_the_bytes_the_planner_sizes(type_name: str, tmp_path: Path) -> None:
+    """PACKED_BITS (and the native block table) are what the engine's converter makes of each type, per layout."""
+    from gmlx_server.engine.gguf_tensors import load_gguf_tensors
+    from tests.gguf_factory import random_blocks
 
-    assert {t: bits for t, (bits, _) in REPACKERS.items()} | dict(REQUANT_BITS) == memory.PACKED_BITS
-    assert GROUP == memory.AFFINE_GROUP
+    qtype = QT[type_name]
+    raw = random_blocks(qtype, (64, 256), np.random.default_rng(qtype.value))
+    path = write_gguf(tmp_path / "t.gguf", [FakeTensor("blk.0.attn_q.weight", raw, qtype)])
+    info = read_header(path).tensors[0]
+    for layout in memory.LAYOUTS:
+        tensors, _ = load_gguf_tensors(path, [info], layout)
+        t = tensors[info.name]
+        assert t.nbytes == memory.converted_bytes(info.shape, type_name, layout)
+        assert t.bits == (memory.PACKED_BITS[type_name] if layout == "packed" else None)
+
+
+def test_the_header_readers_type_table_is_ggufs() -> None:
+    """Ids, names and block geometry agree with the gguf library's (Q8_1 aside: gguf-py keeps its old fp32
+    scales, 40 bytes, where llama.cpp's block_q8_1 holds two fp16, 36; no file stores Q8_1)."""
+    from gguf.constants import GGML_QUANT_SIZES
+
+    from gmlx_plan.gguf_header import GGML_TYPES
+
+    for type_id, (name, block, size) in GGML_TYPES.items():
+        assert QT(type_id).name == name
+        assert GGML_QUANT_SIZES[QT(type_id)] == (block, size) or name == "Q8_1"
+
+
+def _cpp_constants(header: str, prefix: str) -> dict[str, tuple[int, int]]:
+    """`struct <prefix>Q4_K { static constexpr int QK = 256, BYTES = 144, ...` -> {"Q4_K": (256, 144)}."""
+    import re
+
+    found = re.findall("struct " + prefix + r"(Q\w+) \{\s*static constexpr int QK = (\d+), BYTES = (\d+)", header)
+    return {name: (int(qk), int(size)) for name, qk, size in found}
 
 
 def test_ggml_type_facts_have_one_table() -> None:
-    """Type ids: the header reader's table; the C++ enum says the same; bits: the planner's PACKED_BITS."""
+    """Type ids and block geometry: the header reader's table; the C++ enum and format structs say the same."""
     import re
 
     from gmlx_plan.gguf_header import GGML_TYPES
     from gmlx_server.engine.kernels import NATIVE_TYPES
-    from gmlx_server.engine.quant_repack import REPACKERS
 
-    header = (Path(__file__).resolve().parents[2] / "gmlx_server/engine/kernels/src/formats.h").read_text()
-    enum = re.search(r"enum QType : int \{([^}]*)\}", header)
+    src = Path(__file__).resolve().parents[2] / "gmlx_server/engine/kernels/src"
+    formats, floats = (src / "formats.h").read_text(), (src / "floats.h").read_text()
+    enum = re.search(r"enum QType : int \{([^}]*)\}", formats)
     assert enum is not None
     in_cpp = {k.strip(): int(v) for k, v in (item.split("=") for item in enum.group(1).split(","))}
     assert in_cpp == NATIVE_TYPES and set(NATIVE_TYPES) == memory.NATIVE_TYPES
     assert all(GGML_TYPES[i][0] == name for name, i in NATIVE_TYPES.items())
-    assert all(REPACKERS[name][0] == memory.PACKED_BITS[name] for name in REPACKERS)
+    blocks = {name: GGML_TYPES[i][1:] for name, i in NATIVE_TYPES.items()}
+    assert _cpp_constants(formats, "F") == blocks == _cpp_constants(floats, "D")
