@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, get_args
 from gmlx_server.config import ConfigError, ServerConfig, WeightsLayout, load_config, read_env
 from gmlx_server.errors import GmlxError, ModelNotFound
 from gmlx_server.generation_params import GenerationParams, ImageRef
+from gmlx_server.protocol.params import sampling as knobs
 from gmlx_server.serving.addressing import Address, Catalog, resolve_address
 
 if TYPE_CHECKING:  # the service and engine modules load once the process is prepared for MLX
@@ -136,7 +137,7 @@ def run_run(args: argparse.Namespace) -> int:
 
 def _params(args: argparse.Namespace, addr: Address, text: str) -> GenerationParams:
     """The terminal's prompt as the generation request a protocol parser would build from a body."""
-    sampling = {k: v for k, v in (("temperature", args.temperature), ("seed", args.seed)) if v is not None}
+    sampling = knobs({"temperature": args.temperature, "seed": args.seed})  # the request fields' ranges
     common = {"model": addr.model_id, "profile": addr.profile, "sampling": sampling, "max_tokens": args.max_tokens}
     if args.raw:
         return GenerationParams(**common, prompt=text)

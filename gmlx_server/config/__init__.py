@@ -2,8 +2,9 @@
 
 settings.py holds the dataclasses (stdlib only, the bottom of the import graph); env.py is the only
 reader of os.environ; checker.py and parse.py turn the YAML into settings; load.py applies the
-overrides. Importing this package has no side effects: the entry points prepare the process
-(gmlx_server/startup.py). Every name is re-exported here for `from gmlx_server.config import X`.
+overrides; sampling.py names the sampling knobs and their ranges for the request parsers and profiles.
+Importing this package has no side effects: the entry points prepare the process (gmlx_server/startup.py).
+Every name is re-exported here for `from gmlx_server.config import X`.
 """
 
 from gmlx_server.config.env import hf_hub_cache_dir, read_env
@@ -14,7 +15,8 @@ from gmlx_server.config.load import (
     merge_overrides,
     reload_config,
 )
-from gmlx_server.config.parse import SAMPLING_KINDS, discover_models
+from gmlx_server.config.parse import discover_models
+from gmlx_server.config.sampling import SAMPLING_KNOBS, Knob
 from gmlx_server.config.settings import (
     BLAS_OFF,
     BUILTIN_INTENTS,
@@ -39,8 +41,6 @@ from gmlx_server.config.settings import (
     WeightsLayout,
 )
 
-SAMPLING_KEYS = frozenset(SAMPLING_KINDS)
-
 __all__ = [
     "BLAS_OFF",
     "BUILTIN_INTENTS",
@@ -49,8 +49,7 @@ __all__ = [
     "DEFAULT_MODEL_ID",
     "PRIORITIES",
     "PRIORITY_LIMIT",
-    "SAMPLING_KEYS",
-    "SAMPLING_KINDS",
+    "SAMPLING_KNOBS",
     "SECRET_KEYS",
     "ApiKey",
     "ConfigError",
@@ -58,6 +57,7 @@ __all__ = [
     "FairShare",
     "KVQuant",
     "KeyScope",
+    "Knob",
     "ModelEntry",
     "Profile",
     "RuntimeEnv",

@@ -14,6 +14,7 @@ from gmlx_server.config.assistants import check_assistant_refs, parse_assistants
 from gmlx_server.config.checker import KINDS, Checker
 from gmlx_server.config.draft import DRAFT_KEYS, RawDrafts, raw_draft, resolve_drafts
 from gmlx_server.config.keys import parse_api_keys, parse_fair_share
+from gmlx_server.config.sampling import SAMPLING_KNOBS
 from gmlx_server.config.service_entries import check_service_refs, parse_services
 from gmlx_server.config.settings import (
     BACKENDS,
@@ -48,15 +49,9 @@ _MODEL_KINDS = {
     "reasoning_format": "str", "default_max_tokens": "int", "tool_prompt_budget": "number",
 }
 _KV_QUANT_KINDS = {"scheme": "str", "bits": "int", "group_size": "int", "value_bits": "int", "tail_tokens": "int"}
-# The engine's SamplingParams fields a profile may set (logit_bias is per request); a test keeps them equal.
-SAMPLING_KINDS = {
-    "temperature": "number", "top_p": "number", "top_k": "int", "min_p": "number", "top_n_sigma": "number",
-    "p_less": "bool", "typical_p": "number", "repetition_penalty": "number", "repetition_context_size": "int",
-    "presence_penalty": "number", "presence_context_size": "int", "frequency_penalty": "number",
-    "frequency_context_size": "int", "xtc_probability": "number", "xtc_threshold": "number", "seed": "int",
-}
+_CHECKER_KINDS = {"number": "number", "integer": "int", "boolean": "bool"}  # a knob's JSON kind, as Checker says it
 _PROFILE_KEYS = frozenset({"intent", "system", "chat_template_kwargs", "max_tokens", "stop", "priority",
-                           *SAMPLING_KINDS})
+                           *SAMPLING_KNOBS})
 _TOP_KEYS = frozenset({"server", "models", "profiles", "aliases", "services", "mcp_servers", "assistants"})
 
 
@@ -180,9 +175,14 @@ def _kv_quant(c: Checker, raw: Any, key: str) -> KVQuant | None:
 
 
 def _sampling_value(c: Checker, key: str, name: str, v: Any) -> Any:
-    kind = SAMPLING_KINDS[name]
-    if isinstance(v, bool) != (kind == "bool") or not isinstance(v, KINDS[kind]):
+    """A profile's knob: of the knob's kind and within the range a request's field may take."""
+    knob = SAMPLING_KNOBS[name]
+    kind = _CHECKER_KINDS[knob.kind]
+    of_kind = isinstance(v, bool) == (kind == "bool") and isinstance(v, KINDS[kind])
+    if not of_kind:
         raise c.fail(f"{key}.{name}", f"expected {kind}, got {type(v).__name__} ({v!r})")
+    if kind != "bool" and not knob.admits(v):  # exact for any int: a seed may reach 2**64 - 1
+        raise c.fail(f"{key}.{name}", f"must be {knob.range_text()}, got {v}")
     return v
 
 
@@ -193,7 +193,7 @@ def _profile(c: Checker, name: str, raw: Any) -> Profile:
     if intent is not None and intent not in BUILTIN_INTENTS:
         raise c.fail(f"{key}.intent", f"expected one of {', '.join(BUILTIN_INTENTS)}, got {intent!r}")
     sampling = {k: _sampling_value(c, key, k, v)
-                for k, v in data.items() if k in SAMPLING_KINDS and v is not None}
+                for k, v in data.items() if k in SAMPLING_KNOBS and v is not None}
     kwargs = c.section(data.get("chat_template_kwargs"), f"{key}.chat_template_kwargs")
     max_tokens = c.value(data, key, "max_tokens", "int")
     if max_tokens is not None and max_tokens < 1:

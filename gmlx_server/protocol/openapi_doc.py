@@ -1,7 +1,8 @@
 """The server's routes as an OpenAPI 3.1 document (served at GET /openapi.json).
 
-Request bodies follow the parsers: the sampling fields and their ranges come from params, so the
-document and the validation cannot drift; a test keeps the paths equal to the app's route table.
+Request bodies follow the parsers: the sampling fields and their ranges come from the knob table the
+parsers read (config/sampling.py), so the document and the validation cannot drift; a test keeps the paths
+equal to the app's route table.
 Unknown fields are accepted everywhere (additionalProperties), as the parsers accept them.
 """
 
@@ -9,12 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from gmlx_server.config import SAMPLING_KNOBS
 from gmlx_server.protocol.anthropic import STOP_SEQUENCES_LIMIT
 from gmlx_server.protocol.jsonsafe import MAX_DEPTH
 from gmlx_server.protocol.lifetime import PATTERN as DURATION_PATTERN
 from gmlx_server.protocol.openapi_services import service_paths, service_schemas
 from gmlx_server.protocol.output_fields import FORMAT_TYPES, MAX_CHOICES, MAX_GRAMMAR_CHARS
-from gmlx_server.protocol.params import SAMPLING_FIELDS
 from gmlx_server.protocol.tokenization_wire import MAX_TOKEN_IDS
 
 Schema = dict[str, Any]
@@ -47,14 +48,14 @@ def array(items: Schema, **kw: Any) -> Schema:
 
 def _sampling() -> dict[str, Schema]:
     out: dict[str, Schema] = {}
-    for name, (kind, lo, hi) in SAMPLING_FIELDS.items():
-        if kind == "boolean":
+    for name, knob in SAMPLING_KNOBS.items():
+        if knob.kind == "boolean":
             out[name] = BOOL
-        elif kind == "integer":
-            out[name] = {"type": "integer", "minimum": int(lo), "maximum": int(hi)}
+        elif knob.kind == "integer":
+            out[name] = {"type": "integer", "minimum": int(knob.lo), "maximum": int(knob.hi)}
         else:
-            bound = {"exclusiveMinimum": lo} if name == "repetition_penalty" else {"minimum": lo}
-            out[name] = {"type": "number", **bound, "maximum": hi}
+            bound = {"exclusiveMinimum": knob.lo} if knob.lo_open else {"minimum": knob.lo}
+            out[name] = {"type": "number", **bound, "maximum": knob.hi}
     return out
 
 

@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
-from gmlx_server.config import PRIORITIES, PRIORITY_LIMIT
+from gmlx_server.config import PRIORITIES, PRIORITY_LIMIT, SAMPLING_KNOBS
 from gmlx_server.errors import InvalidRequest, clip
 from gmlx_server.protocol.lifetime import parse_duration
 
@@ -33,7 +33,6 @@ PARAMETER_TABLE: Mapping[str, tuple[str, str, str, str]] = {
     "metadata": (_I, _I, _I, _I),
     "output_config": (_I, _I, _H, _I),
     "logit_bias": (_H, _H, _H, _H),
-    "seed": (_H, _H, _H, _H),
     "stream_options": (_H, _I, _I, _H),
     "timings_per_token": (_H, _I, _I, _I),
     "response_format": (_H, _H, _H, _H),
@@ -45,14 +44,10 @@ PARAMETER_TABLE: Mapping[str, tuple[str, str, str, str]] = {
     "stop_sequences": (_I, _I, _H, _I),
     "chat_template_kwargs": (_H, _H, _H, _I),
     "profile": (_H, _H, _H, _H),
-    "xtc_probability": (_H, _H, _H, _H),
     "priority": (_H, _H, _H, _H),
-    # Standard parameters: honored by every generation route. Thinking controls act on the chat
-    # template, which /v1/completions does not use, so they are ignored there.
-    **{k: (_H, _H, _H, _H) for k in (
-        "max_tokens", "max_output_tokens", "temperature", "top_p", "top_k", "min_p", "top_n_sigma", "p_less",
-        "typical_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "repetition_context_size",
-        "presence_context_size", "frequency_context_size", "xtc_threshold", "keep_alive", "ttl")},
+    # Standard parameters: honored by every generation route (every sampling knob). Thinking controls act on
+    # the chat template, which /v1/completions does not use, so they are ignored there.
+    **{k: (_H, _H, _H, _H) for k in ("max_tokens", "max_output_tokens", *SAMPLING_KNOBS, "keep_alive", "ttl")},
     **{k: (_H, _H, _H, _I) for k in ("enable_thinking", "thinking_budget", "reasoning", "reasoning_effort")},
 }
 
@@ -156,35 +151,15 @@ def json_type(v: object) -> str:
     return "null" if v is None else names.get(type(v), type(v).__name__)
 
 
-# Sampling fields: (kind, lo, hi). Ranges follow OpenAI where it defines one, else what is meaningful.
-SAMPLING_FIELDS: Mapping[str, tuple[str, float, float]] = {
-    "temperature": ("number", 0.0, 2.0),
-    "top_p": ("number", 0.0, 1.0),
-    "top_k": ("integer", -1, 2**31 - 1),
-    "min_p": ("number", 0.0, 1.0),
-    "top_n_sigma": ("number", 0.0, 1e6),
-    "p_less": ("boolean", 0, 0),
-    "typical_p": ("number", 0.0, 1.0),
-    "repetition_penalty": ("number", 0.0, 10.0),
-    "presence_penalty": ("number", -2.0, 2.0),
-    "frequency_penalty": ("number", -2.0, 2.0),
-    "repetition_context_size": ("integer", 0, 2**31 - 1),
-    "presence_context_size": ("integer", 0, 2**31 - 1),
-    "frequency_context_size": ("integer", 0, 2**31 - 1),
-    "xtc_probability": ("number", 0.0, 1.0),
-    "xtc_threshold": ("number", 0.0, 1.0),
-    "seed": ("integer", -(2**63), 2**64 - 1),
-}
-
-
 def sampling(body: Mapping[str, Any]) -> dict[str, Any]:
-    """The sampling fields the request sets explicitly (they override any profile value)."""
+    """The sampling fields the request sets explicitly (they override any profile value), each checked against
+    its knob (config/sampling.py)."""
     out: dict[str, Any] = {}
-    for name, (kind, lo, hi) in SAMPLING_FIELDS.items():
-        if kind == "number":
-            v: Any = number(body, name, lo, hi, lo_open=name == "repetition_penalty")
-        elif kind == "integer":
-            v = integer(body, name, int(lo), int(hi))
+    for name, knob in SAMPLING_KNOBS.items():
+        if knob.kind == "number":
+            v: Any = number(body, name, knob.lo, knob.hi, knob.lo_open)
+        elif knob.kind == "integer":
+            v = integer(body, name, int(knob.lo), int(knob.hi))
         else:
             v = boolean(body, name)
         if v is not None:

@@ -43,6 +43,8 @@ def test_profile_suffix_on_a_path_and_seed_reproduce(tmp_path: Path) -> None:
 def test_unknown_profile_and_missing_model_fail_in_one_line(tmp_path: Path) -> None:
     bad = _run("--profile", "nope", "hi")
     assert bad.returncode == 2 and "unknown profile" in bad.stderr.lower() and "Traceback" not in bad.stderr
+    hot = _run("--temperature", "5", "hi")  # a request's range, refused before any load
+    assert hot.returncode == 2 and "'temperature': must be >= 0.0 and <= 2.0, got 5.0" in hot.stderr
     cfg = tmp_path / "gmlx.yaml"
     cfg.write_text(f"models:\n  a:\n    path: {smollm2_path()}\n  b:\n    path: {smollm2_path()}\n")
     missing = _run("--config", str(cfg), "zzz", "hi")

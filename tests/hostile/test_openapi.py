@@ -7,8 +7,10 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
+from gmlx_server.config import SAMPLING_KNOBS
+from gmlx_server.errors import InvalidRequest
 from gmlx_server.protocol.openapi_doc import document
-from gmlx_server.protocol.params import SAMPLING_FIELDS
+from gmlx_server.protocol.params import sampling
 from tests.hostile.harness import ROUTES
 from tests.routes.conftest import serve
 
@@ -54,8 +56,21 @@ def test_every_schema_is_valid_and_every_ref_resolves() -> None:
     assert {r.rsplit("/", 1)[1] for r in _refs(doc)} <= set(schemas)
 
 
+def _parses(name: str, v: object) -> bool:
+    try:
+        sampling({name: v})
+    except InvalidRequest as e:
+        assert e.param == name
+        return False
+    return True
+
+
 def test_sampling_ranges_are_the_parsers() -> None:
+    """At each knob's ends and one step past them, the document accepts exactly what the parser does."""
     chat = document("test")["components"]["schemas"]["ChatRequest"]["properties"]
-    for name, (kind, lo, hi) in SAMPLING_FIELDS.items():
-        if kind != "boolean":
-            assert chat[name]["maximum"] == hi and chat[name].get("minimum", chat[name].get("exclusiveMinimum")) == lo
+    for name, knob in SAMPLING_KNOBS.items():
+        step = 1 if knob.kind == "integer" else 0.5
+        ends = (knob.lo - step, knob.lo, knob.hi, knob.hi + step)
+        edges = (True, 1) if knob.kind == "boolean" else tuple(int(v) if step == 1 else v for v in ends)
+        for v in edges:
+            assert Draft202012Validator(chat[name]).is_valid(v) == _parses(name, v), (name, v)

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from gmlx_server.config import BUILTIN_INTENTS, Profile
+from gmlx_server.config import BUILTIN_INTENTS, SAMPLING_KNOBS, Profile
 from gmlx_server.errors import InvalidRequest, ModelNotFound, UnknownProfile
 from gmlx_server.serving.addressing import PRIORITY_PROFILES, Address, Catalog, resolve_address, resolve_settings
 from gmlx_server.serving.intents import SAMPLING_TABLE, table_family
@@ -90,6 +90,13 @@ def test_settings_layering() -> None:
 def test_family_rows(family: str, row: str) -> None:
     assert table_family(family) == row
     assert set(SAMPLING_TABLE[row]) == {"base", *BUILTIN_INTENTS}
+
+
+def test_every_intent_sets_knobs_within_their_ranges() -> None:
+    """The family presets are values a profile or a request could send (config/sampling.py's table)."""
+    for intents in SAMPLING_TABLE.values():
+        for preset in intents.values():
+            assert all(SAMPLING_KNOBS[k].admits(v) for k, v in preset.items()), preset
 
 
 def test_priority_profiles_and_a_profiles_priority() -> None:

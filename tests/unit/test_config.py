@@ -13,7 +13,7 @@ import pytest
 
 from gmlx_server.config import (
     DEFAULT_MAX_BODY_BYTES,
-    SAMPLING_KINDS,
+    SAMPLING_KNOBS,
     ConfigError,
     FairShare,
     KVQuant,
@@ -114,6 +114,11 @@ def test_prompt_cache_bound_defaults_parses_and_reaches_engines(tree: Path) -> N
     (("    profile: qwen-coder", "    profile: nope"), "models.smollm2.profile", "unknown profile"),
     (("    intent: coding", "    intent: poetry"), "profiles.qwen-coder.intent", "expected one of"),
     (("    top_k: 20", "    top_k: 2.5"), "profiles.qwen-coder.top_k", "expected int"),
+    (("    top_k: 20", "    top_k: -2"), "profiles.qwen-coder.top_k", "must be between -1 and 2147483647, got -2"),
+    (("    top_k: 20", "    top_k: 20\n    temperature: 3"), "profiles.qwen-coder.temperature",
+     "must be >= 0.0 and <= 2.0, got 3"),
+    (("    top_k: 20", "    top_k: 20\n    repetition_penalty: 0"), "profiles.qwen-coder.repetition_penalty",
+     "must be > 0.0 and <= 10.0, got 0"),
     (("    top_k: 20", "    topk: 20"), "profiles.qwen-coder.topk", "unknown key"),
     (('    stop: ["END", "STOP"]', '    stop: "END"'), "profiles.qwen-coder.stop", "list of non-empty"),
     (('    stop: ["END", "STOP"]', '    stop: [""]'), "profiles.qwen-coder.stop", "list of non-empty"),
@@ -355,12 +360,24 @@ def test_every_server_setting_survives_loading_merging_and_reload(tree: Path) ->
     assert reload_config(cfg).server == cfg.server
 
 
-def test_profile_sampling_keys_are_the_engines_sampling_params() -> None:
+def test_a_profile_takes_each_knobs_ends(tree: Path) -> None:
+    ends = "    top_k: -1\n    seed: 18446744073709551615\n    repetition_penalty: 10\n    p_less: true"
+    p = load_config(write(tree, FULL.replace("    top_k: 20", ends))).profiles["qwen-coder"]
+    assert dict(p.sampling) == {"temperature": 0.2, "top_k": -1, "seed": 2**64 - 1, "repetition_penalty": 10,
+                                "p_less": True}
+
+
+def test_the_sampling_knobs_are_the_engines_sampling_params() -> None:
+    """Every knob is a SamplingParams field of its kind (logit_bias is per request, no knob), whose default the
+    knob's range admits."""
     defaults = SamplingParams()
-    expected = {f.name: "bool" if isinstance(getattr(defaults, f.name), bool)
-                else "int" if isinstance(getattr(defaults, f.name), int) or f.name == "seed" else "number"
-                for f in fields(SamplingParams) if f.name != "logit_bias"}
-    assert expected == SAMPLING_KINDS
+    kinds = {f.name: "boolean" if isinstance(getattr(defaults, f.name), bool)
+             else "integer" if isinstance(getattr(defaults, f.name), int) or f.name == "seed" else "number"
+             for f in fields(SamplingParams) if f.name != "logit_bias"}
+    assert kinds == {name: knob.kind for name, knob in SAMPLING_KNOBS.items()}
+    for name, knob in SAMPLING_KNOBS.items():
+        default = getattr(defaults, name)
+        assert default is None or knob.kind == "boolean" or knob.admits(default), name
 
 
 def test_gmlx_blas_is_off_a_library_path_or_refused(tmp_path: Path) -> None:
