@@ -349,12 +349,9 @@ async def start_generation(host: ModelHost, inp: GenerationParams, request_id: s
 
 
 def _submit(host: ModelHost, prep: Prepared, record: RequestRecord | None) -> RequestHandle:
-    model_id, engine = prep.prompt.model_id, prep.prompt.engine
-    host.admission.admit(model_id, engine.stats())  # no await between this and submit: no race
-
+    """host.start admits, submits and tracks; the caller's label joins the live requests once the engine took it
+    (its events reach this loop only after we return, so the final one cannot come first)."""
     caller = record.caller if record is not None else None
-    if caller is not None:
-        host.telemetry.callers[prep.request.request_id] = caller.label
 
     def finished(ev: TokenEvent) -> None:
         if record is not None:
@@ -365,6 +362,8 @@ def _submit(host: ModelHost, prep: Prepared, record: RequestRecord | None) -> Re
                 host.telemetry.keys.used(caller.label, ev.timings.prompt_tokens, ev.timings.generated)
 
     handle = host.start(prep.prompt.model_id, prep.prompt.engine, prep.request, finished)
+    if caller is not None:
+        host.telemetry.callers[prep.request.request_id] = caller.label
     if record is not None:
         record.submitted()  # its line now waits for the final event, even when the client leaves first
     return handle

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from gmlx_server.app import create_app
 from gmlx_server.config import Profile, RuntimeEnv
 from gmlx_server.errors import ServerOverloaded
 from gmlx_server.serving.intents import SAMPLING_TABLE
+from gmlx_server.serving.model_host import ModelHost
 from tests.fakes import FakeBehavior, FakeFactory, FakeTemplate
-from tests.routes.conftest import Served, make_config, serve, sse_events
+from tests.routes.conftest import Served, SyncClient, make_config, serve, sse_events
 
 
 def _stream(s: Served, body: dict[str, Any]) -> list[Any]:
@@ -208,6 +210,20 @@ def test_submit_overload_is_503_with_retry_after() -> None:
     r = s.chat()
     assert r.status_code == 503 and r.headers["Retry-After"] == "7"
     assert r.json()["error"]["type"] == "server_overloaded"
+
+
+def test_a_refused_submit_leaves_no_caller_behind() -> None:
+    """The caller's label joins the live requests only once the engine took the request."""
+    config = make_config()
+    host = ModelHost(config, FakeFactory(FakeBehavior(submit_error=ServerOverloaded("queue full", 7))),
+                     check_headers=False)
+    client = SyncClient(create_app(config, host=host))
+    try:
+        assert client.post("/v1/chat/completions", json={"model": "m1", "messages": [
+            {"role": "user", "content": "hi"}]}).status_code == 503
+        assert host.telemetry.callers == {}
+    finally:
+        client.close()
 
 
 def test_keepalive_comments_during_long_prefill() -> None:
