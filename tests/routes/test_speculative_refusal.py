@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gmlx_server.config import Profile
+from gmlx_server.config import SAMPLING_KNOBS, Profile
 from gmlx_server.engine.draft_policy import ROUND_SAMPLING
 from tests.fakes import FakeFactory
 from tests.routes.conftest import Served, make_config, serve
@@ -80,6 +80,19 @@ def test_what_a_round_honours_passes(spec: Served) -> None:
     r = spec.client.post("/v1/responses", json={"model": "m1", "input": "hi", "temperature": 0.2})
     assert r.status_code == 200
     assert len(spec.engine().submitted) == 3
+
+
+# Knobs that only shape another knob (its look-back window, its threshold): on only when their master is.
+MODIFIERS = {"repetition_context_size", "presence_context_size", "frequency_context_size", "xtc_threshold"}
+
+
+def test_every_other_knob_is_refused_when_on(spec: Served) -> None:
+    """A knob added to config/sampling.py is honoured by the round, or refused: never taken and ignored."""
+    for name, knob in SAMPLING_KNOBS.items():
+        if name in ROUND_SAMPLING or name in MODIFIERS:
+            continue
+        on = True if knob.kind == "boolean" else knob.hi / 2  # off values sit at the ends or at 0
+        _openai_error(spec.chat({name: on}), name)
 
 
 def test_a_model_without_a_drafter_takes_them() -> None:
