@@ -83,7 +83,9 @@ def load_config(
         cfg = _single_model(model)
     merged = merge_overrides(cfg.server, env, host, port, api_key)
     # Engines see only RuntimeEnv: give them the effective width (env > YAML > default) and cache bound.
-    env = dataclasses.replace(env, decode_batch=merged.decode_batch, prompt_cache_bytes=merged.prompt_cache_bytes)
+    env = dataclasses.replace(env, decode_batch=merged.decode_batch, prompt_cache_bytes=merged.prompt_cache_bytes,
+                              prompt_cache_dir=merged.prompt_cache_dir,
+                              prompt_cache_disk_bytes=merged.prompt_cache_disk_bytes)
     return dataclasses.replace(cfg, server=merged, env=env)
 
 

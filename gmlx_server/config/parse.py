@@ -32,13 +32,15 @@ from gmlx_server.config.settings import (
     Profile,
     ServerConfig,
     ServerSettings,
+    default_prompt_cache_dir,
 )
 from gmlx_server.web_policy import fetch_host_list, host_list, origin_list
 
 _SERVER_KINDS = {
     "host": "str", "port": "int", "api_key": "str", "default_model": "str", "models_dir": "str",
     "hf_cache": "bool", "idle_timeout_s": "number", "decode_batch": "int", "memory_budget": "any",
-    "prompt_cache_bytes": "any", "clamp_max_tokens": "bool", "allowed_origins": "any", "allowed_hosts": "any",
+    "prompt_cache_bytes": "any", "prompt_cache_dir": "str", "prompt_cache_disk_bytes": "any",
+    "clamp_max_tokens": "bool", "allowed_origins": "any", "allowed_hosts": "any",
     "image_fetch": "bool", "image_fetch_timeout_s": "number", "image_max_bytes": "any",
     "image_fetch_allow_private": "bool", "image_fetch_allowed_hosts": "any", "api_keys": "any", "fair_share": "any",
     "default_max_tokens": "int",
@@ -62,6 +64,7 @@ def _server(c: Checker, raw: Any) -> ServerSettings:
           for k, kind in _SERVER_KINDS.items() if kind != "any"}
     kw["memory_budget"] = c.size(data.get("memory_budget"), "server.memory_budget")
     kw["prompt_cache_bytes"] = _cache_bytes(c, data.get("prompt_cache_bytes", d.prompt_cache_bytes))
+    kw.update(_disk_tier(c, data, kw["prompt_cache_dir"], kw["prompt_cache_bytes"]))
     if kw["decode_batch"] < 1:
         raise c.fail("server.decode_batch", "must be at least 1")
     if kw["default_max_tokens"] < 1:
@@ -81,6 +84,17 @@ def _server(c: Checker, raw: Any) -> ServerSettings:
     kw["api_keys"] = parse_api_keys(c, data.get("api_keys"))
     kw["fair_share"] = parse_fair_share(c, data.get("fair_share"), "server.fair_share")
     return ServerSettings(**kw)
+
+
+def _disk_tier(c: Checker, data: Mapping[str, Any], where: str | None, ram_bytes: int) -> dict[str, Any]:
+    """server.prompt_cache_disk_bytes (0, the default: off) and the directory it bounds."""
+    raw = data.get("prompt_cache_disk_bytes", 0)
+    cap = (c.size(raw, "server.prompt_cache_disk_bytes") or 0) if raw else 0
+    if cap and not ram_bytes:
+        raise c.fail("server.prompt_cache_disk_bytes", "needs the RAM prompt cache: server.prompt_cache_bytes is 0")
+    root = (c.path(where, "server.prompt_cache_dir", Path(c.source).parent, must_exist=False)
+            if where is not None else str(default_prompt_cache_dir()))
+    return {"prompt_cache_disk_bytes": cap, "prompt_cache_dir": root}
 
 
 def _cache_bytes(c: Checker, v: Any) -> int:

@@ -7,8 +7,10 @@ is in docs/architecture.md ("Where configuration lives").
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -74,6 +76,8 @@ class RuntimeEnv:
     queue_depth_cap: int | None = None
     decode_batch: int | None = None
     prompt_cache_bytes: int | None = None  # the server's setting, handed to engines (0 = off)
+    prompt_cache_dir: str | None = None  # the server's disk tier directory, handed to engines
+    prompt_cache_disk_bytes: int = 0  # the server's disk tier cap, handed to engines (0 = off)
     clamp_max_tokens: bool | None = None  # GMLX_CLAMP_MAX_TOKENS: overrides server.clamp_max_tokens
     overcommit: bool = False
     preflight_mem: bool = True
@@ -158,6 +162,12 @@ class ApiKey:
     share: FairShare | None = None  # None: server.fair_share
 
 
+def default_prompt_cache_dir() -> Path:
+    """Where the prompt cache's disk tier lives unless server.prompt_cache_dir says: the user's cache directory."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "gmlx" / "prompt-cache"
+
+
 @dataclass(frozen=True)
 class ServerSettings:
     host: str = "127.0.0.1"
@@ -170,6 +180,8 @@ class ServerSettings:
     decode_batch: int = 4
     memory_budget: int | None = None  # None = auto (measured)
     prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES  # per resident model; 0 disables the prompt cache
+    prompt_cache_dir: str | None = None  # the disk tier's directory; None until parsed: default_prompt_cache_dir()
+    prompt_cache_disk_bytes: int = 0  # the disk tier's cap across the directory; 0 (the default) turns it off
     clamp_max_tokens: bool = False  # lower an oversized max_tokens to what the window leaves (opt-in)
     default_max_tokens: int = DEFAULT_MAX_TOKENS  # the output cap of a request that names none
     allowed_origins: tuple[str, ...] = ()  # browser origins beside the loopback ones ("*": any)

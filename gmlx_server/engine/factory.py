@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from gmlx_server.config.settings import DEFAULT_PROMPT_CACHE_BYTES
 from gmlx_server.engine.dir_files import is_model_dir
+from gmlx_server.engine.disk_cache import DiskCache
+from gmlx_server.engine.disk_files import model_identity
 from gmlx_server.engine.drafter import Drafter, load_drafter
 from gmlx_server.engine.loader import LoadedModel, load_gguf_model
 from gmlx_server.engine.mlx_engine import MLXEngine
 from gmlx_server.engine.model_dir import load_model_dir
 from gmlx_server.engine.types import Engine
 from gmlx_server.engine.vision.vision_loader import load_vision_model
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # only the types: the factory never reads configuration itself
     from gmlx_server.config import ModelEntry, RuntimeEnv
@@ -45,8 +50,23 @@ def create_mlx_engine(entry: ModelEntry, env: RuntimeEnv) -> MLXEngine:
         return load_drafter(target, draft, native_kernels=env.native_kernels)
 
     cache_bytes = env.prompt_cache_bytes if env.prompt_cache_bytes is not None else DEFAULT_PROMPT_CACHE_BYTES
+    disk = disk_tier(entry, env) if cache_bytes > 0 else None
     return MLXEngine(load, decode_batch=env.decode_batch or 1, prompt_cache_bytes=cache_bytes,
-                     drafter_loader=load_draft if draft is not None else None)
+                     drafter_loader=load_draft if draft is not None else None, disk=disk)
+
+
+def disk_tier(entry: ModelEntry, env: RuntimeEnv) -> DiskCache | None:
+    """The model's disk tier when server.prompt_cache_disk_bytes turns it on. The layout names all that shapes
+    the KV besides the file: an entry written under other settings never matches."""
+    if not env.prompt_cache_disk_bytes or env.prompt_cache_dir is None:
+        return None
+    layout = repr((entry.kv_quant, entry.weights, entry.max_kv_size, entry.mmproj, env.native_kernels))
+    try:
+        return DiskCache(env.prompt_cache_dir, env.prompt_cache_disk_bytes, entry.id, model_identity(entry.path),
+                         layout)
+    except OSError as e:  # an unwritable directory costs the tier, never the model
+        log.warning("prompt cache: disk tier off for %s: %s", entry.id, e)
+        return None
 
 
 BACKENDS: dict[str, Callable[[ModelEntry, RuntimeEnv], Engine]] = {"mlx": create_mlx_engine}

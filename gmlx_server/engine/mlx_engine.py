@@ -16,6 +16,8 @@ from typing import Any
 
 from gmlx_server.engine.arch import vocab_size
 from gmlx_server.engine.base import EngineBase
+from gmlx_server.engine.cache_tiers import CacheTiers
+from gmlx_server.engine.disk_cache import DiskCache
 from gmlx_server.engine.drafter import Drafter, with_drafter
 from gmlx_server.engine.prompt_cache import PromptCache
 from gmlx_server.engine.scheduler import Inbox, Pace, Scheduler
@@ -65,10 +67,13 @@ class MLXEngine(EngineBase):
     """Runs one model's requests on its own thread, decoding up to `decode_batch` of them together."""
 
     def __init__(self, loader: Callable[[], Any], decode_batch: int = 1, prompt_cache_bytes: int = 0,
-                 drafter_loader: Callable[[Any], Drafter] | None = None) -> None:
+                 drafter_loader: Callable[[Any], Drafter] | None = None, disk: DiskCache | None = None) -> None:
         self._jobs: Inbox = queue.Queue()
-        # Pure Python, but only the engine thread touches it; others read its published stats.
-        self._prompt_cache = PromptCache(prompt_cache_bytes) if prompt_cache_bytes > 0 else None
+        self.pace = Pace()
+        # Only the engine thread mutates it; others read its published stats or peek under its lock.
+        self._prompt_cache = CacheTiers(PromptCache(prompt_cache_bytes, spill=disk.put if disk else None), disk,
+                                        lambda: self.pace.prefill) if prompt_cache_bytes > 0 else None
+        self._disk = disk
         self._live: dict[str, _Job] = {}
         self._lock = threading.Lock()
         self._decode_batch = max(1, decode_batch)
@@ -78,7 +83,6 @@ class MLXEngine(EngineBase):
         self._closing = False
         self._measured = MemorySnapshot()  # the engine thread refreshes it
         self.memory = self._measured
-        self.pace = Pace()
         self.grammar_tokenizers = GrammarTokenizerCache()  # llguidance's vocabulary: built once, on first use
         self._drafter: Drafter | None = None
         self._thread = threading.Thread(target=self._main, args=(loader, drafter_loader), name="gmlx-engine",
@@ -197,12 +201,11 @@ class MLXEngine(EngineBase):
     def cache_stats(self) -> PromptCacheStats:
         """The prompt cache's counters as the engine thread last published them."""
         pc = self._prompt_cache
-        return PromptCacheStats(**pc.published) if pc is not None else PromptCacheStats()
+        return PromptCacheStats(**pc.published()) if pc is not None else PromptCacheStats()
 
     def cache_peek(self, prompt_tokens: Sequence[int]) -> tuple[str, int]:
         """The tier and warm tokens a request with this prompt would get now (no MLX: the store is pure)."""
-        hit = self._prompt_cache.peek(prompt_tokens) if self._prompt_cache is not None else None
-        return (hit.tier, hit.tokens) if hit is not None else ("miss", 0)
+        return self._prompt_cache.peek(prompt_tokens) if self._prompt_cache is not None else ("miss", 0)
 
     def reset_cache(self) -> bool:
         """Empty the prompt cache; the engine thread does it between steps."""
@@ -229,6 +232,8 @@ class MLXEngine(EngineBase):
         self._jobs.put(None)
         self._thread.join(timeout=30)
         self._fail_live("cancelled")  # what a dead or stuck thread never ended
+        if self._disk is not None:
+            self._disk.close()  # the queued snapshots reach the disk before the engine is gone
 
 
 def _row(job: _Job, now: float) -> RequestRow:

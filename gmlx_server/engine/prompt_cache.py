@@ -7,7 +7,8 @@ text change the tokens and never collide. One cache per engine, so models never 
 Tiers of a hit: exact (the same full prompt), anchor (a pinned prefix), ckpt (a snapshot at a
 message boundary, or any exact-length snapshot of a cache that cannot be cut back: sliding-window
 layers only hold their last window), block (a partial reuse of a trimmable snapshot, found through
-hash-chained fixed-size token blocks). Pure Python: the MLX side is kv_snapshot.py.
+hash-chained fixed-size token blocks). Below them, the disk tier (disk_cache.py) keeps what this cache
+stores across restarts; engine/cache_tiers.py asks both. Pure Python: the MLX side is kv_snapshot.py.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from typing import Any, Literal
 
 from gmlx_plan.pace import CACHE_BLOCK
 
-Tier = Literal["exact", "block", "ckpt", "anchor"]
-TIERS: tuple[Tier, ...] = ("exact", "block", "ckpt", "anchor")
+Tier = Literal["exact", "block", "ckpt", "anchor", "disk"]  # disk: restored from the disk tier (disk_cache.py)
+TIERS: tuple[Tier, ...] = ("exact", "block", "ckpt", "anchor", "disk")
 BLOCK = CACHE_BLOCK  # gmlx plan's simulator reuses prefixes at the same granularity
 PIN_SHARE = 0.5  # pinned anchors hold at most this share of the bound; older pins fall back to plain LRU
 Key = tuple[int, ...]
@@ -69,7 +70,7 @@ class PromptCache:
 
     def __init__(self, max_bytes: int, block: int = BLOCK, spill: Callable[[Entry], object] | None = None) -> None:
         self.max_bytes, self.block = max_bytes, block
-        self._spill = spill  # the disk tier's non-blocking put: checkpoints and anchors also go to disk
+        self._spill = spill  # the disk tier's non-blocking put: what this cache stores also goes to disk
         self._entries: OrderedDict[Key, Entry] = OrderedDict()  # least recently used first
         self._blocks: dict[int, OrderedDict[Key, None]] = {}  # chain hash -> trimmable entries covering it
         self._lengths: dict[int, int] = {}  # entry length -> how many entries have it
@@ -89,6 +90,11 @@ class PromptCache:
             best = self._best(prompt)
             self._count(best)
         return best
+
+    def record(self, hit: Hit | None) -> None:
+        """Count a lookup that peek() and the disk tier answered together (the hit may be the disk's)."""
+        with self._lock:
+            self._count(hit)
 
     def peek(self, prompt: Sequence[int]) -> Hit | None:
         """What lookup() would find now, without counting it or refreshing recency (for /v1/estimate)."""
@@ -144,17 +150,19 @@ class PromptCache:
         else:
             self.hits[hit.tier] += 1
             self.tokens_reused += hit.tokens
-            self._entries.move_to_end(hit.entry.tokens)
+            if hit.entry.tokens in self._entries:  # a disk hit's entry may not have fit in RAM
+                self._entries.move_to_end(hit.entry.tokens)
         self._publish()
 
     # --- store -------------------------------------------------------------------------------
 
-    def store(self, entry: Entry) -> bool:
-        """Insert (evicting least recently used unpinned entries to fit); False when it cannot fit."""
+    def store(self, entry: Entry, spill: bool = True) -> bool:
+        """Insert (evicting least recently used unpinned entries to fit); False when it cannot fit. A new entry
+        also goes to the disk tier unless `spill` is False (it came from there)."""
         with self._lock:
-            return self._store(entry)
+            return self._store(entry, spill)
 
-    def _store(self, entry: Entry) -> bool:
+    def _store(self, entry: Entry, spill: bool) -> bool:
         old = self._entries.get(entry.tokens)
         if old is not None:
             old.kind = "ckpt" if entry.kind == "ckpt" else old.kind
@@ -172,7 +180,7 @@ class PromptCache:
         self._entries[entry.tokens] = entry
         self.bytes += entry.nbytes
         self.stores += 1
-        if self._spill is not None and (entry.kind == "ckpt" or entry.pinned):
+        if self._spill is not None and spill:
             self._spill(entry)
         self._lengths[len(entry.tokens)] = self._lengths.get(len(entry.tokens), 0) + 1
         if entry.trimmable:

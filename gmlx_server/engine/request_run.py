@@ -16,10 +16,10 @@ import mlx.core as mx
 
 from gmlx_plan.memory import PREFILL_CHUNK  # the planner budgets this chunk's transient memory
 from gmlx_server.engine.arch import make_cache
+from gmlx_server.engine.cache_tiers import CacheTiers
 from gmlx_server.engine.detokenizer import IncrementalDetokenizer
 from gmlx_server.engine.kv_snapshot import has_window, restore, take
 from gmlx_server.engine.last_row import last_row_only
-from gmlx_server.engine.prompt_cache import PromptCache
 from gmlx_server.engine.sampling import Draw, RequestSampler, top_alternatives
 from gmlx_server.engine.structured import GrammarConstraint, GrammarViolation
 from gmlx_server.engine.text_stream import StepResult, TextStream
@@ -62,7 +62,7 @@ class RequestRun:
 
     def __init__(self, model: Any, tokenizer: Any, req: GenerationRequest, emit: Callable[[TokenEvent], None],
                  cancelled: Callable[[], bool], progress: Progress, chunk: int = PREFILL_CHUNK,
-                 grammar_tokenizer: GrammarTokenizer | None = None, prompt_cache: PromptCache | None = None,
+                 grammar_tokenizer: GrammarTokenizer | None = None, prompt_cache: CacheTiers | None = None,
                  caches: Callable[[], list[Any]] | None = None, vision: VisionRuntime | None = None) -> None:
         self.req, self.emit, self.cancelled, self.progress = req, emit, cancelled, progress
         self.images = bind_images(model, vision, req)  # a prompt with images prefills through the model's vision tower
@@ -165,8 +165,9 @@ class RequestRun:
         else:
             t0 = time.perf_counter()
             cache = restore(hit.entry, hit.tokens, make)
-            mx.eval([c.state for c in cache])  # the copy happens here, timed as a restore, not as prefill
+            mx.eval([c.state for c in cache])  # the copy (a disk hit's read too) happens here, timed as a restore
             self.restore_s = time.perf_counter() - t0
+            store.restored(hit, self.restore_s)
             self._pos = self.progress.warm_tokens = self.progress.prefilled = hit.tokens
             self.progress.cache_tier = hit.tier
         self._window = has_window(cache)
@@ -267,7 +268,7 @@ class RequestRun:
         ttft = p.first_token - p.submitted if p.first_token else None
         decode_s = time.perf_counter() - self._t_decode if self._t_decode else 0.0
         timings = Timings(len(self.req.prompt_tokens), self.stream.generated, self.prefill_s, decode_s, ttft,
-                          p.warm_tokens, p.speculative, tuple(self.spans), self.restore_s)
+                          p.warm_tokens, p.speculative, tuple(self.spans), self.restore_s, p.cache_tier)
         ev = last or TokenEvent("", None)
         p.state = "done"  # before the final event: a client that sees it must not find this row in flight
         self.emit(TokenEvent(ev.text, ev.token_id, ev.logprob, ev.top_logprobs, reason, ev.stop_string,

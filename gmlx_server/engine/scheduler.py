@@ -11,15 +11,15 @@ import statistics
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
 
-from gmlx_plan.pace import fit_step_depth
+from gmlx_plan.pace import PrefillPace, Span, fit_prefill, fit_step_depth
 from gmlx_server.engine.batch import BatchDecoder
-from gmlx_server.engine.prompt_cache import PromptCache
+from gmlx_server.engine.cache_tiers import CacheTiers
 from gmlx_server.engine.request_run import GrammarTokenizer, Progress, RequestRun
 from gmlx_server.engine.spec_round import Speculator
 from gmlx_server.engine.types import GenerationRequest, MemorySnapshot, SpeculativeStats, TokenEvent
@@ -42,11 +42,21 @@ class Job:
 class Pace:
     """A decode step's seconds by batch width, kept by the engine thread: the median of the recent steps, so
     one stall on a shared machine does not swing it. The prefill and restore paces come with each request's
-    Timings (its computed spans), which the service's telemetry fits."""
+    Timings (its computed spans), which the service's telemetry fits; the engine keeps the recent spans too,
+    for the disk tier's choice between a restore and a prefill."""
 
     def __init__(self) -> None:
         self._steps: dict[int, deque[tuple[float, int]]] = {}  # by width: (seconds, the batch's KV tokens)
         self._joins: deque[tuple[int, float]] = deque(maxlen=PACE_WINDOW)
+        self._spans: deque[Span] = deque(maxlen=PACE_WINDOW)
+
+    def prefilled(self, spans: Iterable[Span]) -> None:
+        """A request's prefill ended: its computed spans."""
+        self._spans.extend(spans)
+
+    @property
+    def prefill(self) -> PrefillPace | None:
+        return fit_prefill(list(self._spans))
 
     def stepped(self, width: int, seconds: float, joined: bool = False, ctx: int = 0) -> None:
         """A step's seconds; the first step after a row joined pays for merging its cache, kept apart."""
@@ -86,7 +96,7 @@ Inbox = queue.Queue[Job | Control | None]
 class Scheduler:
     def __init__(self, model: Any, tokenizer: Any, width: int, inbox: Inbox,
                  forget: Callable[[Job], None], memory: MemorySnapshot,
-                 grammar_tokenizer: GrammarTokenizer | None = None, prompt_cache: PromptCache | None = None,
+                 grammar_tokenizer: GrammarTokenizer | None = None, prompt_cache: CacheTiers | None = None,
                  pace: Pace | None = None, caches: Callable[[], list[Any]] | None = None,
                  speculator: Speculator | None = None, vision: VisionRuntime | None = None) -> None:
         self.model, self.tokenizer, self.width, self.caches, self.vision = model, tokenizer, width, caches, vision
@@ -206,6 +216,8 @@ class Scheduler:
         except Exception as e:  # one request's failure must not take the engine down
             log.exception("prefill of %s failed", job.request.request_id)
             done = seq.finish("error", error=f"{type(e).__name__}: {e}")
+        if done or seq.prefilled:
+            self.pace.prefilled(seq.spans)
         if done:
             self.prefilling = None
             self.forget(job)

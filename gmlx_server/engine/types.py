@@ -125,6 +125,7 @@ class Timings:
     # steps of other rows between chunks are not in them), and the seconds the cached tokens took to restore.
     spans: tuple[tuple[int, int, float], ...] = ()
     restore_s: float = 0.0
+    cache_tier: str = "miss"  # where the cached tokens came from: a RAM tier, "disk", or "miss"
 
     @property
     def computed_tokens(self) -> int:
@@ -232,6 +233,7 @@ class PromptCacheStats:
     stores: int = 0
     rejected: int = 0
     block_tokens: int = 0
+    disk: Mapping[str, Any] | None = None  # the disk tier's counters for this model; None when it is off
 
 
 class Engine(Protocol):

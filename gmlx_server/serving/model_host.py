@@ -27,6 +27,7 @@ from gmlx_server.errors import EngineRestarting, GmlxError, ModelNotFound
 from gmlx_server.serving.addressing import Catalog, resolve_address
 from gmlx_server.serving.admission import Admission
 from gmlx_server.serving.cache_points import TokenMemo
+from gmlx_server.serving.cache_stats import CacheReset, clear_disk
 from gmlx_server.serving.capacity import CapacityService
 from gmlx_server.serving.drain import DEFAULT_DRAIN_S, Drain
 from gmlx_server.serving.fair_share import FairShares
@@ -342,9 +343,12 @@ class ModelHost:
             self.residency.forget(set(config.models) | set(self._engines))
         return changes
 
-    def reset_cache(self, model_id: str | None = None) -> list[str]:
-        """/v1/cache/reset: empty the prompt cache of every resident model, or of one; the ids that had one."""
-        return [m for m, e in self.resident.items() if (model_id is None or m == model_id) and e.reset_cache()]
+    def reset_cache(self, model_id: str | None = None, ram: bool = True, disk: bool = True) -> CacheReset:
+        """/v1/cache/reset: the RAM tiers of every resident model (or of one), and the disk tier's files of every
+        model (or of one, resident or not)."""
+        reset = ([m for m, e in self.resident.items() if (model_id is None or m == model_id) and e.reset_cache()]
+                 if ram else [])
+        return CacheReset(reset, clear_disk(self.config.server, model_id) if disk else None)
 
     def capacity_section(self) -> dict[str, Any] | None:
         """The boot capacity table for /v1/metrics; None without one (no readable GGUF default model)."""

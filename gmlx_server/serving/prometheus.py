@@ -31,6 +31,15 @@ _CACHE_COUNTERS = {"misses": "prompt cache lookups that found nothing",
 _CACHE_GAUGES = {"entries": "prompt cache entries", "bytes": "prompt cache bytes held",
                  "max_bytes": "prompt cache bound", "pinned_bytes": "bytes of pinned (anchor) entries"}
 
+_DISK_COUNTERS = {"hits": "prompt cache lookups the disk tier answered", "misses": "disk tier lookups that found "
+                  "nothing restorable", "restored_tokens": "prompt tokens restored from the disk tier",
+                  "restore_seconds": "seconds disk tier restores took (the read and the copy)",
+                  "writes": "snapshots written to the disk tier",
+                  "writes_dropped": "snapshots not written: the writer was behind, or one was over the cap",
+                  "skipped_slower_than_prefill": "disk hits skipped: prefilling the tokens was faster",
+                  "removed_bad": "unreadable disk tier files removed"}
+_DISK_GAUGES = {"entries": "this model's disk tier files", "bytes": "this model's disk tier bytes"}
+
 
 def _num(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
@@ -192,14 +201,23 @@ def _prompt_cache(caches: Mapping[str, Mapping[str, Any]]) -> Iterator[Metric]:
     families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
     for kind, docs in ((CounterMetricFamily, _CACHE_COUNTERS), (GaugeMetricFamily, _CACHE_GAUGES)):
         families.update({k: kind(f"gmlx_prompt_cache_{k}", doc, labels=["model"]) for k, doc in docs.items()})
+    disk: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
+    for kind, docs in ((CounterMetricFamily, _DISK_COUNTERS), (GaugeMetricFamily, _DISK_GAUGES)):
+        disk.update({k: kind(f"gmlx_prompt_cache_disk_{k}", doc, labels=["model"]) for k, doc in docs.items()})
     for model, stats in caches.items():
         for tier, n in (stats.get("hits") or {}).items():
             hits.add_metric([model, tier], float(n))
-        for k, family in families.items():
-            v = _num(stats.get(k))
-            if v is not None:
-                family.add_metric([model], v)
-    yield from (hits, *families.values())
+        _add(families, model, stats)
+        _add(disk, model, stats.get("disk") or {})
+    yield from (hits, *families.values(), *disk.values())
+
+
+def _add(families: Mapping[str, CounterMetricFamily | GaugeMetricFamily], model: str,
+         stats: Mapping[str, Any]) -> None:
+    for k, family in families.items():
+        v = _num(stats.get(k))
+        if v is not None:
+            family.add_metric([model], v)
 
 
 _SERVICE_COUNTERS = {"requests": "service requests admitted or refused", "errors": "service requests that failed",

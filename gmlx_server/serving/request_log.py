@@ -4,7 +4,8 @@ greppable, never the prompt's text unless the logger is at DEBUG:
     request id=chatcmpl-… route=/v1/chat/completions model=smollm2 profile=- status=200 prompt_tokens=412
     cached_tokens=384 generated_tokens=32 ttft_s=0.311 duration_s=2.904 decode_tok_s=12.4 finish=stop
 
-plus `clamp=32000->7780` when the clamp lowered max_tokens, `shed=1` when the governor shed the request,
+plus `cache=TIER restore_s=S` when cached tokens were restored (TIER a RAM tier or disk),
+`clamp=32000->7780` when the clamp lowered max_tokens, `shed=1` when the governor shed the request,
 `tool_calls=N tool_parser=NAME` when the reply was parsed for calls (finish=tool_calls when it held any),
 `reasoning_tokens=N` when its thinking block was read apart from the answer, `ignored=a,b` naming the body's
 ignored fields, and on a refusal `error=TYPE code=CODE` with the counts the refusal knows (max_tokens,
@@ -49,6 +50,8 @@ class RequestRecord:
     profile: str | None = None
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
+    cache_tier: str | None = None  # the prompt-cache tier the cached tokens came from (a RAM tier or disk)
+    restore_s: float | None = None  # the seconds they took to come back
     generated_tokens: int | None = None
     ttft_s: float | None = None
     decode_tok_s: float | None = None
@@ -80,6 +83,8 @@ class RequestRecord:
         t = ev.timings
         if t is not None:
             self.prompt_tokens, self.cached_tokens = t.prompt_tokens, t.cached_tokens
+            if t.cached_tokens:
+                self.cache_tier, self.restore_s = t.cache_tier, t.restore_s
             self.generated_tokens, self.ttft_s = t.generated, t.ttft_s
             self.decode_tok_s = t.decode_tok_s if t.generated > 1 else None
         if self._status is not None:
@@ -100,7 +105,8 @@ class RequestRecord:
             "duration_s": _round(time.perf_counter() - self.t0), "decode_tok_s": _round(self.decode_tok_s, 1),
             "finish": "tool_calls" if self.tool_calls and self.finish == "stop" else self.finish,
         }
-        extra = {"clamp": f"{self.clamp[0]}->{self.clamp[1]}" if self.clamp else None,
+        extra = {"cache": self.cache_tier, "restore_s": _round(self.restore_s),
+                 "clamp": f"{self.clamp[0]}->{self.clamp[1]}" if self.clamp else None,
                  "shed": 1 if self.finish == "shed" else None, "tool_calls": self.tool_calls,
                  "tool_parser": self.tool_parser, "reasoning_tokens": self.reasoning_tokens,
                  "ignored": ",".join(self.ignored) or None, **self._refusal(),

@@ -155,7 +155,7 @@ class Telemetry:
         if t.computed_s > 0:
             m.recent_prefill.append((t.computed_tokens, t.computed_s))
             m.spans.extend(t.spans)
-        if t.cached_tokens and t.restore_s > 0:
+        if t.cached_tokens and t.restore_s > 0 and t.cache_tier != "disk":  # a disk read has its own pace
             m.recent_restore.append((t.cached_tokens, t.restore_s))
 
     def track(self, model_id: str, handle: RequestHandle,

@@ -100,7 +100,10 @@ def test_prompt_cache_bound_defaults_parses_and_reaches_engines(tree: Path) -> N
     cfg = load_config(write(tree, FULL.replace("  memory_budget: 24GiB", "  prompt_cache_bytes: 64MiB")))
     assert cfg.env.prompt_cache_bytes == 64 << 20
     off = load_config(write(tree, FULL.replace("  memory_budget: 24GiB", "  prompt_cache_bytes: 0")))
-    assert off.env.prompt_cache_bytes == 0
+    assert off.env.prompt_cache_bytes == 0 and off.env.prompt_cache_disk_bytes == 0
+    disk = load_config(write(tree, FULL.replace("  memory_budget: 24GiB", "  prompt_cache_disk_bytes: 2GiB\n"
+                                                "  prompt_cache_dir: pc")))
+    assert disk.env.prompt_cache_disk_bytes == 2 << 30 and disk.env.prompt_cache_dir == str(tree / "pc")
 
 
 @pytest.mark.parametrize("patch, key, what", [
@@ -146,6 +149,10 @@ def test_prompt_cache_bound_defaults_parses_and_reaches_engines(tree: Path) -> N
     (("    pinned: true", "    pinned: true\n    services: {{}}"), "models.smollm2.services", "unknown key"),
     (("  memory_budget: 24GiB", "  memory_budget: lots"), "server.memory_budget", "expected bytes"),
     (("  memory_budget: 24GiB", "  prompt_cache_bytes: lots"), "server.prompt_cache_bytes", "expected bytes"),
+    (("  memory_budget: 24GiB", "  prompt_cache_disk_bytes: -1"), "server.prompt_cache_disk_bytes", "expected bytes"),
+    (("  memory_budget: 24GiB", "  prompt_cache_bytes: 0\n  prompt_cache_disk_bytes: 1GiB"),
+     "server.prompt_cache_disk_bytes", "needs the RAM prompt cache"),
+    (("  memory_budget: 24GiB", "  prompt_cache_dir: 5"), "server.prompt_cache_dir", "expected"),
 ])
 def test_bad_values_name_file_and_key(tree: Path, patch: tuple[str, str], key: str, what: str) -> None:
     path = write(tree, FULL.replace(*patch))
@@ -348,6 +355,7 @@ def test_serve_passes_the_header_timeout_protocol_to_uvicorn(tree: Path, monkeyp
 def test_every_server_setting_survives_loading_merging_and_reload(tree: Path) -> None:
     every = FULL.replace("  hf_cache: false", "  hf_cache: true").replace(
         "  memory_budget: 24GiB", "  memory_budget: 24GiB\n  prompt_cache_bytes: 64MiB\n  clamp_max_tokens: true\n"
+        "  prompt_cache_disk_bytes: 1GiB\n  prompt_cache_dir: pc\n"
         "  allowed_origins: ['https://a.example']\n  allowed_hosts: [gmlx.lan]\n  image_fetch: false\n"
         "  image_fetch_timeout_s: 2.5\n  image_max_bytes: 1MiB\n  image_fetch_allow_private: true\n"
         "  image_fetch_allowed_hosts: [imgs.lan, 10.1.0.0/16]\n  api_keys: [{{name: ci, key: k-ci}}]\n"

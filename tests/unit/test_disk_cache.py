@@ -11,7 +11,10 @@ import pytest
 from mlx.utils import tree_flatten
 from mlx_vlm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache
 
-from gmlx_server.engine.disk_cache import DiskCache, model_identity
+from gmlx_plan.pace import PrefillPace
+from gmlx_server.engine.cache_tiers import CacheTiers
+from gmlx_server.engine.disk_cache import DiskCache
+from gmlx_server.engine.disk_files import clear, model_identity, usage
 from gmlx_server.engine.kv_snapshot import restore, take
 from gmlx_server.engine.prompt_cache import Entry, PromptCache
 
@@ -30,22 +33,28 @@ def _entry(n: int = 6, seed: int = 0) -> Entry:
     return entry
 
 
-def _disk(tmp_path: Path, cap: int = 1 << 24, identity: str = "m1") -> DiskCache:
-    return DiskCache(tmp_path / "pc", cap, identity, "q8g32")
+def _disk(tmp_path: Path, cap: int = 1 << 24, identity: str = "m1", model: str = "m") -> DiskCache:
+    return DiskCache(tmp_path / "pc", cap, model, identity, "q8g32")
+
+
+def _load(disk: DiskCache, tokens: tuple[int, ...]) -> Entry | None:
+    """The stored entry for exactly `tokens` (a prompt one token longer restores all of them)."""
+    hit = disk.best([*tokens, -1])
+    return disk.load(hit) if hit is not None and hit.tokens == len(tokens) else None
 
 
 def test_a_round_trip_restores_the_same_kv_packed(tmp_path: Path) -> None:
     disk, entry = _disk(tmp_path), _entry()
     assert disk.put(entry)
     disk.flush()
-    back = disk.load(entry.tokens)
+    back = _load(disk, entry.tokens)
     assert back is not None and back.nbytes == entry.nbytes and back.trimmable == entry.trimmable
     assert back.layers[2][0] == "q" and back.layers[2][1][0].dtype == mx.uint32  # still packed
     for a, b in zip(restore(entry, 6, _make), restore(back, 6, _make), strict=True):
         pairs = zip(tree_flatten(a.state), tree_flatten(b.state), strict=True)  # type: ignore[attr-defined]
         assert all(mx.array_equal(x, y) for (_, x), (_, y) in pairs)
     assert stat.S_IMODE((tmp_path / "pc").stat().st_mode) == 0o700
-    assert disk.stats()["hits"] == 1 and disk.stats()["entries"] == 1
+    assert disk.stats()["entries"] == 1 and usage(tmp_path / "pc")["entries"] == 1
 
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "foreign"])
@@ -60,11 +69,11 @@ def test_a_bad_file_is_a_miss_and_removed(tmp_path: Path, damage: str) -> None:
     elif damage == "garbage":
         path.write_bytes(b"\x00not a safetensors file" * 10)
     else:  # another model's file under this name
-        other = DiskCache(tmp_path / "other", 1 << 24, "m2", "q8g32")
+        other = DiskCache(tmp_path / "other", 1 << 24, "m", "m2", "q8g32")
         other.put(entry)
         other.flush()
         path.write_bytes(other.path_for(entry.tokens).read_bytes())
-    assert disk.load(entry.tokens) is None and not path.exists() and disk.removed_bad == 1
+    assert _load(disk, entry.tokens) is None and not path.exists() and disk.removed_bad == 1
 
 
 def test_a_changed_model_file_changes_the_identity(tmp_path: Path) -> None:
@@ -76,7 +85,9 @@ def test_a_changed_model_file_changes_the_identity(tmp_path: Path) -> None:
     disk = _disk(tmp_path, identity=first)
     disk.put(_entry())
     disk.flush()
-    assert _disk(tmp_path, identity=model_identity(model)).load(tuple(range(6))) is None
+    stale = disk.path_for(tuple(range(6)))
+    assert _load(_disk(tmp_path, identity=model_identity(model)), tuple(range(6))) is None
+    assert not stale.exists()  # the changed model's old entry is removed, not merely skipped
 
 
 def test_a_tiny_cap_keeps_the_newest_within_it(tmp_path: Path) -> None:
@@ -85,8 +96,8 @@ def test_a_tiny_cap_keeps_the_newest_within_it(tmp_path: Path) -> None:
     for seed in range(4):
         disk.put(_entry(seed=seed))
         disk.flush()
-    assert disk.stats()["bytes"] <= disk.max_bytes and disk.load(tuple(range(3, 9))) is not None
-    assert disk.load(tuple(range(0, 6))) is None  # the oldest went first
+    assert usage(disk.root)["bytes"] <= disk.max_bytes and _load(disk, tuple(range(3, 9))) is not None
+    assert _load(disk, tuple(range(0, 6))) is None  # the oldest went first
 
 
 def test_a_full_queue_drops_and_counts(tmp_path: Path) -> None:
@@ -102,21 +113,59 @@ def test_two_caches_share_one_dir(tmp_path: Path) -> None:
     b.put(entry)
     a.flush()
     b.flush()
-    assert a.load(entry.tokens) is not None and b.load(entry.tokens) is not None
+    assert _load(a, entry.tokens) is not None and _load(b, entry.tokens) is not None
     assert not list((tmp_path / "pc").glob(".*tmp*"))
 
 
-def test_checkpoints_spill_to_disk_and_the_longest_comes_back(tmp_path: Path) -> None:
+def test_stored_entries_spill_and_the_longest_prefix_comes_back(tmp_path: Path) -> None:
     disk = _disk(tmp_path)
-    pc = PromptCache(1 << 24, spill=disk.put)
+    tiers = CacheTiers(PromptCache(1 << 24, spill=disk.put), disk)
     short, long = _entry(n=4), _entry(n=6)
-    short.kind, long.kind = "ckpt", "ckpt"
-    plain = _entry(n=5, seed=1)  # a "prompt" entry stays in RAM only
-    for e in (short, long, plain):
-        assert pc.store(e)
+    short.kind, short.trimmable, long.kind, long.trimmable = "ckpt", False, "ckpt", False
+    for e in (short, long, _entry(n=5, seed=1)):
+        assert tiers.store(e)
     disk.flush()
-    assert disk.stats()["entries"] == 2
+    assert disk.stats()["entries"] == 3
     prompt = [*range(6), 99, 100]
-    back = disk.load_longest(prompt, [4, 6, 7])
-    assert back is not None and back.tokens == tuple(range(6)) and back.kind == "ckpt"
-    assert disk.load_longest(prompt, [5]) is None
+    fresh = CacheTiers(PromptCache(1 << 24), _disk(tmp_path))  # a restarted server: RAM empty, disk kept
+    hit = fresh.lookup(prompt)
+    assert hit is not None and hit.tier == "disk" and hit.tokens == 6 and hit.entry.tokens == tuple(range(6))
+    again = fresh.lookup(prompt)  # the restored entry went into RAM: the next turn finds it there
+    assert again is not None and again.tier == "ckpt" and fresh.ram.stats()["hits"]["disk"] == 1
+    assert fresh.peek([*range(5), 7, 8]) == ("disk", 4)  # whole entries only: the 6-token one does not fit
+
+
+def test_a_longer_trimmable_entry_replaces_the_prefixes_it_covers(tmp_path: Path) -> None:
+    disk = _disk(tmp_path)
+    first, second = _entry(n=4), _entry(n=6)  # range(4) is a prefix of range(6); both trimmable
+    disk.put(first)
+    disk.flush()
+    disk.put(second)
+    disk.flush()
+    assert not disk.path_for(first.tokens).exists() and disk.path_for(second.tokens).exists()
+    hit = disk.best([0, 1, 2, 3, 50])
+    assert hit is not None and hit.tokens == 4 and hit.stored.tokens == second.tokens
+
+
+def test_reset_of_one_model_keeps_the_others(tmp_path: Path) -> None:
+    mine, theirs = _disk(tmp_path, model="a"), _disk(tmp_path, model="b", identity="m2")
+    mine.put(_entry())
+    theirs.put(_entry(seed=3))
+    mine.flush()
+    theirs.flush()
+    assert clear(tmp_path / "pc", "a") == 1 and usage(tmp_path / "pc")["entries"] == 1
+    assert mine.best([*range(6), 9]) is None and theirs.best([*range(3, 9), 9]) is not None
+
+
+def test_a_restore_slower_than_prefill_is_skipped(tmp_path: Path) -> None:
+    disk = _disk(tmp_path)
+    entry = _entry()
+    disk.put(entry)
+    disk.flush()
+    hit = disk.best([*range(6), 9])
+    assert hit is not None and disk.load(hit) is not None  # one read: the disk's pace is measured
+    fast_prefill = CacheTiers(PromptCache(1 << 24), disk, lambda: PrefillPace(1e-12))
+    assert fast_prefill.lookup([*range(6), 9]) is None and disk.skipped == 1
+    slow_prefill = CacheTiers(PromptCache(1 << 24), disk, lambda: PrefillPace(10.0))
+    back = slow_prefill.lookup([*range(6), 9])
+    assert back is not None and back.tier == "disk"

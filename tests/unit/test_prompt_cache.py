@@ -54,7 +54,7 @@ def test_checkpoint_and_anchor_tiers_and_the_longest_wins() -> None:
     assert hit is not None and hit.tier == "ckpt" and hit.tokens == 12
     hit = pc.lookup([*range(8), 77, 78])
     assert hit is not None and hit.tier == "anchor" and hit.tokens == 5
-    assert pc.stats()["hits"] == {"exact": 0, "block": 0, "ckpt": 1, "anchor": 1}
+    assert pc.stats()["hits"] == {"exact": 0, "block": 0, "ckpt": 1, "anchor": 1, "disk": 0}
     assert pc.stats()["tokens_reused"] == 17
 
 
