@@ -254,4 +254,5 @@ class DiskCache:
         return {"entries": len(mine), "bytes": sum(mine), "hits": self.hits, "misses": self.misses,
                 "restored_tokens": self.restored_tokens, "restore_seconds": round(self.restore_s, 6),
                 "read_bytes": self.read_bytes, "writes": self.writes, "writes_dropped": self.dropped,
+                "writes_pending": self._queue.unfinished_tasks,
                 "skipped_slower_than_prefill": self.skipped, "removed_bad": self.removed_bad}
