@@ -351,13 +351,39 @@ def prompt_cache_row() -> Row:
                Target(f"sum by (model) ({m('gmlx_prompt_cache_max_bytes', model=True)})", "{{model}} bound"),
                unit="bytes"),
         series("Prompt cache entries", Target(f"sum by (model) ({m('gmlx_prompt_cache_entries', model=True)})",
-                                              "{{model}}"), width=12),
+                                              "{{model}}"),
+               Target(f"sum by (model) ({m('gmlx_prompt_cache_disk_entries', model=True)})", "{{model}} on disk"),
+               width=12),
         series("Prompt cache evictions/s",
                Target(rate("gmlx_prompt_cache_evictions_total", "model", model=True), "{{model}} evicted"),
                Target(rate("gmlx_prompt_cache_rejected_total", "model", model=True), "{{model}} not stored"),
                width=12, description="Entries evicted to stay within server.prompt_cache_bytes, and snapshots "
                                      "too large to store."),
+        *disk_tier_panels(),
     ])
+
+
+def disk_tier_panels() -> list[timeseries.Panel]:
+    """The prompt cache's disk tier (server.prompt_cache_disk_bytes): no series while it is off."""
+    def disk(name: str) -> str:
+        return rate(f"gmlx_prompt_cache_disk_{name}_total", "model", model=True)
+
+    return [
+        series("Disk tier lookups/s", Target(disk("hits"), "{{model}} hit"), Target(disk("misses"), "{{model}} miss"),
+               Target(disk("skipped_slower_than_prefill"), "{{model}} skipped"), unit="reqps", width=6,
+               description="Lookups the disk tier answered after a RAM miss, found nothing for, or skipped because "
+                           "prefilling was faster than reading."),
+        series("Disk tier restore pace", Target(f"{disk('restored_tokens')} / {disk('restore_seconds')}",
+                                                "{{model}} tokens/s"), width=6,
+               description="Prompt tokens restored from disk per second of restore (the read and the copy)."),
+        series("Disk tier writes/s", Target(disk("writes"), "{{model}} written"),
+               Target(disk("writes_dropped"), "{{model}} dropped"), Target(disk("removed_bad"), "{{model}} bad"),
+               width=6, description="Snapshots written, dropped (writer behind, or over the cap) and unreadable "
+                                    "files removed."),
+        series("Disk tier bytes", Target(f"sum by (model) ({m('gmlx_prompt_cache_disk_bytes', model=True)})",
+                                         "{{model}} bytes"),
+               unit="bytes", width=6),
+    ]
 
 
 def model_rows() -> list[Row]:

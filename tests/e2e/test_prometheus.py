@@ -133,8 +133,10 @@ def test_every_dashboard_query_returns_series_from_a_real_prometheus(tmp_path: P
     panels = queries()
     assert len(panels) > 30
     env = {"GMLX_QUEUE_DEPTH_CAP": "1", "GMLX_DECODE_BATCH": "1"}
-    config = tmp_path / "gmlx.yaml"  # SmolLM2 also scores an LLM rerank service, so gmlx_service_* exist
-    config.write_text(f"models:\n  smollm2:\n    path: {smollm2_path()}\n"
+    # SmolLM2 also scores an LLM rerank service, so gmlx_service_* exist; its disk tier is on for the disk panels
+    config = tmp_path / "gmlx.yaml"
+    config.write_text(f"server:\n  prompt_cache_disk_bytes: 64MiB\n  prompt_cache_dir: {tmp_path / 'pc'}\n"
+                      f"models:\n  smollm2:\n    path: {smollm2_path()}\n"
                       "services:\n  rerank: {method: llm, model: smollm2}\n"
                       f"mcp_servers:\n  caps: {json.dumps(stdio_entry(tmp_path / 'calls.jsonl'))}\n"
                       "assistants:\n  capitals: {model: smollm2, tools: {caps: [lookup_capital]}, "
