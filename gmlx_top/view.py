@@ -18,7 +18,8 @@ BAND_STYLE = {"green": "bold black on #3fb950", "yellow": "bold black on #e3b341
 STATE_STYLE = {"queued": "yellow", "prefill": "cyan", "decode": "green"}
 REQUEST_COLUMNS = ("id", "model", "key", "state", "pos", "prompt", "gen/max", "tok/s", "ttft", "elapsed",
                    "cache", "spec")
-MODEL_COLUMNS = ("model", "flags", "expires", "in flight", "waiting", "weights", "active", "profile")
+MODEL_COLUMNS = ("model", "flags", "expires", "in flight", "waiting", "weights", "active", "prompt cache",
+                 "profile")
 HOST_COLUMNS = ("host", "state", "band", "queue", "decoding", "decode tok/s", "prefill tok/s", "rejected", "eta")
 
 
@@ -126,7 +127,17 @@ def duration(seconds: float) -> str:
 def model_cells(row: Mapping[str, Any]) -> tuple[str, ...]:
     busy = f"{num(row.get('in_flight'))}/{num(row.get('decode_batch'))}"
     return (str(row.get("id") or DASH), model_flags(row), expires(row.get("lifetime")), busy, num(row.get("waiting")),
-            size(row.get("weights_bytes")), size(row.get("active_bytes")), str(row.get("profile") or DASH))
+            size(row.get("weights_bytes")), size(row.get("active_bytes")), prompt_cache(row.get("prompt_cache")),
+            str(row.get("profile") or DASH))
+
+
+def prompt_cache(cache: Any) -> str:
+    """RAM bytes/entries, then the disk tier's when it is on: `12.0M/3 disk 40.0M/2`."""
+    if not isinstance(cache, Mapping):
+        return DASH
+    text = f"{size(cache.get('bytes'))}/{num(cache.get('entries'))}"
+    disk = cache.get("disk")
+    return text + (f" disk {size(disk.get('bytes'))}/{num(disk.get('entries'))}" if isinstance(disk, Mapping) else "")
 
 
 def queue_line(server: Mapping[str, Any]) -> str:

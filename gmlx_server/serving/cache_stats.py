@@ -38,6 +38,18 @@ def engine_cache_stats(engine: Engine) -> dict[str, Any]:
     return out
 
 
+def cache_brief(engine: Engine) -> dict[str, Any] | None:
+    """A resident model's prompt cache in one line's worth (its /v1/metrics row, gmlx top); None without one."""
+    stats = engine.cache_stats()
+    if not stats.enabled:
+        return None
+    out: dict[str, Any] = {"bytes": stats.bytes, "entries": stats.entries, "hits": sum(stats.hits.values()),
+                           "misses": stats.misses}
+    if stats.disk is not None:
+        out["disk"] = {k: stats.disk.get(k) for k in ("bytes", "entries", "hits")}
+    return out
+
+
 def resident_cache_stats(engines: Mapping[str, Engine]) -> dict[str, dict[str, Any]]:
     """Per resident model whose prompt cache is on: its published counters (no engine-thread wait)."""
     models = {m: engine_cache_stats(e) for m, e in engines.items()}

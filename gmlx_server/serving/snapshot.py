@@ -14,6 +14,7 @@ from typing import Any
 
 from gmlx_server.engine.types import Engine, EngineStats, ModelInfo, RequestRow, SpeculativeStats
 from gmlx_server.serving.admission import Admission, queue_cap
+from gmlx_server.serving.cache_stats import cache_brief
 from gmlx_server.serving.governor import BANDS, Governor
 from gmlx_server.serving.telemetry import ModelRates, Telemetry
 
@@ -112,7 +113,7 @@ class Snapshotter:
                         **marks, "profile": entry.profile if entry else None,
                         "weights_bytes": e.info.weights_bytes, "weights_layout": e.info.weights_layout,
                         "active_bytes": mem.active_bytes if mem else None, "load_s": round(e.info.load_s, 3),
-                        "speculative": self._drafting(m, e)})
+                        "speculative": self._drafting(m, e), "prompt_cache": cache_brief(e)})
         return out
 
     def _drafting(self, model_id: str, engine: Engine) -> dict[str, Any] | None:
