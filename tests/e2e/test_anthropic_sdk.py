@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import anthropic
 import pytest
 
-from tests.e2e.server import gmlx_serve
+from tests.e2e.server import LiveServer
 
 pytestmark = pytest.mark.slow
 GREEDY = {"temperature": 0}
@@ -15,10 +13,9 @@ QUESTION: list[anthropic.types.MessageParam] = [{"role": "user", "content": "Wha
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[anthropic.Anthropic]:
-    with gmlx_serve([], tmp_path_factory.mktemp("serve")) as server:
-        # A timeout of our own: the SDK refuses large non-streamed max_tokens under its default one.
-        yield anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0, timeout=120)
+def client(default_server: LiveServer) -> anthropic.Anthropic:
+    # A timeout of our own: the SDK refuses large non-streamed max_tokens under its default one.
+    return anthropic.Anthropic(base_url=default_server.base_url, api_key="unused", max_retries=0, timeout=120)
 
 
 def _text(msg: anthropic.types.Message) -> str:

@@ -6,21 +6,19 @@ compactly, so Claude Code's captured first request is answered, through the anth
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.e2e.server import ROOT, LiveServer, anthropic_client, gmlx_serve
+from tests.e2e.server import ROOT, LiveServer, anthropic_client
 
 pytestmark = pytest.mark.slow
 SESSION = json.loads((ROOT / "tests/data/agents/claude-session.json").read_text())
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    with gmlx_serve([], tmp_path_factory.mktemp("compact")) as s:
-        yield s
+def server(default_server: LiveServer) -> LiveServer:
+    return default_server
 
 
 def test_claude_codes_tools_fit_the_small_window(server: LiveServer) -> None:

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import openai
 import pytest
 
-from tests.e2e.server import gmlx_serve
+from tests.e2e.server import LiveServer
 
 pytestmark = pytest.mark.slow
 QUESTION = "What is the capital of France?"
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
-    with gmlx_serve([], tmp_path_factory.mktemp("serve")) as server:
-        yield openai.OpenAI(base_url=server.v1, api_key="unused", max_retries=0, timeout=120)
+def client(default_server: LiveServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=default_server.v1, api_key="unused", max_retries=0, timeout=120)
 
 
 def test_create_and_stream_agree(client: openai.OpenAI) -> None:

@@ -8,22 +8,19 @@ loaded machine). The figures are printed (`-s`); bench/responsiveness.py prints 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from tests.e2e.health_probe import Figures, Load, loads, prefill_load, quiet, under
-from tests.e2e.server import LiveServer, gmlx_serve
+from tests.e2e.server import LiveServer
 
 pytestmark = pytest.mark.slow
 BOUND_S = 0.5
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveServer, Figures]]:
-    with gmlx_serve([], tmp_path_factory.mktemp("responsiveness")) as live:
-        under(live.base_url, prefill_load("", 16))  # the model loads outside the figures
-        yield live, quiet(live.base_url)
+def server(default_server: LiveServer) -> tuple[LiveServer, Figures]:
+    under(default_server.base_url, prefill_load("", 16))  # the model loads outside the figures
+    return default_server, quiet(default_server.base_url)
 
 
 def _check(server: tuple[LiveServer, Figures], load: Load) -> None:
