@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.conftest import smollm2_path
 from tests.e2e.server import LiveServer, free_port, gmlx_serve
 
 DECODE_BATCH, QUEUE_CAP = 2, 2  # small, so a burst of 8x the queue cap is 16 requests
@@ -26,8 +27,9 @@ EOS_BAN = {"0": -100, "2": -100}  # SmolLM2's <|endoftext|> and <|im_end|>: a st
 class Host:
     """One `gmlx serve` on a port that survives restarts (HAProxy's config names it)."""
 
-    def __init__(self, name: str, tmp: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, name: str, tmp: Path, env: dict[str, str] | None = None, disk: bool = False) -> None:
         self.name, self.tmp, self.env = name, tmp, {**HOST_ENV, **(env or {})}
+        self.args = [*HOST_ARGS, "--config", str(self._disk_config())] if disk else HOST_ARGS
         self.port = free_port()
         self._cm: AbstractContextManager[LiveServer] | None = None
         self.server: LiveServer | None = None
@@ -39,9 +41,16 @@ class Host:
 
     def start(self) -> None:
         self.starts += 1
-        self._cm = gmlx_serve(HOST_ARGS, self.tmp / f"{self.name}-{self.starts}", env=self.env, port=self.port)
+        self._cm = gmlx_serve(self.args, self.tmp / f"{self.name}-{self.starts}", env=self.env, port=self.port)
         (self.tmp / f"{self.name}-{self.starts}").mkdir(parents=True, exist_ok=True)
         self.server = self._cm.__enter__()
+
+    def _disk_config(self) -> Path:
+        """The embedded model with the prompt cache's disk tier on, in this host's own directory (its disk)."""
+        cfg = self.tmp / f"{self.name}.yaml"
+        cfg.write_text(f"server:\n  prompt_cache_disk_bytes: 256MiB\n  prompt_cache_dir: {self.tmp / self.name}-pc\n"
+                       f"models:\n  smollm2:\n    path: {smollm2_path()}\n")
+        return cfg
 
     def kill(self) -> None:
         """SIGKILL: no drain, the host's connections just close."""
@@ -146,9 +155,9 @@ class Load:
             t.join(300)
 
 
-def hosts(tmp: Path, n: int = 3) -> Iterator[Host]:
+def hosts(tmp: Path, n: int = 3, disk: bool = False) -> Iterator[Host]:
     for i in range(n):
-        yield Host(f"gmlx{i + 1}", tmp)
+        yield Host(f"gmlx{i + 1}", tmp, disk=disk)
 
 
 def start_all(hosts: list[Host]) -> None:

@@ -59,7 +59,7 @@ def _start(hs: list[Host]) -> None:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     tmp = tmp_path_factory.mktemp("fleet")
-    hs = list(hosts(tmp))
+    hs = list(hosts(tmp, disk=True))  # each with the prompt cache's disk tier on, in its own directory
     try:
         _start(hs)
         with haproxy(hosts_of([h.url for h in hs]), tmp, inter_ms=500) as proxy:
@@ -202,6 +202,30 @@ def test_a_rolling_restart_under_steady_load_loses_nothing(fleet: Fleet) -> None
           f"served by {dict(Counter(o.host for o in outcomes))}")
     assert len(outcomes) >= 9 and not lost, lost
     assert not cut, cut  # the drain let every started stream finish too
+
+
+def test_a_restarted_hosts_session_comes_back_from_its_disk(fleet: Fleet) -> None:
+    """A rolling restart keeps an affine session warm: its next turn after its home restarts is a disk hit."""
+    fleet.settle()
+    headers = {KEY: "disk-session"}
+    messages = [{"role": "system", "content": "You log the lighthouse's watches. " * 40},
+                {"role": "user", "content": "What happened at dawn?"}]
+    first = httpx.post(fleet.proxy.url + "/v1/chat/completions", headers=headers, timeout=300,
+                       json={"model": "smollm2", "messages": messages, "max_tokens": 8, "temperature": 0})
+    assert first.status_code == 200, first.text
+    home = fleet.by_name(first.headers["x-gmlx-host"].removesuffix("_spill"))
+    assert home.drain() == 0  # SIGTERM: the queued snapshots are written before the host exits
+    home.start()
+    fleet.proxy.wait_states(lambda s: s[home.name] == "UP", 60, f"{home.name} back up")
+    messages += [{"role": "assistant", "content": first.json()["choices"][0]["message"]["content"]},
+                 {"role": "user", "content": "And at dusk?"}]
+    again = httpx.post(fleet.proxy.url + "/v1/chat/completions", headers=headers, timeout=300,
+                       json={"model": "smollm2", "messages": messages, "max_tokens": 8, "temperature": 0})
+    assert again.status_code == 200 and again.headers["x-gmlx-host"].removesuffix("_spill") == home.name
+    cached = again.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    stats = httpx.get(home.url + "/v1/cache/stats", timeout=10).json()["models"]["smollm2"]
+    print(f"after {home.name}'s restart: {cached} of {again.json()['usage']['prompt_tokens']} tokens from disk")
+    assert stats["hits"]["disk"] == 1 and stats["disk"]["restored_tokens"] == cached > 250
 
 
 def _conversation(fleet: Fleet, topic: str, key: str | None) -> tuple[list[str], list[int], list[int]]:
