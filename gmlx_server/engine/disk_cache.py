@@ -32,8 +32,9 @@ from gmlx_server.engine.disk_files import (
     entry_name,
     evict,
     read_header,
+    usable,
 )
-from gmlx_server.engine.prompt_cache import Entry, common_prefix
+from gmlx_server.engine.prompt_cache import Entry
 
 log = logging.getLogger(__name__)
 QUEUE_DEPTH = 8  # snapshots waiting to be written; beyond it a write is dropped and counted, never waited for
@@ -44,15 +45,6 @@ READ_WINDOW = 16  # recent restores the read pace is the median of
 class DiskHit:
     stored: Stored
     tokens: int  # leading prompt tokens the file restores
-
-
-def usable(stored: Stored, prompt: Sequence[int]) -> int:
-    """Prompt tokens `stored` can restore, by the RAM tier's rules: a trimmable entry up to the common prefix,
-    any other only whole; always one prompt token short (it yields the logits)."""
-    limit, n = len(prompt) - 1, len(stored.tokens)
-    if stored.trimmable:
-        return min(common_prefix(stored.tokens, prompt), limit)
-    return n if n <= limit and tuple(prompt[:n]) == stored.tokens else 0
 
 
 def _write_entry(path: Path, entry: Entry, model: str, identity: str, layout: str) -> None:

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gmlx_server.engine.prompt_cache import common_prefix
+
 FORMAT = "gmlx-kv/1"
 HEADER_BYTES = 1 << 20  # the GGUF header and metadata sit in the first MiB; hashing it catches a replaced file
 SUFFIX = ".kv.safetensors"
@@ -40,6 +42,34 @@ class Stored:
     trimmable: bool
     pinned: bool
     size: int  # the file's bytes: what a restore reads
+
+
+def kv_layout(kv_quant: object, weights: str, max_kv_size: int | None, mmproj: str | None,
+              native_kernels: bool) -> str:
+    """All that shapes a model's KV besides its file: an entry written under other settings never matches."""
+    return repr((kv_quant, weights, max_kv_size, mmproj, native_kernels))
+
+
+def usable(stored: Stored, prompt: Sequence[int]) -> int:
+    """Prompt tokens `stored` can restore, by the RAM tier's rules: a trimmable entry up to the common prefix,
+    any other only whole; always one prompt token short (it yields the logits)."""
+    limit, n = len(prompt) - 1, len(stored.tokens)
+    if stored.trimmable:
+        return min(common_prefix(stored.tokens, prompt), limit)
+    return n if n <= limit and tuple(prompt[:n]) == stored.tokens else 0
+
+
+def peek(root: Path, model: str, identity: str, layout: str, prompt: Sequence[int]) -> int:
+    """The prompt tokens the directory could restore for a model that is not loaded (its estimate); no writes."""
+    best = 0
+    for path in entry_files(root):
+        try:
+            stored = read_header(path)
+        except (BadFile, FileNotFoundError):
+            continue  # the engine removes bad files when it meets them
+        if (stored.model, stored.identity, stored.layout) == (model, identity, layout):
+            best = max(best, usable(stored, prompt))
+    return best
 
 
 def model_identity(path: str | Path) -> str:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from gmlx_server.config.settings import DEFAULT_PROMPT_CACHE_BYTES
 from gmlx_server.engine.dir_files import is_model_dir
 from gmlx_server.engine.disk_cache import DiskCache
-from gmlx_server.engine.disk_files import model_identity
+from gmlx_server.engine.disk_files import kv_layout, model_identity
 from gmlx_server.engine.drafter import Drafter, load_drafter
 from gmlx_server.engine.loader import LoadedModel, load_gguf_model
 from gmlx_server.engine.mlx_engine import MLXEngine
@@ -56,11 +56,10 @@ def create_mlx_engine(entry: ModelEntry, env: RuntimeEnv) -> MLXEngine:
 
 
 def disk_tier(entry: ModelEntry, env: RuntimeEnv) -> DiskCache | None:
-    """The model's disk tier when server.prompt_cache_disk_bytes turns it on. The layout names all that shapes
-    the KV besides the file: an entry written under other settings never matches."""
+    """The model's disk tier when server.prompt_cache_disk_bytes turns it on."""
     if not env.prompt_cache_disk_bytes or env.prompt_cache_dir is None:
         return None
-    layout = repr((entry.kv_quant, entry.weights, entry.max_kv_size, entry.mmproj, env.native_kernels))
+    layout = kv_layout(entry.kv_quant, entry.weights, entry.max_kv_size, entry.mmproj, env.native_kernels)
     try:
         return DiskCache(env.prompt_cache_dir, env.prompt_cache_disk_bytes, entry.id, model_identity(entry.path),
                          layout)

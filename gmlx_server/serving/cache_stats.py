@@ -4,13 +4,14 @@ tier's directory, which outlives every engine (its usage and its reset)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gmlx_server.config import ServerSettings
-from gmlx_server.engine.disk_files import clear, usage
+from gmlx_server.config import ModelEntry, ServerConfig, ServerSettings
+from gmlx_server.engine.disk_files import clear, kv_layout, model_identity, peek, usage
 from gmlx_server.engine.types import Engine
 
 TOTALS = ("bytes", "entries", "tokens_reused", "evictions", "misses")
@@ -85,3 +86,12 @@ def clear_disk(server: ServerSettings, model_id: str | None) -> int | None:
 def disk_dir(server: ServerSettings) -> Path | None:
     """The disk tier's directory; None when server.prompt_cache_disk_bytes leaves the tier off."""
     return Path(server.prompt_cache_dir) if server.prompt_cache_disk_bytes and server.prompt_cache_dir else None
+
+
+def disk_peek(config: ServerConfig, entry: ModelEntry, prompt: list[int]) -> int:
+    """Prompt tokens the disk tier holds for a model that is not loaded; 0 when the tier is off. Blocking."""
+    root = disk_dir(config.server)
+    if root is None or not os.path.exists(entry.path):
+        return 0
+    layout = kv_layout(entry.kv_quant, entry.weights, entry.max_kv_size, entry.mmproj, config.env.native_kernels)
+    return peek(root, entry.id, model_identity(entry.path), layout, prompt)

@@ -27,6 +27,7 @@ from gmlx_server.engine.vision.processor import ImageProcessor
 from gmlx_server.generation_params import GenerationParams
 from gmlx_server.serving.addressing import Settings, resolve_address, resolve_settings
 from gmlx_server.serving.admission import paces_of
+from gmlx_server.serving.cache_stats import disk_peek
 from gmlx_server.serving.generation import check_message_count, render_chat, tokenize, tool_plan
 from gmlx_server.serving.hf_policy import local_entry
 from gmlx_server.serving.image_fetch import ImagePolicy
@@ -92,9 +93,9 @@ class Rendering:
                         self.images)
 
 
-def _warm(engine: Engine | None, ids: list[int]) -> tuple[str, int]:
+def _warm(engine: Engine, ids: list[int]) -> tuple[str, int]:
     """The prompt cache's tier and reusable tokens for this prompt; engines without one say miss."""
-    return engine.cache_peek(ids) if engine is not None else ("miss", 0)
+    return engine.cache_peek(ids)
 
 
 class Estimator:
@@ -141,7 +142,7 @@ class Estimator:
 
         model_id, tools, engine = r.model_id, r.tools, r.engine
         prompt, cap = len(ids), inp.max_tokens
-        tier, warm = _warm(engine, ids)
+        tier, warm = _warm(engine, ids) if engine is not None else await self._disk_warm(model_id, ids)
         need = host.capacity.need(model_id, prompt, cap, warm)
         drained = host.capacity.drained_bytes(model_id)
         free = host.governor.read().available_bytes
@@ -153,6 +154,12 @@ class Estimator:
             "context_ok": prompt + (cap or 0) <= tools.context_length, "context_limit": tools.context_length,
             "est_ttft_s": self._ttft(model_id, engine, prompt, warm, cap), "resident": engine is not None,
         }
+
+    async def _disk_warm(self, model_id: str, ids: list[int]) -> tuple[str, int]:
+        """A model that is not resident restores from the disk tier at its load, if anything (its files' headers)."""
+        entry = self.host.config.models.get(model_id)
+        warm = await asyncio.to_thread(disk_peek, self.host.config, entry, ids) if entry is not None else 0
+        return ("disk", warm) if warm else ("miss", 0)
 
     def _ttft(self, model_id: str, engine: Engine | None, prompt: int, warm: int, cap: int | None) -> float | None:
         """The queue ahead, the warm tokens at the restore pace, the cold ones at the prefill pace of their depth;

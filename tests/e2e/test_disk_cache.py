@@ -95,9 +95,11 @@ def test_a_session_survives_another_process_a_restart_an_unload_and_a_reload(
     assert tier == "miss" and shared == cold  # greedy: the restored KV gives the cold answer
     _settled(b)
     with gmlx_serve(["--config", str(cfg)], tmp_path) as restarted:
+        unloaded = _post(restarted, "/v1/estimate", {"model": "smollm2", "messages": second_turn})
         _post(restarted, "/v1/keep", {"model": "smollm2", "warm": False})
         est = _post(restarted, "/v1/estimate", {"model": "smollm2", "messages": second_turn})
-        assert est["cache_tier"] == "disk" and est["warm_tokens"] > 500
+        assert est["cache_tier"] == "disk" and est["warm_tokens"] > 500 and not unloaded["resident"]
+        assert (unloaded["cache_tier"], unloaded["warm_tokens"]) == ("disk", est["warm_tokens"])  # from the headers
         assert _turn(restarted, second_turn) == (cold, "disk")
         stats = _settled(restarted)["models"]["smollm2"]
         assert stats["hits"]["disk"] == 1 and stats["disk"]["restored_tokens"] == est["warm_tokens"]
