@@ -93,6 +93,12 @@ class Rendering:
                         self.images)
 
 
+# The wave replay steps through every prompt's prefill chunks on the event loop: a plan that cannot run, or one
+# past this many tokens in all, gets no time estimate instead of a replay a hostile width or depth would make endless.
+MAX_WAVE_TOKENS = 1 << 24
+_NO_WAVE: dict[str, float | None] = {"est_ttft_s": None, "est_drain_s": None}
+
+
 def _warm(engine: Engine, ids: list[int]) -> tuple[str, int]:
     """The prompt cache's tier and reusable tokens for this prompt; engines without one say miss."""
     return engine.cache_peek(ids)
@@ -190,8 +196,9 @@ class Estimator:
                                                                    else "")),
         ]
         reason = next((msg for passed, msg in checks if not passed), None)
+        wave = self._wave(width, depth) if ok is not False and width * depth <= MAX_WAVE_TOKENS else _NO_WAVE
         return {"width": width, "depth": depth, "ok": ok, "admit_now": reason is None, "reason": reason,
-                "band": band, "free_slots": free, "waiting": waiting, **self._wave(width, depth)}
+                "band": band, "free_slots": free, "waiting": waiting, **wave}
 
     def _wave(self, width: int, depth: int) -> dict[str, float | None]:
         """When the last of `width` cold prompts of `depth` tokens sent now would get its first token, and when
@@ -200,6 +207,6 @@ class Estimator:
         engine = self.host.resident.get(boot.model_id) if boot else None
         rates = self.host.telemetry.models.get(boot.model_id) if boot else None
         if boot is None or engine is None or rates is None or rates.prefill_pace is None:
-            return {"est_ttft_s": None, "est_drain_s": None}
+            return dict(_NO_WAVE)
         r = self.host.admission.wave(boot.model_id, engine.stats(), width, depth)
         return {"est_ttft_s": round(max(r.first_token_s), 3), "est_drain_s": round(r.drain_s, 3)}

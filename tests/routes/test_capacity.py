@@ -159,3 +159,6 @@ def test_plan_estimates_the_wave_once_a_prefill_was_measured(s: Served) -> None:
     assert one["est_ttft_s"] == pytest.approx(m1.prefill_pace.seconds(0, 100), abs=0.002)
     assert 2 * one["est_ttft_s"] < two["est_ttft_s"] < 2 * one["est_ttft_s"] + 0.05
     assert two["est_drain_s"] > two["est_ttft_s"]
+    # A hostile width and depth: the plan cannot run, so no replay of a billion prompts (it once ran unbounded).
+    huge = s.client.get("/v1/capacity/plan", params={"width": 10**9, "depth": 10**12}).json()
+    assert huge["ok"] is False and huge["est_ttft_s"] is None and huge["est_drain_s"] is None
