@@ -30,6 +30,16 @@ def parse_memory(text: str | int) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2)])
 
 
+def parse_disk_cap(text: str | int, name: str) -> int:
+    """A disk cap: 0 (off) or a size parse_memory reads; refused by `name` otherwise."""
+    if str(text).strip() == "0":
+        return 0
+    try:
+        return parse_memory(text)
+    except ValueError as e:
+        raise ValueError(f"{name}: {e}") from None
+
+
 def format_bytes(n: float) -> str:
     for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if abs(n) >= size:

@@ -2,7 +2,7 @@
 
 gmlx_server/cli.py calls add_plan_parser(sub); args.func is run_plan.
 
-  gmlx plan --model PATH|ID [--config FILE] --width W --depth D [--memory 64GiB]
+  gmlx plan --model PATH|ID [--config FILE] --width W --depth D [--memory 64GiB] [--disk-cache 8GiB]
             [--kv-quant uniform:8 | kvarn:4:8:128] [--layout auto|packed|dense|native] [--decode-batch N]
             [--draft PATH|ID|none] [--draft-tokens K]
             [--device auto|metal|cpu] [--kv-dtype auto|f16|f32] [--max-kv-size N] [--json]
@@ -14,10 +14,12 @@ gmlx_server/cli.py calls add_plan_parser(sub); args.func is run_plan.
 
 Exit status: 0 the plan fits, 1 it does not (the reason is printed), 2 an input error.
 --json prints {"plan": {...}, "capacity": <the /v1/metrics capacity section>, "weights_by_type": {...}}
+and, when the disk cap is > 0, "disk_tier" (gmlx_plan/disk.py; absent when it is 0).
 (simulate: {"capacity", "simulation", "png"}).
 Flags win over the config; the config (server.decode_batch, server.memory_budget and the model's
 max_kv_size, kv_quant, weights, draft, draft_tokens) wins over the defaults, so the plan matches the server's
-boot table. A drafter adds its weights and (unquantized) KV as the server budgets them.
+boot table; --disk-cache defaults to server.prompt_cache_disk_bytes.
+A drafter adds its weights and (unquantized) KV as the server budgets them.
 --layout auto means packed on macOS; elsewhere native when gmlx's CPU kernels are built beside the server
 (as its auto layout then is), else dense (the CPU server runs dense whenever OpenBLAS loads, and dense is
 the larger of dense and packed, so the plan stays on the safe side).
@@ -36,8 +38,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gmlx_plan.budget import default_budget, parse_memory
+from gmlx_plan.budget import default_budget, parse_disk_cap, parse_memory
 from gmlx_plan.capacity import CapacityTable, build_table, largest_width_at, max_width_at, plan, table_to_json
+from gmlx_plan.disk import DiskTier, disk_tier
 from gmlx_plan.fleet import FleetAdmission, shares, simulate_fleet
 from gmlx_plan.geometry import GeometryError
 from gmlx_plan.gguf_header import GGUFFormatError, read_header
@@ -84,6 +87,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--depth", type=int, required=True, help="context tokens per stream")
     p.add_argument("--memory", help="memory budget (64GiB, 24G, 512MiB, bytes); default: measured available "
                                     "minus max(512 MiB, 10%%)")
+    p.add_argument("--disk-cache", help="the prompt cache's disk cap (8GiB, bytes, 0: off); default: the config's "
+                                        "server.prompt_cache_disk_bytes")
     p.add_argument("--kv-quant", help="none, uniform:BITS[:GROUP] or kvarn:KEY_BITS:VALUE_BITS:TAIL[:GROUP]")
     p.add_argument("--layout", choices=LAYOUT_CHOICES, help="weights layout (default auto)")
     p.add_argument("--device", choices=("auto", "metal", "cpu"), default="auto",
@@ -157,7 +162,7 @@ def _layout(flag: str | None, configured: str | None) -> Layout:
     return "packed" if choice == "packed" else "native" if choice == "native" else "dense"
 
 
-def _build(args: argparse.Namespace) -> tuple[MemoryModel, CapacityTable, dict[str, int]]:
+def _build(args: argparse.Namespace) -> tuple[MemoryModel, CapacityTable, dict[str, int], int]:
     src = resolve_model(args.model, args.config)
     header = read_header(src.path, strings=False)
     layout = _layout(args.layout, src.layout)
@@ -173,7 +178,8 @@ def _build(args: argparse.Namespace) -> tuple[MemoryModel, CapacityTable, dict[s
     decode_batch = args.decode_batch or src.decode_batch or DEFAULT_DECODE_BATCH
     table = build_table(m, budget, model=src.model_id, decode_batch=decode_batch,
                         max_kv_size=args.max_kv_size or src.max_kv_size)
-    return m, table, weights_by_type(header.tensors, layout)
+    disk = parse_disk_cap(args.disk_cache, "--disk-cache") if args.disk_cache is not None else src.disk_cache_bytes
+    return m, table, weights_by_type(header.tensors, layout), disk
 
 
 def _draft(args: argparse.Namespace, src: ModelSource) -> DraftSource | None:
@@ -203,7 +209,8 @@ def _key(args: argparse.Namespace) -> KeySplit | None:
     return key_split(load_yaml(args.config), args.key, args.width)
 
 
-def _check(args: argparse.Namespace, m: MemoryModel, table: CapacityTable, by_type: dict[str, int]) -> int:
+def _check(args: argparse.Namespace, m: MemoryModel, table: CapacityTable, by_type: dict[str, int],
+           disk: DiskTier | None) -> int:
     key = _key(args)
     width = key.runs if key is not None else args.width  # a key's fan-out runs only as wide as its share
     per_host = shares(width, args.hosts)[0]  # each host holds its share of the streams
@@ -219,6 +226,8 @@ def _check(args: argparse.Namespace, m: MemoryModel, table: CapacityTable, by_ty
             out["fleet"] = fleet.as_json()
         if key is not None:
             out["key"] = key.as_json()
+        if disk is not None:
+            out["disk_tier"] = disk.as_json()
         print(json.dumps(out, indent=2))
     else:
         print(table_text(table, verdict, per_host, args.depth, exact))
@@ -226,6 +235,8 @@ def _check(args: argparse.Namespace, m: MemoryModel, table: CapacityTable, by_ty
             print(fleet.text())
         if key is not None:
             print(key.text())
+        if disk is not None:
+            print(disk.text())
     return 0 if verdict.ok and (key is None or key.refused == 0) else 1
 
 
@@ -284,10 +295,10 @@ def run_plan(args: argparse.Namespace) -> int:
     try:
         if args.hosts < 1:
             raise PlanInputError(f"--hosts {args.hosts}: expected at least 1")
-        m, table, by_type = _build(args)
+        m, table, by_type, disk_cap = _build(args)
         if args.action == "simulate":
             return _simulate(args, table)
-        return _check(args, m, table, by_type)
+        return _check(args, m, table, by_type, disk_tier(m, disk_cap, args.depth) if disk_cap else None)
     except (PlanInputError, GGUFFormatError, GeometryError, UnsupportedType, ValueError, RuntimeError) as e:
         print(f"gmlx plan: error: {e}", file=sys.stderr)
         return 2

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from gmlx_plan.budget import parse_memory
+from gmlx_plan.budget import parse_disk_cap, parse_memory
 from gmlx_plan.memory import DEFAULT_DRAFT_TOKENS, KVQuant
 from gmlx_plan.pace import Paces, paces_from_json
 
@@ -31,6 +31,7 @@ class ModelSource:
     kv_quant: KVQuant | None = None
     layout: str | None = None  # models.<id>.weights: auto, packed or dense
     draft: DraftSource | None = None  # models.<id>.draft
+    disk_cache_bytes: int = 0  # server.prompt_cache_disk_bytes (0: the disk tier is off)
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,7 @@ def resolve_model(model: str | None, config: str | None) -> ModelSource:
         memory_budget=None if budget in (None, "auto") else parse_memory(budget),
         max_kv_size=entry.get("max_kv_size"), kv_quant=_kv_from_config(entry.get("kv_quant")),
         layout=entry.get("weights"), draft=resolve_draft(entry.get("draft"), entry.get("draft_tokens"), config, data),
+        disk_cache_bytes=parse_disk_cap(server.get("prompt_cache_disk_bytes") or 0, "server.prompt_cache_disk_bytes"),
     )
 
 
