@@ -69,10 +69,12 @@ class MLXEngine(EngineBase):
     def __init__(self, loader: Callable[[], Any], decode_batch: int = 1, prompt_cache_bytes: int = 0,
                  drafter_loader: Callable[[Any], Drafter] | None = None, disk: DiskCache | None = None) -> None:
         self._jobs: Inbox = queue.Queue()
-        self.pace = Pace()
-        # Only the engine thread mutates it; others read its published stats or peek under its lock.
+        pace = self.pace = Pace()
+        # Only the engine thread mutates it; others read its published stats or peek under its lock. The pace
+        # is read through a local: a closure over self would be a cycle, and an unloaded engine's arrays are
+        # freed by reference counting alone (serving/residency.py).
         self._prompt_cache = CacheTiers(PromptCache(prompt_cache_bytes, spill=disk.put if disk else None), disk,
-                                        lambda: self.pace.prefill) if prompt_cache_bytes > 0 else None
+                                        lambda: pace.prefill) if prompt_cache_bytes > 0 else None
         self._disk = disk
         self._live: dict[str, _Job] = {}
         self._lock = threading.Lock()

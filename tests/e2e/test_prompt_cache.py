@@ -4,6 +4,8 @@ on the engine and through the HTTP API (where the server places the anchor and m
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -147,3 +149,17 @@ def test_anchor_and_prefix_hits_through_http_match_cold_smollm2(tmp_path: Path) 
             cold.append(chat(m))
         assert [c[0] for c in cold] == ["miss"] * 2
         assert [w[1] for w in warm] == [c[1] for c in cold]  # greedy output identical with and without a hit
+
+
+def test_a_closed_engine_with_a_prompt_cache_is_freed_by_reference_counting() -> None:
+    """Unload relies on it (no gc.collect on the event loop): a closure over the engine in its cache tiers once
+    kept every unloaded model's arrays until the cycle collector ran, and the next load was shed."""
+    gc.disable()
+    try:
+        engine = MLXEngine(lambda: load_gguf_model(smollm2_path()), prompt_cache_bytes=1 << 20)
+        alive = weakref.ref(engine)
+        engine.close()
+        del engine
+        assert alive() is None
+    finally:
+        gc.enable()

@@ -69,5 +69,6 @@ def test_cache_reset_lives_in_the_host() -> None:
     asyncio.run(host.engine("m1"))
     asyncio.run(host.engine("m2"))
     factory.engines["m2"].reset_cache = lambda: True  # type: ignore[method-assign]
-    assert host.reset_cache() == ["m2"] and host.reset_cache("m1") == [] and host.reset_cache("m2") == ["m2"]
+    assert host.reset_cache().models == ["m2"] and host.reset_cache("m1").models == []
+    assert host.reset_cache("m2").models == ["m2"]
 
