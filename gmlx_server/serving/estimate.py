@@ -148,7 +148,9 @@ class Estimator:
 
         model_id, tools, engine = r.model_id, r.tools, r.engine
         prompt, cap = len(ids), inp.max_tokens
-        tier, warm = _warm(engine, ids) if engine is not None else await self._disk_warm(model_id, ids)
+        # Off the loop: with the disk tier on, a peek lists its directory and reads new files' headers.
+        tier, warm = (await asyncio.to_thread(_warm, engine, ids) if engine is not None
+                      else await self._disk_warm(model_id, ids))
         need = host.capacity.need(model_id, prompt, cap, warm)
         drained = host.capacity.drained_bytes(model_id)
         free = host.governor.read().available_bytes
