@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import os
+from collections.abc import Generator
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,18 @@ import pytest
 from gmlx_server.startup import preload_blas
 
 preload_blas()  # as the entry points do, before any test imports mlx
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, None, None]:
+    """Under CI a skip is a failure: the test set-up installs every model, binary and reference the suite
+    needs, so a skip there means the set-up broke, and the suite must report 0 skipped."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if os.environ.get("CI") and report.skipped:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped under CI, where scripts/test.sh installs what the suite needs: {reason}"
 
 
 def native_kernels() -> bool:
