@@ -91,6 +91,8 @@ class BatchDecoder:
         self.last_tokens = 1
         tokens = mx.array([[s.next_input] for s in self.rows], dtype=mx.int32)
         logits = self.model(tokens, cache=self._cache).logits[:, -1, :]
+        if any(s.constraint is not None for s in self.rows):
+            mx.async_eval(logits)  # the forward pass runs while the rows' grammars compute their masks
         top = mx.argmax(logits, axis=-1) if any(s.bulk_greedy for s in self.rows) else None
         plans = [_plan(s, logits[i: i + 1], top[i: i + 1] if top is not None else None)
                  for i, s in enumerate(self.rows)]

@@ -62,7 +62,7 @@ def test_portable_mask_matches_numpy_reference(vocab: int) -> None:
         bits = rng.random((1, words * 32)) < density
         bitmask = np.packbits(bits, axis=1, bitorder="little").view(np.int32)
         logits = rng.standard_normal((1, vocab)).astype(np.float32)
-        got = np.array(apply_token_bitmask(mx.array(logits), mx.array(bitmask)))
+        got = np.array(apply_token_bitmask(mx.array(logits), bitmask))
         np.testing.assert_array_equal(got, _reference_mask(logits, bitmask))
 
 
@@ -70,7 +70,7 @@ def test_portable_mask_blocks_tokens_past_the_mask_and_keeps_dtype() -> None:
     rng = np.random.default_rng(0)
     bitmask = np.full((1, 2), -1, dtype=np.int32)  # 64 tokens allowed; the logits have 70
     logits = rng.standard_normal((1, 70)).astype(np.float32)
-    got = apply_token_bitmask(mx.array(logits).astype(mx.bfloat16), mx.array(bitmask))
+    got = apply_token_bitmask(mx.array(logits).astype(mx.bfloat16), bitmask)
     assert got.dtype == mx.bfloat16
     np.testing.assert_array_equal(np.isinf(np.array(got.astype(mx.float32)))[0], np.arange(70) >= 64)
 
