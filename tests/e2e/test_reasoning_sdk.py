@@ -13,11 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
+import httpx
 import openai
 import pytest
 
 from tests.conftest import qwen_coder_path
 from tests.e2e.server import LiveServer, gmlx_serve
+from tests.e2e.test_request_log_live import line_of
 from tests.thinking_model import ANSWER, REASONING, thinking_qwen3
 
 pytestmark = pytest.mark.slow
@@ -73,6 +75,20 @@ def test_chat_streams_reasoning_deltas_before_the_answer(oai: openai.OpenAI) -> 
             order.append("a")
     assert "".join(thought) == REASONING and "".join(answer) == ANSWER
     assert len(thought) > 1 and order == sorted(order, reverse=True)  # token by token, reasoning first
+
+
+def _prometheus_reasoning(server: LiveServer) -> float:
+    text = httpx.get(server.v1 + "/metrics", params={"format": "prometheus"}, timeout=10).text
+    lines = [x for x in text.splitlines() if x.startswith('gmlx_reasoning_tokens_total{model="think"}')]
+    return float(lines[0].split()[-1]) if lines else 0.0  # no row before the model's first request
+
+
+def test_reasoning_tokens_in_the_request_log_and_metrics(oai: openai.OpenAI, server: LiveServer) -> None:
+    before = _prometheus_reasoning(server)
+    r = _chat(oai)
+    line = line_of(server, r.id)
+    assert (line["reasoning_tokens"], line["generated_tokens"]) == (str(THOUGHT_TOKENS), str(THOUGHT_TOKENS + 3))
+    assert _prometheus_reasoning(server) - before == THOUGHT_TOKENS
 
 
 def test_thinking_off_leaves_no_reasoning(oai: openai.OpenAI) -> None:
@@ -160,6 +176,12 @@ def test_claude_code_replay_with_signed_thinking_stays_cache_warm(claude: anthro
                                                    "content": "Paris"}]}]
     assert prompts[0] < prompts[1] < prompts[2]
     assert all(cached[i] >= prompts[i - 1] - 4 for i in (1, 2)), (cached, prompts)
+    # The thinking blocks sent back reach Qwen3's template: the three thoughts are in the prompt.
+    bare: list[Any] = [{**m, "content": [b for b in m["content"] if b["type"] != "thinking"]}
+                       if m["role"] == "assistant" else m for m in messages]
+    counts = [claude.messages.count_tokens(model="think", messages=m, tools=tools, system="You are Claude Code.")
+              .input_tokens for m in (messages, bare)]
+    assert counts[0] >= counts[1] + 3 * 7, counts
 
 
 def test_responses_reasoning_items(oai: openai.OpenAI) -> None:
@@ -171,6 +193,9 @@ def test_responses_reasoning_items(oai: openai.OpenAI) -> None:
     deltas = [e.delta for e in oai.responses.create(model="think", input="Capital of France?", max_output_tokens=40,
                                                      stream=True) if e.type == "response.reasoning_text.delta"]
     assert "".join(deltas) == REASONING
+    cut = oai.responses.create(model="think", input="What is the capital of France?", max_output_tokens=4)
+    assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens"  # type: ignore[union-attr]
+    assert cut.output[0].content[0].text == "The user asks" and cut.output_text == ""  # type: ignore[union-attr,index]
 
 
 def test_codex_shaped_input_with_reasoning_items_is_answered(oai: openai.OpenAI) -> None:
