@@ -84,6 +84,9 @@ def test_parallel_tool_calls_false_gives_one_call(oai: openai.OpenAI, server: Li
     names = [[c.function.name for c in oai.chat.completions.create(**body, **extra).choices[0].message.tool_calls]
              for extra in ({}, {"parallel_tool_calls": False})]
     assert names == [["get_weather", "get_time"], ["get_weather"]]
+    streamed = [(d.index, d.function.name) for chunk in oai.chat.completions.create(**body, stream=True)
+                for d in chunk.choices[0].delta.tool_calls or () if d.function.name]
+    assert streamed == [(0, "get_weather"), (1, "get_time")]  # each call its own index
     tools = [{"type": "function", **t["function"]} for t in TWO_TOOLS]
     for flag, expected in ((True, ["get_weather", "get_time"]), (False, ["get_weather"])):
         r = oai.responses.create(model=MODEL, input=BOTH, tools=tools, max_output_tokens=150, temperature=0,
@@ -112,18 +115,22 @@ def test_a_long_constrained_call_streams_its_arguments(oai: openai.OpenAI, serve
     says how many tokens were generated so far (timings_per_token), so the first argument bytes are measured
     to arrive many tokens before the call ends."""
     at: list[int] = []  # generated tokens when each argument delta arrived
-    arguments, finish = "", None
+    arguments, finish, deltas = "", None, []
     for chunk in oai.chat.completions.create(model=MODEL, messages=SCRIPT, tools=WRITE, tool_choice="required",
                                              max_tokens=200, temperature=0, stream=True,
                                              extra_body={"timings_per_token": True}):
         choice = chunk.choices[0]
         finish = choice.finish_reason or finish
         for d in choice.delta.tool_calls or ():
+            deltas.append(d)
             if d.function.arguments:
                 arguments += d.function.arguments
                 at.append(chunk.model_extra["timings"]["predicted_n"])
     assert finish == "tool_calls" and set(json.loads(arguments)) == {"path", "content"}
     assert len(at) >= 20 and at[-1] - at[0] >= 20, at  # the first piece came 20+ tokens before the last
+    first, rest = deltas[0], deltas[1:]  # the first delta names the call; the rest carry argument pieces only
+    assert first.id and first.function.name == "write_file" and not first.function.arguments
+    assert all(d.index == 0 and not d.id and not d.function.name for d in rest)
     claude = anthropic_client(server)
     tool = {"name": "write_file", "input_schema": WRITE[0]["function"]["parameters"]}
     with claude.messages.stream(model=MODEL, max_tokens=200, messages=SCRIPT, tools=[tool],  # type: ignore[list-item]
@@ -133,5 +140,8 @@ def test_a_long_constrained_call_streams_its_arguments(oai: openai.OpenAI, serve
     assert len(pieces) >= 20 and json.loads("".join(pieces)) == json.loads(arguments)
     events = oai.responses.create(model=MODEL, input=SCRIPT, tools=[{"type": "function", **WRITE[0]["function"]}],
                                   tool_choice="required", max_output_tokens=200, temperature=0, stream=True)
-    deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
-    assert len(deltas) >= 20 and json.loads("".join(deltas)) == json.loads(arguments)
+    seen = list(events)
+    pieces = [e.delta for e in seen if e.type == "response.function_call_arguments.delta"]
+    assert len(pieces) >= 20 and json.loads("".join(pieces)) == json.loads(arguments)
+    done = next(e.response for e in seen if e.type == "response.completed")
+    assert done.parallel_tool_calls is False  # asked true by default; the call grammar holds one call
