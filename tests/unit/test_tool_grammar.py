@@ -19,7 +19,7 @@ from gmlx_server.engine.structured import StructuredOutputError, build_llg_token
 from gmlx_server.engine.tokenizer import GGUFTokenizer
 from gmlx_server.engine.tool_grammar import closed, compile_tool_grammar
 from gmlx_server.engine.tool_syntax import GMLX_JSON, LLAMA3_JSON, QWEN3_CODER, ToolSyntax
-from gmlx_server.protocol.tools import FORMATS
+from gmlx_server.protocol.tools import FORMATS, LenientCalls, ToolCallEnd, ToolCallStart
 from gmlx_server.serving.tool_choice import special_markers
 from tests.conftest import gemma_path, smollm2_path
 
@@ -72,6 +72,22 @@ def test_auto_takes_text_or_text_and_one_valid_call(vocab: Vocab) -> None:
                 '<tool_call>\n{"name": "now", "arguments": {"x": 1}}\n</tool_call>',  # closed: no invented keys
                 CALL + " and then some text"):  # one call ends the reply
         assert not vocab.accepts(g, bad)[0], bad
+
+
+MARKERLESS = ['{"name": "get_weather", "arguments": {"city": "Paris"}}',  # bare JSON of the call shape
+              '```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```',  # a fenced block
+              '<Tool_Call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n< /tool_call >']  # slips
+
+
+@pytest.mark.parametrize("reply", MARKERLESS)
+def test_auto_lets_calls_without_markers_through_to_the_reader(vocab: Vocab, reply: str) -> None:
+    """The auto grammar takes a call written without the markers as text, and the lenient reader makes it a call."""
+    assert vocab.accepts(grammar("auto"), reply) == (True, True)
+    parser = LenientCalls(FORMATS["json"], TOOLS, lambda: "id0")
+    events = [*parser.feed(reply), *parser.finish()]
+    names = [e.name for e in events if isinstance(e, ToolCallStart)]
+    arguments = [e.arguments for e in events if isinstance(e, ToolCallEnd)]
+    assert names == ["get_weather"] and arguments == [{"city": "Paris"}]
 
 
 def test_required_and_named_allow_nothing_but_the_call(vocab: Vocab) -> None:
