@@ -202,7 +202,11 @@ def rates_line(server: Mapping[str, Any]) -> tuple[str, str]:
     r = section(server, "rates")
     decode = (f"decode {num(r.get('decode_tok_s'))} tok/s over {num(r.get('decode_streams'))} streams  "
               f"recent {num(r.get('decode_tok_s_recent'))}  lifetime {num(r.get('decode_tok_s_lifetime'))}")
-    return decode, f"prefill recent {num(r.get('prefill_tok_s_recent'))} tok/s"
+    prefill = f"prefill recent {num(r.get('prefill_tok_s_recent'))} tok/s"
+    tokens = section(server, "tokens")  # absent from servers before it: the line stays as it was
+    if tokens:
+        prefill += f"   generated {num(tokens.get('generated'), 0)}, reasoning {num(tokens.get('reasoning'), 0)}"
+    return decode, prefill
 
 
 def capacity_lines(cap: Any) -> list[str]:

@@ -30,6 +30,7 @@ SECTION_KEYS: dict[str, tuple[str, ...]] = {
     "rates": ("decode_tok_s", "decode_streams", "prefill_tok_s_recent", "restore_tok_s_recent",
               "decode_tok_s_recent", "decode_tok_s_lifetime", "by_model"),
     "tool_calls": ("parsed", "constrained", "failed", "by_model"),
+    "tokens": ("prompt", "generated", "reasoning", "by_model"),
 }
 
 
@@ -74,6 +75,7 @@ class Snapshotter:
             "capacity": self._capacity,
             "rates": lambda: self._rates(stats),
             "tool_calls": self._tool_calls,
+            "tokens": self._tokens,
             **self._extra,
         }
         return {"server": {name: self._probe(name, fn) for name, fn in builders.items()}}
@@ -156,6 +158,13 @@ class Snapshotter:
         """Calls parsed from replies, those of them decoded under a call grammar, and opened calls that failed."""
         by_model = {m: dict(r.tool_calls) for m, r in self.telemetry.models.items() if r.tool_calls}
         totals = {k: sum(c.get(k, 0) for c in by_model.values()) for k in ("parsed", "constrained", "failed")}
+        return {**totals, "by_model": by_model}
+
+    def _tokens(self) -> dict[str, Any]:
+        """Finished requests' prompt and generated tokens, and the generated ones spent in thinking blocks."""
+        by_model = {m: {"prompt": r.prompt_tokens, "generated": r.generated_tokens, "reasoning": r.reasoning_tokens}
+                    for m, r in sorted(self.telemetry.models.items())}
+        totals = {k: sum(c[k] for c in by_model.values()) for k in ("prompt", "generated", "reasoning")}
         return {**totals, "by_model": by_model}
 
 

@@ -83,12 +83,20 @@ def _prometheus_reasoning(server: LiveServer) -> float:
     return float(lines[0].split()[-1]) if lines else 0.0  # no row before the model's first request
 
 
+def _metrics_tokens(server: LiveServer) -> dict[str, int]:
+    tokens = httpx.get(server.v1 + "/metrics", timeout=10).json()["server"]["tokens"]["by_model"]
+    return dict(tokens.get("think", {"generated": 0, "reasoning": 0}))
+
+
 def test_reasoning_tokens_in_the_request_log_and_metrics(oai: openai.OpenAI, server: LiveServer) -> None:
-    before = _prometheus_reasoning(server)
+    before, counted = _prometheus_reasoning(server), _metrics_tokens(server)
     r = _chat(oai)
     line = line_of(server, r.id)
     assert (line["reasoning_tokens"], line["generated_tokens"]) == (str(THOUGHT_TOKENS), str(THOUGHT_TOKENS + 3))
     assert _prometheus_reasoning(server) - before == THOUGHT_TOKENS
+    after = _metrics_tokens(server)  # /v1/metrics (what gmlx top shows): the thought apart from all generated
+    assert (after["reasoning"] - counted["reasoning"], after["generated"] - counted["generated"]) == (
+        THOUGHT_TOKENS, THOUGHT_TOKENS + 3)
 
 
 def test_thinking_off_leaves_no_reasoning(oai: openai.OpenAI) -> None:

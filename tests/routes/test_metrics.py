@@ -33,6 +33,9 @@ def test_snapshot_has_every_section_and_counts_a_finished_request(served: Served
     assert server["rates"]["decode_tok_s_lifetime"] is not None
     assert server["concurrency"]["queue_cap"] == server["queue"]["cap"]
     assert served.client.get("/metrics").json()["server"].keys() == server.keys()
+    tokens = server["tokens"]  # the fake writes no thinking block: no reasoning tokens
+    assert tokens["by_model"]["m1"]["generated"] == tokens["generated"] > 0 and tokens["reasoning"] == 0
+    assert tokens["prompt"] == tokens["by_model"]["m1"]["prompt"] > 0
 
 
 def test_a_failing_probe_nulls_only_its_section() -> None:

@@ -30,7 +30,8 @@ from tests.top.fakes import recorded
 scalars = st.none() | st.booleans() | st.integers(-10**12, 10**13) | st.floats(allow_nan=False) | st.text(max_size=8)
 loose = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
                                                                                             max_size=4), max_leaves=12)
-SECTIONS = ("concurrency", "queue", "requests", "resident_models", "governor", "memory", "capacity", "rates")
+SECTIONS = ("concurrency", "queue", "requests", "resident_models", "governor", "memory", "capacity", "rates",
+            "tokens")
 
 
 @given(st.fixed_dictionaries({}, optional={name: loose for name in SECTIONS}))
@@ -65,6 +66,12 @@ def test_units_and_fallbacks() -> None:
     assert cache_tier({"tier": "block", "warm_tokens": 4096}) == "block 4096" and cache_tier({"tier": "miss"}) == "miss"
     assert capacity_lines(None) == ["no capacity table"]
     assert governor_text({})[0] == " unknown "
+
+
+def test_the_rates_panel_counts_reasoning_tokens_apart() -> None:
+    server = {"rates": {"prefill_tok_s_recent": 412.0}, "tokens": {"prompt": 900, "generated": 120, "reasoning": 48}}
+    assert rates_line(server)[1] == "prefill recent 412.0 tok/s   generated 120, reasoning 48"
+    assert rates_line({"rates": server["rates"]})[1] == "prefill recent 412.0 tok/s"  # a server without the section
 
 
 def test_a_model_row_says_what_sets_its_lifetime_and_what_is_left() -> None:
