@@ -9,8 +9,10 @@ completed, refused (503), aggregate generated tokens/s (all tokens over the wall
 to the last end) and TTFT p50/p99 as clients saw it through the proxy, and beside them what `gmlx plan simulate
 --hosts N` predicts for the same load (gmlx_plan.fleet.simulate_fleet: the requests spread over the same
 seconds, split over N hosts, on the paces the first host's /v1/metrics published after that run, so measured
-under the same sharing of the cores). All hosts share this machine's cores, so here more hosts add queue room
-and isolation, not compute: see docs/operations.md "Running several hosts".
+under the same sharing of the cores). Then measured/predicted per size for queue wait p50 (TTFT less the
+server's own prompt time, timings.prompt_ms), TTFT p50 and max, drain (first send to last end) and tok/s.
+All hosts share this machine's cores, so here more hosts add queue room and isolation, not compute: see
+docs/operations.md "Running several hosts".
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import httpx
 
 from gmlx_plan.fleet import simulate_fleet
 from gmlx_plan.pace import paces_from_json
-from gmlx_plan.simulate import ServerSide, SimResult, Workload
+from gmlx_plan.simulate import Outcome, ServerSide, SimResult, Workload
 from tests.fleet.haproxy import haproxy, hosts_of
 from tests.fleet.live import EOS_BAN, Host, start_all
 
@@ -40,6 +42,7 @@ from tests.fleet.live import EOS_BAN, Host, start_all
 class Result:
     status: int = 0
     ttft_s: float | None = None
+    prompt_s: float = 0.0  # the server's own prefill time (timings.prompt_ms): TTFT less it is the queue wait
     tokens: int = 0
     end: float = 0.0
 
@@ -47,7 +50,7 @@ class Result:
 def _body(i: int, output: int) -> dict[str, object]:
     return {"model": "smollm2", "messages": [{"role": "user", "content": f"Request {i}: tell me about harbours."}],
             "max_tokens": output, "temperature": 0, "logit_bias": EOS_BAN, "stream": True,
-            "stream_options": {"include_usage": True}}
+            "timings_per_token": True, "stream_options": {"include_usage": True}}
 
 
 def one(url: str, i: int, output: int) -> Result:
@@ -61,6 +64,8 @@ def one(url: str, i: int, output: int) -> Result:
                 chunk = json.loads(line.removeprefix("data: "))
                 if out.ttft_s is None and any((c.get("delta") or {}).get("content") for c in chunk["choices"]):
                     out.ttft_s = time.perf_counter() - t0
+                if "prompt_ms" in (chunk.get("timings") or {}):
+                    out.prompt_s = chunk["timings"]["prompt_ms"] / 1000
                 if chunk.get("usage"):  # the last chunk (stream_options.include_usage)
                     out.tokens = int(chunk["usage"]["completion_tokens"])
     except httpx.HTTPError:
@@ -102,7 +107,8 @@ def predict(host: Host, n: int, hosts: int, args: argparse.Namespace) -> SimResu
     paces = paces_from_json(rates["by_model"]["smollm2"], host.url)
     if paces is None:
         raise RuntimeError(f"{host.url} has measured no paces: {rates}")
-    body = {k: v for k, v in _body(0, args.output).items() if k not in ("stream", "stream_options")}
+    streaming = ("stream", "stream_options", "timings_per_token")
+    body = {k: v for k, v in _body(0, args.output).items() if k not in streaming}
     prompt = int(httpx.post(v1 + "/estimate", json=body, timeout=60).json()["prompt_tokens"])
     work = Workload(1, n, prompt, args.output, spread_s=n / args.rate, seed=1)
     return simulate_fleet(work, ServerSide(args.decode_batch, 2 * args.decode_batch), paces, hosts)
@@ -123,6 +129,7 @@ def main() -> None:
             warm(hs, args.output)
             rows = []
             predicted: list[tuple[float, float | None, float | None]] = []
+            ratios: list[list[float | None]] = []  # queue wait p50, TTFT p50, TTFT max, drain, tok/s
             for n in (1, 2, 3):
                 with haproxy(hosts_of([h.url for h in hs[:n]]), Path(tmp)) as proxy:
                     results, wall = offered(proxy.url, args.rate, args.seconds, args.output)
@@ -134,6 +141,7 @@ def main() -> None:
                 done = [o for o in sim.outcomes if o.status == "completed"]
                 p_ttft = [t for o in done if (t := o.ttft) is not None]
                 predicted.append((len(done) * args.output / sim.drain_s, rank(p_ttft, 0.5), rank(p_ttft, 0.99)))
+                ratios.append(_ratios(ok, ttfts, wall, done, p_ttft, sim.drain_s, rows[-1][4] / predicted[-1][0]))
         finally:
             for h in hs:
                 h.stop()
@@ -141,9 +149,26 @@ def main() -> None:
           f"{args.decode_batch} per host, queue cap {2 * args.decode_batch}")
     print(f"{'hosts':>5} {'requests':>8} {'done':>5} {'503':>4} {'tok/s':>7} {'TTFT p50':>9} {'TTFT p99':>9}"
           f"   | gmlx plan --hosts: {'tok/s':>7} {'TTFT p50':>9} {'TTFT p99':>9}  measured/predicted tok/s")
-    for (n, reqs, done, refused, tok_s, p50, p99), (p_tok, p_p50, p_p99) in zip(rows, predicted, strict=True):
-        print(f"{n:>5} {reqs:>8} {done:>5} {refused:>4} {tok_s:>7.1f} {_s(p50):>9} {_s(p99):>9}"
+    for (n, reqs, completed, refused, tok_s, p50, p99), (p_tok, p_p50, p_p99) in zip(rows, predicted, strict=True):
+        print(f"{n:>5} {reqs:>8} {completed:>5} {refused:>4} {tok_s:>7.1f} {_s(p50):>9} {_s(p99):>9}"
               f"   | {'':18s} {p_tok:>7.1f} {_s(p_p50):>9} {_s(p_p99):>9}  {tok_s / p_tok:.2f}x")
+    print(f"measured/predicted {'queue wait p50':>15} {'TTFT p50':>9} {'TTFT max':>9} {'drain':>6} {'tok/s':>6}")
+    for n, figures in zip((1, 2, 3), ratios, strict=True):
+        cells = " ".join(f"{'-' if r is None else f'{r:.2f}x':>{w}}" for r, w in zip(figures, (15, 9, 9, 6, 6),
+                                                                                       strict=True))
+        print(f"{n:>5} hosts{'':12s} {cells}")
+
+
+def _ratios(ok: list[Result], ttfts: list[float], wall: float, done: list[Outcome], p_ttft: list[float],
+            p_drain: float, tok_s: float) -> list[float | None]:
+    """Measured over predicted: queue wait p50, TTFT p50, TTFT max, drain, tok/s (None where the plan says 0)."""
+    def over(m: float | None, p: float | None) -> float | None:
+        return m / p if m is not None and p else None
+
+    waits = [max(0.0, r.ttft_s - r.prompt_s) for r in ok if r.ttft_s is not None]
+    p_waits = [o.queue_wait or 0.0 for o in done]
+    return [over(rank(waits, 0.5), rank(p_waits, 0.5)), over(rank(ttfts, 0.5), rank(p_ttft, 0.5)),
+            over(max(ttfts, default=None), max(p_ttft, default=None)), over(wall, p_drain), tok_s]
 
 
 def _s(v: float | None) -> str:
