@@ -28,7 +28,7 @@ from gmlx_server.generation_params import GenerationParams
 from gmlx_server.serving.addressing import Settings, resolve_address, resolve_settings
 from gmlx_server.serving.admission import paces_of
 from gmlx_server.serving.cache_stats import disk_peek
-from gmlx_server.serving.generation import check_message_count, render_chat, tokenize, tool_plan
+from gmlx_server.serving.generation import check_message_count, fit_tools, render_chat, tool_plan
 from gmlx_server.serving.hf_policy import local_entry
 from gmlx_server.serving.image_fetch import ImagePolicy
 from gmlx_server.serving.model_host import ModelHost
@@ -83,14 +83,21 @@ class Rendering:
     plan: ToolPlan | None
     inp: GenerationParams
     images: PromptImages | None
+    tool_share: float  # the model's tool_prompt_budget: past it the tools render compactly, as a generation's do
+
+    def fit(self) -> tuple[str, list[int], ToolPlan | None]:
+        t = self.tools
+        return fit_tools(self.inp, self.settings, t.template, t.tokenizer, self.model_id, t.context_length, self.plan,
+                         self.images, self.tool_share)
 
     def render(self) -> str:
-        return render_chat(self.inp, self.settings, self.tools.template, self.plan)
+        """The prompt text, images still placeholders; the tools as a generation renders them (maybe compactly)."""
+        plan = self.fit()[2] if self.plan is not None else None
+        return render_chat(self.inp, self.settings, self.tools.template, plan)
 
     def tokenize(self) -> tuple[str, list[int]]:
-        t = self.tools
-        return tokenize(self.inp, self.settings, t.template, t.tokenizer, self.model_id, t.context_length, self.plan,
-                        self.images)
+        text, ids, _ = self.fit()
+        return text, ids
 
 
 # The wave replay steps through every prompt's prefill chunks on the event loop: a plan that cannot run, or one
@@ -136,7 +143,8 @@ class Estimator:
         settings = resolve_settings(addr, tools.family, host.catalog)
         plan = tool_plan(host, addr.model_id, inp, tools.template)  # the tools' prompt, as a generation has it
         inp, images = await prompt_images(inp, tools.vision, addr.model_id, ImagePolicy.of(host.config.server))
-        return Rendering(addr.model_id, tools, engine, settings, plan, inp, images)
+        return Rendering(addr.model_id, tools, engine, settings, plan, inp, images,
+                         host.entry(addr.model_id).tool_prompt_budget)
 
     async def estimate(self, inp: GenerationParams) -> dict[str, Any]:
         host = self.host
