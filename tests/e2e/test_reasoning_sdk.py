@@ -161,6 +161,8 @@ def test_anthropic_budget_and_max_tokens(claude: anthropic.Anthropic) -> None:
     assert msg.content[0].thinking == "The user"  # type: ignore[union-attr]
     cut = claude.messages.create(model="think", max_tokens=4, messages=ASK)
     assert cut.stop_reason == "max_tokens" and [b.type for b in cut.content] == ["thinking"]
+    off = claude.messages.create(model="think", max_tokens=40, messages=ASK, thinking={"type": "disabled"})
+    assert [(b.type, getattr(b, "text", None)) for b in off.content] == [("text", ANSWER)]
 
 
 def test_claude_code_replay_with_signed_thinking_stays_cache_warm(claude: anthropic.Anthropic) -> None:
