@@ -71,10 +71,22 @@ def replay_with(stats: EngineStats, rates: ModelRates | None, new: Sequence[tupl
     return replay(backlog_of(stats, rates, rows), _server(stats), paces_of(stats, rates))
 
 
-def ttft_s(stats: EngineStats, rates: ModelRates | None, prompt: int, warm: int, max_tokens: int) -> float:
-    """When a request sent now gets its first token: the queue ahead of it, then its warm tokens restored and
-    its cold ones prefilled at their depth, between the running rows' decode steps."""
-    return replay_with(stats, rates, [(prompt, warm, max_tokens)]).first_token_s[-1]
+def disk_extra_s(rates: ModelRates | None, warm: int) -> float:
+    """What reading `warm` tokens from the disk tier adds to restoring them from RAM (the replay's pace for every
+    restore); 0 before a disk restore was timed."""
+    disk = rates.disk_restore_tok_s_recent if rates is not None else None
+    if not disk or warm <= 0:
+        return 0.0
+    ram = rates.restore_tok_s_recent if rates is not None else None
+    return warm / disk - (warm / ram if ram else 0.0)
+
+
+def ttft_s(stats: EngineStats, rates: ModelRates | None, prompt: int, warm: int, max_tokens: int,
+           disk: bool = False) -> float:
+    """When a request sent now gets its first token: the queue ahead of it, then its warm tokens restored (read
+    from the disk tier when `disk`) and its cold ones prefilled at their depth, between the running rows' steps."""
+    first = replay_with(stats, rates, [(prompt, warm, max_tokens)]).first_token_s[-1]
+    return first + (disk_extra_s(rates, min(warm, prompt - 1)) if disk else 0.0)
 
 
 class Admission:
@@ -84,8 +96,10 @@ class Admission:
     def eta_s(self, model_id: str, stats: EngineStats) -> float:
         return drain_eta_s(stats, self.telemetry.models.get(model_id))
 
-    def ttft_s(self, model_id: str, stats: EngineStats, prompt: int, warm: int, max_tokens: int | None) -> float:
-        return ttft_s(stats, self.telemetry.models.get(model_id), prompt, warm, max_tokens or FALLBACK_OUTPUT_TOKENS)
+    def ttft_s(self, model_id: str, stats: EngineStats, prompt: int, warm: int, max_tokens: int | None,
+               disk: bool = False) -> float:
+        return ttft_s(stats, self.telemetry.models.get(model_id), prompt, warm, max_tokens or FALLBACK_OUTPUT_TOKENS,
+                      disk)
 
     def wave(self, model_id: str, stats: EngineStats, width: int, depth: int) -> Replay:
         """`width` cold requests of `depth` prompt tokens sent now, behind what runs and waits."""

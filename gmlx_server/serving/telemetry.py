@@ -49,6 +49,7 @@ class ModelRates:
     # (tokens, seconds) per request: its computed prompt tokens, and apart from them its restored ones
     recent_prefill: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=RECENT))
     recent_restore: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=RECENT))
+    recent_disk_restore: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=RECENT))
     spans: deque[Span] = field(default_factory=lambda: deque(maxlen=PACE_SPANS))
     recent_decode: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))
     recent_generated: deque[int] = field(default_factory=lambda: deque(maxlen=RECENT))
@@ -79,6 +80,11 @@ class ModelRates:
     def restore_tok_s_recent(self) -> float | None:
         """Prompt tokens restored from the prompt cache over the seconds the restores took."""
         return self._pace(self.recent_restore)
+
+    @property
+    def disk_restore_tok_s_recent(self) -> float | None:
+        """Prompt tokens restored from the disk tier over the seconds those restores took (a file read each)."""
+        return self._pace(self.recent_disk_restore)
 
     @property
     def prefill_pace(self) -> PrefillPace | None:
@@ -155,8 +161,9 @@ class Telemetry:
         if t.computed_s > 0:
             m.recent_prefill.append((t.computed_tokens, t.computed_s))
             m.spans.extend(t.spans)
-        if t.cached_tokens and t.restore_s > 0 and t.cache_tier != "disk":  # a disk read has its own pace
-            m.recent_restore.append((t.cached_tokens, t.restore_s))
+        if t.cached_tokens and t.restore_s > 0:  # a disk read has its own pace
+            (m.recent_disk_restore if t.cache_tier == "disk" else m.recent_restore).append((t.cached_tokens,
+                                                                                            t.restore_s))
 
     def track(self, model_id: str, handle: RequestHandle,
               also: Callable[[TokenEvent], None] | None = None) -> RequestHandle:

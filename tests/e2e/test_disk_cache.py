@@ -15,6 +15,7 @@ import httpx
 import mlx.core as mx
 import pytest
 
+from gmlx_plan.pace import PrefillPace
 from tests.conftest import smollm2_path
 from tests.e2e.server import LiveServer, anthropic_client, gmlx_serve, openai_client
 from tests.e2e.test_prompt_cache import SYSTEM
@@ -103,9 +104,23 @@ def test_a_session_survives_another_process_a_restart_an_unload_and_a_reload(
         assert _turn(restarted, second_turn) == (cold, "disk")
         stats = _settled(restarted)["models"]["smollm2"]
         assert stats["hits"]["disk"] == 1 and stats["disk"]["restored_tokens"] == est["warm_tokens"]
+        _assert_a_disk_hit_is_estimated_at_the_disk_pace(restarted, second_turn)
         assert _post(restarted, "/unload", {"model": "smollm2"})["status"] == "ok"
         assert _turn(restarted, second_turn) == (cold, "disk")  # unloaded, RAM gone: the disk still has it
     _assert_reload_restores(a, cfg, second_turn, cold)
+
+
+def _assert_a_disk_hit_is_estimated_at_the_disk_pace(s: LiveServer, turn: list[dict[str, str]]) -> None:
+    """The disk read was timed apart from RAM restores; with RAM emptied, the estimate is that read, then the
+    cold tail at the prefill pace (an idle server: no queue ahead)."""
+    paces = httpx.get(s.v1 + "/metrics", timeout=10).json()["server"]["rates"]["by_model"]["smollm2"]
+    assert paces["disk_restore_tok_s"] and paces["restore_tok_s"] is None  # no RAM hit yet: nothing timed there
+    _post(s, "/v1/cache/reset", {"tier": "ram"})
+    est = _post(s, "/v1/estimate", {"model": "smollm2", "messages": turn})
+    prompt, warm = est["prompt_tokens"], min(est["warm_tokens"], est["prompt_tokens"] - 1)
+    cold = PrefillPace(paces["prefill_s_per_token"], paces["prefill_s_per_token_per_depth"]).seconds(warm, prompt)
+    assert est["cache_tier"] == "disk" and warm > 500
+    assert est["est_ttft_s"] == pytest.approx(warm / paces["disk_restore_tok_s"] + cold, abs=0.003), (est, paces)
 
 
 def _assert_reload_restores(s: LiveServer, cfg: Path, turn: list[dict[str, str]], cold: str) -> None:

@@ -210,6 +210,21 @@ def test_a_cache_hit_leaves_the_prefill_pace_alone_and_measures_the_restore() ->
     assert hit.prefill_tok_s == pytest.approx(500.0)  # what the response's timings report: 1 token in 2 ms
 
 
+def test_a_disk_hit_is_timed_apart_and_estimated_at_its_own_pace() -> None:
+    """A disk tier read is slower than a RAM copy: it has its own pace, and a disk hit's warm tokens take it."""
+    tel = Telemetry()
+    for tier, seconds in (("block", 0.01), ("disk", 0.5)):
+        hit = Timings(600, 2, 0.03, 0.1, 0.03, cached_tokens=500, spans=((500, 600, 0.2),), restore_s=seconds,
+                      cache_tier=tier)
+        tel.record_final("m", TokenEvent("", None, finish_reason="stop", timings=hit), 0.0)
+    m = tel.models["m"]
+    assert m.restore_tok_s_recent == pytest.approx(500 / 0.01) and m.disk_restore_tok_s_recent == pytest.approx(1000)
+    idle = EngineStats(2, 0, 0, (), {1: 0.5})
+    ram = ttft_s(idle, m, 600, 500, 16)
+    assert ttft_s(idle, m, 600, 500, 16, disk=True) == pytest.approx(ram + 500 / 1000 - 500 / 50_000)
+    assert ttft_s(idle, _rates(100.0), 600, 500, 16, disk=True) == ttft_s(idle, _rates(100.0), 600, 500, 16)
+
+
 def test_tracked_handle_records_the_final_event_once() -> None:
     tel = Telemetry()
     h = SlotHandle("x")
