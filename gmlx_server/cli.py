@@ -16,6 +16,7 @@ from gmlx_top.cli import add_top_parser
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gmlx", description="Local GGUF models on MLX, served and planned.")
+    parser.set_defaults(func=None, skip_native_teardown=False)  # a command's parser sets its own
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_serve_parser(sub)
     add_run_parser(sub)
@@ -49,11 +50,11 @@ def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespac
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parse(parser, list(sys.argv[1:] if argv is None else argv))
-    if not getattr(args, "func", None):
+    if args.func is None:
         parser.print_help()
         return 2
     rc = int(args.func(args))
-    if getattr(args, "skip_native_teardown", False):
+    if args.skip_native_teardown:
         _exit_without_teardown(rc)
     return rc
 

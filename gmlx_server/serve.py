@@ -86,7 +86,7 @@ def _describe(config: ServerConfig, model_arg: str | None) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    level = getattr(logging, str(args.log_level).upper(), logging.INFO)
+    level = logging.getLevelNamesMapping().get(str(args.log_level).upper(), logging.INFO)
     try:
         config, tls = _config(args), _tls(args)
     except ConfigError as e:

@@ -9,13 +9,16 @@ import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gmlx_server.assistants.link import McpLink, ToolFailure
 from gmlx_server.assistants.tool_metrics import ToolMetrics
 from gmlx_server.config import ConfigError
 from gmlx_server.config.assistant_entries import Assistant
 from gmlx_server.protocol.shared import tool_function
+
+if TYPE_CHECKING:
+    from mcp.types import CallToolResult, ContentBlock
 
 
 @dataclass(frozen=True)
@@ -50,22 +53,28 @@ def cut(text: str, limit: int) -> str:
     return f"{text[:limit]}\n[gmlx: result cut to {limit} of {len(text)} characters]"
 
 
-def result_text(result: Any) -> str:
+def result_text(result: CallToolResult) -> str:
     """A CallToolResult's content as text: text blocks as they are, other blocks named, else the structure."""
-    parts: list[str] = []
-    for block in result.content:
-        kind = getattr(block, "type", "")
-        if kind == "text":
-            parts.append(block.text)
-        elif kind == "resource" and isinstance(getattr(block.resource, "text", None), str):
-            parts.append(block.resource.text)
-        elif kind == "resource_link":
-            parts.append(f"[resource: {block.uri}]")
-        else:
-            parts.append(f"[{kind or 'unknown'} content ({getattr(block, 'mime_type', None) or 'no type'}) not shown]")
+    parts = [_block_text(block) for block in result.content]
     if not parts and result.structured_content is not None:
         parts.append(json.dumps(result.structured_content, ensure_ascii=False))
     return "\n".join(parts)
+
+
+def _block_text(block: ContentBlock) -> str:
+    from mcp import types  # the SDK loads when an assistant is configured
+
+    if isinstance(block, types.TextContent):
+        return block.text
+    if isinstance(block, types.ResourceLink):
+        return f"[resource: {block.uri}]"
+    if isinstance(block, types.EmbeddedResource):
+        if isinstance(block.resource, types.TextResourceContents):
+            return block.resource.text
+        mime = block.resource.mime_type
+    else:  # ImageContent, AudioContent
+        mime = block.mime_type
+    return f"[{block.type} content ({mime or 'no type'}) not shown]"
 
 
 class Toolbox:

@@ -50,12 +50,14 @@ class MlxTranscriber(Transcriber):
         from mlx_audio.stt.models.whisper.tokenizer import LANGUAGES
         from mlx_audio.utils import apply_quantization, load_weights
 
+        from gmlx_server.engine.mlx_adapter import dtype_named
+
         config = read_config(path)
         dtype, quantize = dtype_for(compute_type, mx.default_device() == mx.gpu)
         if quantize and (config.get("quantization") or config.get("quantization_config")):
             raise ValueError(f"services.stt.compute_type {compute_type!r} asks to quantize {path}, which is "
                              "quantized already; use auto, float32 or float16")
-        model: Any = whisper.Model(whisper.ModelDimensions.from_dict(config), getattr(mx, dtype))
+        model: Any = whisper.Model(whisper.ModelDimensions.from_dict(config), dtype_named(dtype))
         weights = model.sanitize(load_weights(path))
         apply_quantization(model, config, weights)
         model.load_weights(list(weights.items()), strict=True)  # a missing weight fails the load, never random

@@ -261,9 +261,9 @@ def _yaml(source: str, text: str) -> Any:
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(source, where, f"invalid YAML: {getattr(e, 'problem', None) or e}") from None
+        mark = e.problem_mark if isinstance(e, yaml.MarkedYAMLError) else None
+        problem = e.problem if isinstance(e, yaml.MarkedYAMLError) else None
+        raise ConfigError(source, f"line {mark.line + 1}" if mark else "", f"invalid YAML: {problem or e}") from None
 
 
 def parse(source: str, text: str, hf_cache: Path | None = None) -> ServerConfig:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,6 +11,7 @@ from gmlx_plan.families import GEMMA, LLAMA, QWEN
 from gmlx_plan.geometry import DEFAULT_CONTEXT, GEMMA3_PATTERN, GEMMA3_WINDOW, head_dims
 from gmlx_plan.geometry import vocab_size as vocab_size
 from gmlx_plan.gguf_header import GGUFHeader
+from gmlx_server.engine.vlm_adapter import config_class, language_model_class, own_caches
 
 
 class UnsupportedArchitecture(ValueError):
@@ -54,12 +54,10 @@ class ArchSpec:
     norm_offset: float = 0.0
 
     def model_class(self) -> Any:
-        return importlib.import_module(f"mlx_vlm.models.{self.module}.language").LanguageModel
+        return language_model_class(self.module)
 
     def make_config(self, params: dict[str, Any]) -> Any:
-        mod = importlib.import_module(f"mlx_vlm.models.{self.module}.config")
-        cls = mod.TextConfig if hasattr(mod, "TextConfig") else mod.ModelConfig
-        return cls.from_dict(params)
+        return config_class(self.module).from_dict(params)
 
     def hf_name(self, gguf_name: str) -> str | None:
         """HF parameter name for a GGUF tensor, or None for tensors the class has no slot for."""
@@ -154,8 +152,9 @@ def arch_spec(header: GGUFHeader) -> ArchSpec:
 
 def make_cache(model: Any) -> list[Any]:
     """The model's own per-layer caches; qwen2/qwen3's text classes have no make_cache: plain KV caches."""
-    if hasattr(model, "make_cache"):
-        return list(model.make_cache())
+    own = own_caches(model)
+    if own is not None:
+        return own
     from mlx_vlm.models.cache import KVCache  # imported here: arch.py is read at boot without MLX
 
     return [KVCache() for _ in model.layers]

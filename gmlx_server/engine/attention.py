@@ -10,18 +10,17 @@ KV cache (engine/kv_quant.py) goes to kvarn_attention on any device.
 
 from __future__ import annotations
 
-import importlib
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 
+from gmlx_server.engine import vlm_adapter
 from gmlx_server.engine.kernels import fast_ops
 from gmlx_server.engine.kv_quant import is_kvarn, kvarn_attention
 
 _LOG2E = math.log2(math.e)
-_ORIGINAL = "_gmlx_original_sdpa"  # where the module's own function is kept while ours is installed
-_CPU = "_gmlx_cpu"  # whether the installed function takes plain fp32 attention on the CPU
 FEW_ROWS = 8  # up to this many queries (decode, speculative verification) one kernel call beats a dozen ops
 FLASH_WIDTH = 16  # beyond FEW_ROWS the kernels' blockwise path takes value rows of a multiple of this width
 
@@ -64,7 +63,8 @@ def _apply_mask(s: mx.array, mask: Any, L: int, S: int) -> mx.array:
 
 def supported(queries: mx.array, keys: Any, cache: Any, mask: Any, sinks: Any) -> bool:
     """fp32 plain arrays with a mask we can place; quantized caches, sinks and other dtypes keep mlx-vlm's path."""
-    if sinks is not None or hasattr(cache, "bits") or not isinstance(keys, mx.array):
+    quantized = vlm_adapter.quantized_cache(cache) or is_kvarn(cache)
+    if sinks is not None or quantized or not isinstance(keys, mx.array):
         return False
     if queries.dtype != mx.float32 or keys.dtype != mx.float32 or queries.shape[1] % keys.shape[1]:
         return False
@@ -75,26 +75,37 @@ def supported(queries: mx.array, keys: Any, cache: Any, mask: Any, sinks: Any) -
     return mask.ndim <= 2 or (mask.ndim == 4 and mask.shape[1] in (1, queries.shape[1]))
 
 
-def _sdpa(original: Any, cpu: bool) -> Any:
-    def scaled_dot_product_attention(queries: mx.array, keys: Any, values: Any, cache: Any, scale: float,
-                                     mask: Any, sinks: Any = None) -> mx.array:
+@dataclass(frozen=True)
+class _RoutedAttention:
+    """A family's attention while gmlx's is installed: the function it replaced, and whether plain fp32
+    attention goes to cpu_attention (the model runs on the CPU device)."""
+
+    original: Any
+    cpu: bool
+
+    def __call__(self, queries: mx.array, keys: Any, values: Any, cache: Any, scale: float, mask: Any,
+                 sinks: Any = None) -> mx.array:
         if is_kvarn(cache) and sinks is None:  # mlx-vlm has no attention over a kvarn cache: ours, on any device
             return kvarn_attention(queries, keys, values, cache, scale, mask)
-        if cpu and supported(queries, keys, cache, mask, sinks):
+        if self.cpu and supported(queries, keys, cache, mask, sinks):
             return cpu_attention(queries, keys, values, scale, mask)
-        return original(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
+        out: mx.array = self.original(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
+        return out
 
-    setattr(scaled_dot_product_attention, _ORIGINAL, original)
-    setattr(scaled_dot_product_attention, _CPU, cpu)
-    return scaled_dot_product_attention
+
+def _routed(module: str) -> tuple[Any, _RoutedAttention | None]:
+    """The family's attention as bound now, and it as ours when it is."""
+    current = vlm_adapter.attention_function(module)
+    if current is None:
+        raise LookupError(f"mlx_vlm.models.{module}.language has no {vlm_adapter.ATTENTION} to route")
+    return current, current if isinstance(current, _RoutedAttention) else None
 
 
 def install_attention(module: str, cpu: bool) -> None:
     """Route mlx_vlm.models.<module>.language's attention through gmlx's: kvarn caches always, and plain
     fp32 ones to cpu_attention when `cpu` (the model runs on the CPU device)."""
-    lang: Any = importlib.import_module(f"mlx_vlm.models.{module}.language")
-    current = lang.scaled_dot_product_attention
-    lang.scaled_dot_product_attention = _sdpa(getattr(current, _ORIGINAL, current), cpu)
+    current, ours = _routed(module)
+    vlm_adapter.set_attention_function(module, _RoutedAttention(ours.original if ours else current, cpu))
 
 
 def install_cpu_attention(module: str, enabled: bool = True) -> None:
@@ -102,11 +113,11 @@ def install_cpu_attention(module: str, enabled: bool = True) -> None:
     if enabled:
         install_attention(module, cpu=True)
         return
-    lang: Any = importlib.import_module(f"mlx_vlm.models.{module}.language")
-    current = lang.scaled_dot_product_attention
-    lang.scaled_dot_product_attention = getattr(current, _ORIGINAL, current)
+    _, ours = _routed(module)
+    if ours is not None:
+        vlm_adapter.set_attention_function(module, ours.original)
 
 
 def cpu_attention_installed(module: str) -> bool:
-    lang = importlib.import_module(f"mlx_vlm.models.{module}.language")
-    return bool(getattr(lang.scaled_dot_product_attention, _CPU, False))
+    _, ours = _routed(module)
+    return ours is not None and ours.cpu

@@ -20,15 +20,16 @@ from typing import Any
 from mlx_vlm.models.cache import BatchRotatingKVCache, RotatingKVCache
 
 from gmlx_server.engine.kv_quant import is_kvarn
+from gmlx_server.engine.vlm_adapter import batch_columns, trimmable
 
 
 def _held(c: Any) -> int:
     """Tokens the cache can give back: one stream's offset, or the batch forms' shared column count."""
     if isinstance(c, BatchRotatingKVCache):
         return int(c._offset)
-    idx = getattr(c, "_idx", None)
-    if idx is not None and not isinstance(c, RotatingKVCache):
-        return int(idx)  # BatchKVCache, BatchQuantizedKVCache: per-row offsets, one column count
+    columns = batch_columns(c)
+    if columns is not None:
+        return columns  # BatchKVCache, BatchQuantizedKVCache: per-row offsets, one column count
     if is_kvarn(c):
         return int(c.size_held)
     return int(c.offset)
@@ -52,8 +53,7 @@ def _can_trim(c: Any, n: int) -> bool:
         return False
     if is_kvarn(c):
         return bool(c.can_trim(n))
-    trimmable = getattr(c, "is_trimmable", None)
-    return trimmable is not None and hasattr(c, "trim") and bool(trimmable())
+    return trimmable(c)
 
 
 def can_trim(caches: Sequence[Any], n: int) -> bool:

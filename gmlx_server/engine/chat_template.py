@@ -252,8 +252,6 @@ def _plain(value: Any) -> Any:
     for kind in (bool, str, int, float):
         if isinstance(value, kind):
             return kind(value)
-    if callable(getattr(value, "model_dump", None)):
-        return _plain(value.model_dump())
     return f"<{type(value).__name__}>"
 
 

@@ -87,7 +87,7 @@ def _mlx_shape(info: TensorInfo) -> tuple[int, ...]:
 def _raw_bytes(mm: npt.NDArray[np.uint8], info: TensorInfo) -> U8:
     end = info.offset + info.nbytes
     if info.offset < 0 or end > mm.size:
-        source = getattr(mm, "filename", None) or "<buffer>"
+        source = str(mm.filename) if isinstance(mm, np.memmap) and mm.filename else "<buffer>"
         raise GGUFFormatError(source, f"truncated: tensor {info.name} needs bytes up to {end}, "
                                       f"the file has {mm.size}")
     return np.asarray(mm[info.offset:end])

@@ -14,6 +14,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from gmlx_server.engine.vlm_adapter import final_norm, set_final_norm
+
 
 class _LastRow(nn.Module):
     def __init__(self, norm: nn.Module) -> None:
@@ -31,13 +33,12 @@ def last_row_only(model: Any) -> Iterator[None]:
     MLX builds the graph at call time, so restoring the norm right after the call is safe; a model without
     `model.norm` is called unchanged.
     """
-    inner = getattr(model, "model", None)
-    norm = getattr(inner, "norm", None)
+    norm = final_norm(model)
     if not isinstance(norm, nn.Module):
         yield
         return
-    inner.norm = _LastRow(norm)  # type: ignore[union-attr]
+    set_final_norm(model, _LastRow(norm))
     try:
         yield
     finally:
-        inner.norm = norm  # type: ignore[union-attr]
+        set_final_norm(model, norm)

@@ -9,7 +9,6 @@ load gate learns its weights when it first loads.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import time
 from dataclasses import replace
@@ -32,6 +31,7 @@ from gmlx_server.engine.vision.dir_vision import dir_tower_modules, projector_fr
 from gmlx_server.engine.vision.prefill import VisionRuntime
 from gmlx_server.engine.vision.processor import ImageProcessor
 from gmlx_server.engine.vision.tower import VisionTower
+from gmlx_server.engine.vlm_adapter import attention_function, family_module_of, text_model_of
 
 log = logging.getLogger("gmlx.engine")
 
@@ -43,11 +43,11 @@ def load_model_dir(path: str | Path, model_id: str | None = None, max_kv_size: i
     start, d = time.perf_counter(), Path(path)
     config = read_json(d / "config.json")
     model = load_model(d)
-    text = getattr(model, "language_model", model)
+    text = text_model_of(model)
     kind = str(config["model_type"])
     family = family_of(kind).name
-    module = getattr(type(text), "__module__", "").rsplit(".", 1)[0].removeprefix("mlx_vlm.models.")
-    if hasattr(importlib.import_module(f"mlx_vlm.models.{module}.language"), "scaled_dot_product_attention"):
+    module = family_module_of(text)
+    if attention_function(module) is not None:
         install_attention(module, cpu=mx.default_device() != mx.gpu)  # gmlx's CPU attention, as for a GGUF
     tokenizer = DirTokenizer(d)
     info = _info(d, config, model, text, model_id, max_kv_size, family)

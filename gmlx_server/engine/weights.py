@@ -11,6 +11,8 @@ from gmlx_server.engine.arch import ArchSpec
 from gmlx_server.engine.gguf_tensors import ConvertedTensor
 from gmlx_server.engine.kernels import probe
 from gmlx_server.engine.kernels.modules import GGUFEmbedding, GGUFLinear
+from gmlx_server.engine.mlx_adapter import module_at, replace_module
+from gmlx_server.engine.vlm_adapter import has_head, rope_dims
 
 
 def install_weights(model: Any, spec: ArchSpec, tensors: dict[str, ConvertedTensor]) -> None:
@@ -34,7 +36,7 @@ def install_weights(model: Any, spec: ArchSpec, tensors: dict[str, ConvertedTens
             quant[base] = (t.group_size, t.bits)
         if t.native_type is not None:
             natives[base] = t.native_type
-    if "lm_head.weight" not in weights and hasattr(model, "lm_head"):
+    if "lm_head.weight" not in weights and has_head(model):
         _tie_head(weights, quant, natives)  # the class has a head slot but the file shares the embedding
     if natives:
         _use_native_modules(model, natives)
@@ -64,7 +66,7 @@ def _fold_norm_offsets(model: nn.Module) -> None:
     norms = [(p, m) for p, m in model.named_modules()
              if p.endswith("norm") and type(m).__name__ == "RMSNorm" and type(m) is not nn.RMSNorm]
     for path, m in norms:
-        _set_module(model, path, _FoldedRMSNorm(1.0 + m.weight, m.eps))
+        replace_module(model, path, _FoldedRMSNorm(1.0 + m.weight, m.eps))
 
 
 def _qparams(quant: dict[str, tuple[int, int]], path: str) -> dict[str, int] | bool:
@@ -95,7 +97,7 @@ def _use_native_modules(model: nn.Module, natives: dict[str, int]) -> None:
         out_dims, in_dims = m.weight.shape
         new = (GGUFEmbedding(ext, qtype, out_dims, in_dims) if isinstance(m, nn.Embedding)
                else GGUFLinear(ext, qtype, in_dims, out_dims, bias="bias" in m))
-        _set_module(model, path, new)
+        replace_module(model, path, new)
 
 
 class _FreqRoPE(nn.Module):
@@ -116,7 +118,7 @@ def _apply_rope_freqs(model: Any, factors: mx.array) -> None:
     args = model.args
     for layer in model.model.layers:
         attn = layer.self_attn
-        dims = attn.rope.dims if hasattr(attn.rope, "dims") else factors.shape[0] * 2
+        dims = rope_dims(attn.rope, factors.shape[0] * 2)
         attn.rope = _FreqRoPE(dims, args.rope_theta, factors, args.rope_traditional)
 
 
@@ -157,30 +159,18 @@ def transpose_dense_linears(model: nn.Module) -> int:
     paths = [path for path, m in model.named_modules() if type(m) in (nn.Linear, nn.Embedding)]
     uses: dict[int, int] = {}
     for path in paths:
-        w = _get_module(model, path).weight
+        w = module_at(model, path).weight
         uses[id(w)] = uses.get(id(w), 0) + 1
     del w
     shared: dict[int, tuple[mx.array, mx.array]] = {}  # a tied original (kept alive, so its id stays its) -> T
     for path in paths:
-        m = _get_module(model, path)
+        m = module_at(model, path)
         w = m.weight
         if uses[id(w)] > 1 and id(w) not in shared:
             shared[id(w)] = (w, mx.contiguous(w.T))
         wt = shared[id(w)][1] if id(w) in shared else mx.contiguous(w.T)
         new = TransposedEmbedding(wt) if isinstance(m, nn.Embedding) else TransposedLinear(wt, m.get("bias"))
         mx.eval(new.parameters())
-        _set_module(model, path, new)
+        replace_module(model, path, new)
         del m, w, wt, new
     return len(paths)
-
-
-def _get_module(root: nn.Module, path: str) -> Any:
-    node: Any = root
-    for p in path.split("."):
-        node = node[int(p)] if p.isdigit() else getattr(node, p)
-    return node
-
-
-def _set_module(root: nn.Module, path: str, new: nn.Module) -> None:
-    parent, _, name = path.rpartition(".")
-    setattr(_get_module(root, parent) if parent else root, name, new)

@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import yaml
+from mcp import types
 
 from gmlx_server.assistants import Assistants
 from gmlx_server.assistants.toolbox import cut, failure_content, result_text
@@ -51,9 +51,12 @@ def test_a_server_that_cannot_start_or_be_reached_is_named(tmp_path: Path) -> No
 def test_results_are_cut_and_failures_typed() -> None:
     assert cut("abcdef", 10) == "abcdef"
     assert cut("abcdef", 4) == "abcd\n[gmlx: result cut to 4 of 6 characters]"
-    text = SimpleNamespace(type="text", text="hello")
-    image = SimpleNamespace(type="image", mime_type="image/png")
-    assert result_text(SimpleNamespace(content=[text, image], structured_content=None)) == (
-        "hello\n[image content (image/png) not shown]")
-    assert result_text(SimpleNamespace(content=[], structured_content={"a": 1})) == '{"a": 1}'
+    text, image = types.TextContent(text="hello"), types.ImageContent(data="", mime_type="image/png")
+    link = types.ResourceLink(name="r", uri="file:///r")
+    doc = types.EmbeddedResource(resource=types.TextResourceContents(uri="file:///d", text="body"))
+    blob = types.EmbeddedResource(resource=types.BlobResourceContents(uri="file:///b", blob=""))
+    assert result_text(types.CallToolResult(content=[text, image, link, doc, blob])) == (
+        "hello\n[image content (image/png) not shown]\n[resource: file:///r]\nbody\n"
+        "[resource content (no type) not shown]")
+    assert result_text(types.CallToolResult(content=[], structured_content={"a": 1})) == '{"a": 1}'
     assert failure_content("tool_timeout", "late") == '{"error": {"type": "tool_timeout", "message": "late"}}'

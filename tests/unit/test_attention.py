@@ -62,13 +62,14 @@ def test_matches_sdpa_batched_left_padding_and_head_masks() -> None:
 
 
 def test_unsupported_inputs_keep_mlx_vlm_path() -> None:
+    from mlx_vlm.models.cache import BatchQuantizedKVCache, QuantizedKVCache
+
+    from gmlx_server.engine.kv_quant import KVarnCache
+
     q, k, _ = _qkv(1, 9, 3, 4, 10, 64)
-
-    class Quantized:
-        bits = 8
-
     assert not supported(q, k, None, None, mx.zeros((9,)))  # sinks
-    assert not supported(q, k, Quantized(), None, None)
+    for quantized in (QuantizedKVCache(), BatchQuantizedKVCache([0]), KVarnCache(4, 4, 32, 8)):
+        assert not supported(q, k, quantized, None, None)
     assert not supported(q.astype(mx.float16), k.astype(mx.float16), None, None, None)
     assert not supported(q, k, None, mx.ones((1, 4, 10), mx.bool_), None)  # 3-D: which axis is which?
     assert not supported(q, (k, k, k), None, None, None)

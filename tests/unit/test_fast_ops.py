@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from types import ModuleType
-from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -113,14 +112,16 @@ def test_what_the_primitives_do_not_cover_reaches_mlx(installed: None) -> None:
 
 
 def test_uninstall_restores_mlx(ext: ModuleType) -> None:
+    was = fast_ops.installed()
+    fast_ops.uninstall()
     original = mx.fast.rope
     fast_ops.install(ext)
     fast_ops.install(ext)  # idempotent: one wrapper, not two
-    wrapper: Any = mx.fast.rope
-    assert wrapper._gmlx_original is getattr(original, "_gmlx_original", original)
+    wrapper = mx.fast.rope
+    assert isinstance(wrapper, fast_ops.Routed) and wrapper.original is original
     fast_ops.uninstall()
-    assert not fast_ops.installed()
-    if getattr(original, "_gmlx_original", None) is not None:
+    assert not fast_ops.installed() and mx.fast.rope is original
+    if was:
         fast_ops.install(ext)
 
 

@@ -88,10 +88,11 @@ def test_uninstall_restores_the_activations(ext: ModuleType) -> None:
     was = fast_ops.installed()
     fast_ops.install(ext)
     fast_ops.install(ext)  # idempotent
-    assert hasattr(nn.gelu_approx, "_gmlx_original")
-    assert not hasattr(nn.gelu_approx._gmlx_original, "_gmlx_original")
+    wrapper = nn.gelu_approx
+    assert isinstance(wrapper, fast_ops.Routed) and not isinstance(wrapper.original, fast_ops.Routed)
     fast_ops.uninstall()
     mlp = importlib.import_module("mlx_vlm.models.mlp")
-    assert not hasattr(nn.gelu_approx, "_gmlx_original") and not hasattr(mlp.swiglu, "_gmlx_original")
+    assert nn.gelu_approx is wrapper.original
+    assert not isinstance(nn.gelu_approx, fast_ops.Routed) and not isinstance(mlp.swiglu, fast_ops.Routed)
     if was:
         fast_ops.install(ext)

@@ -50,11 +50,13 @@ def probe() -> KernelStatus:
                                   "`python -m gmlx_server.engine.kernels.build` builds it)")
     import mlx.core as mx
 
+    from gmlx_server.engine.mlx_adapter import mlx_version
+
     try:
         ext = importlib.import_module("gmlx_server.engine.kernels._gguf_kernels")
     except ImportError as e:
         return KernelStatus(None, f"cannot load the extension: {e}")
-    running = str(getattr(mx, "__version__", "?"))
+    running = mlx_version()
     if ext.mlx_version != running:
         return KernelStatus(None, f"built against MLX {ext.mlx_version}, running {running}: rebuild with "
                                   "`python -m gmlx_server.engine.kernels.build`")

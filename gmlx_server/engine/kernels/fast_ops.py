@@ -9,29 +9,37 @@ to MLX's own function, so Metal and other dtypes are untouched.
 
 from __future__ import annotations
 
-import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 import mlx.core as mx
 
-_ORIGINAL = "_gmlx_original"  # the mlx function a wrapper replaced, for uninstall and re-install
-_EXT = "_gmlx_ext"  # the extension an installed wrapper calls
+from gmlx_server.engine import mlx_adapter, vlm_adapter
+
+Fn = Callable[..., Any]
 
 
 def _on_cpu(x: mx.array, stream: Any) -> bool:
     return x.dtype == mx.float32 and stream is None and mx.default_device() == mx.cpu
 
 
-def _rms_norm(ext: ModuleType, original: Any) -> Any:
-    def rms_norm(x: mx.array, weight: mx.array | None, eps: float, *, stream: Any = None) -> mx.array:
-        if _on_cpu(x, stream) and x.ndim >= 1 and (weight is None or weight.shape == (x.shape[-1],)):
-            return ext.rms_norm(x, weight, eps)
-        return original(x, weight, eps, stream=stream)
+@dataclass(frozen=True)
+class Routed:
+    """An installed wrapper: the extension it calls and the function it replaced (restored by uninstall)."""
 
-    setattr(rms_norm, _ORIGINAL, original)
-    setattr(rms_norm, _EXT, ext)
-    return rms_norm
+    ext: ModuleType
+    original: Fn
+
+
+class _RmsNorm(Routed):
+    def __call__(self, x: mx.array, weight: mx.array | None, eps: float, *, stream: Any = None) -> mx.array:
+        if _on_cpu(x, stream) and x.ndim >= 1 and (weight is None or weight.shape == (x.shape[-1],)):
+            out: mx.array = self.ext.rms_norm(x, weight, eps)
+            return out
+        mlx_own: mx.array = self.original(x, weight, eps, stream=stream)
+        return mlx_own
 
 
 def _rope_covered(a: mx.array, dims: int, base: float | None, offset: Any, freqs: mx.array | None) -> bool:
@@ -43,74 +51,88 @@ def _rope_covered(a: mx.array, dims: int, base: float | None, offset: Any, freqs
         offset.size == 1 or offset.shape == (a.shape[0],)))
 
 
-def _rope(ext: ModuleType, original: Any) -> Any:
-    def rope(a: mx.array, dims: int, *, traditional: bool, base: float | None, scale: float, offset: Any,
-             freqs: mx.array | None = None, stream: Any = None) -> mx.array:
+class _Rope(Routed):
+    def __call__(self, a: mx.array, dims: int, *, traditional: bool, base: float | None, scale: float,
+                 offset: Any, freqs: mx.array | None = None, stream: Any = None) -> mx.array:
         if _on_cpu(a, stream) and _rope_covered(a, dims, base, offset, freqs):
             if isinstance(offset, mx.array) and offset.ndim > 1:
                 offset = offset.reshape(-1)
-            return ext.rope(a, dims, traditional=traditional, base=base,
-                            scale=scale, offset=offset, freqs=freqs)
-        return original(a, dims, traditional=traditional, base=base, scale=scale,
-                        offset=offset, freqs=freqs, stream=stream)
+            out: mx.array = self.ext.rope(a, dims, traditional=traditional, base=base,
+                                          scale=scale, offset=offset, freqs=freqs)
+            return out
+        mlx_own: mx.array = self.original(a, dims, traditional=traditional, base=base, scale=scale,
+                                          offset=offset, freqs=freqs, stream=stream)
+        return mlx_own
 
-    setattr(rope, _ORIGINAL, original)
-    return rope
 
-
-def _swiglu(ext: ModuleType, original: Any) -> Any:
-    def swiglu(gate: mx.array, x: mx.array) -> mx.array:
+class _Swiglu(Routed):
+    def __call__(self, gate: mx.array, x: mx.array) -> mx.array:
         if _on_cpu(gate, None) and x.dtype == mx.float32 and x.shape == gate.shape:
-            return ext.gated(gate, x, 0)
-        return original(gate, x)
-
-    setattr(swiglu, _ORIGINAL, original)
-    return swiglu
-
-
-def _gelu_approx(ext: ModuleType, original: Any) -> Any:
-    def gelu_approx(x: mx.array) -> mx.array:
-        return ext.gated(x, None, 1) if _on_cpu(x, None) else original(x)
-
-    setattr(gelu_approx, _ORIGINAL, original)
-    return gelu_approx
+            out: mx.array = self.ext.gated(gate, x, 0)
+            return out
+        mlx_own: mx.array = self.original(gate, x)
+        return mlx_own
 
 
-# Where the gated activations are looked up at call time: mlx-vlm's SwiGLU MLPs bound `swiglu` at import
-# (llama's own MLP and the shared one of qwen2/qwen3); Gemma 3 calls `nn.gelu_approx`.
-_ACTIVATIONS = (("mlx_vlm.models.mlp", "swiglu", _swiglu), ("mlx_vlm.models.llama.language", "swiglu", _swiglu),
-                ("mlx.nn", "gelu_approx", _gelu_approx))
+class _GeluApprox(Routed):
+    def __call__(self, x: mx.array) -> mx.array:
+        out: mx.array = self.ext.gated(x, None, 1) if _on_cpu(x, None) else self.original(x)
+        return out
+
+
+@dataclass(frozen=True)
+class _Site:
+    """One function install replaces: where it lives ("mlx.fast", "mlx.nn" or a module under mlx_vlm.models)."""
+
+    home: str
+    name: str
+    kind: type[Routed]
+
+    def current(self) -> Fn:
+        if self.home == "mlx.fast":
+            return mlx_adapter.fast_function(self.name)
+        if self.home == "mlx.nn":
+            return mlx_adapter.nn_function(self.name)
+        fn = vlm_adapter.models_function(self.home, self.name)
+        if fn is None:
+            raise LookupError(f"mlx_vlm.models.{self.home} has no {self.name}: the installed mlx-vlm moved it")
+        return fn
+
+    def bind(self, fn: Fn) -> None:
+        if self.home == "mlx.fast":
+            mlx_adapter.set_fast_function(self.name, fn)
+        elif self.home == "mlx.nn":
+            mlx_adapter.set_nn_function(self.name, fn)
+        else:
+            vlm_adapter.set_models_function(self.home, self.name, fn)
+
+
+# mlx-vlm's SwiGLU MLPs bound `swiglu` at import (llama's own MLP and the shared one of qwen2/qwen3), so it is
+# rebound where they look it up; Gemma 3 calls `nn.gelu_approx`.
+_SITES = (_Site("mlx.fast", "rms_norm", _RmsNorm), _Site("mlx.fast", "rope", _Rope),
+          _Site("mlp", "swiglu", _Swiglu), _Site("llama.language", "swiglu", _Swiglu),
+          _Site("mlx.nn", "gelu_approx", _GeluApprox))
 
 
 def install(ext: ModuleType) -> None:
     """Route mx.fast.rms_norm/rope and the MLPs' gated activations through the extension (idempotent)."""
-    fast: Any = mx.fast
-    fast.rms_norm = _rms_norm(ext, getattr(fast.rms_norm, _ORIGINAL, fast.rms_norm))
-    fast.rope = _rope(ext, getattr(fast.rope, _ORIGINAL, fast.rope))
-    for module, name, wrap in _ACTIVATIONS:
-        home, current = _activation(module, name)
-        setattr(home, name, wrap(ext, getattr(current, _ORIGINAL, current)))
+    for site in _SITES:
+        current = site.current()
+        site.bind(site.kind(ext, current.original if isinstance(current, Routed) else current))
 
 
 def uninstall() -> None:
-    fast: Any = mx.fast
-    fast.rms_norm = getattr(fast.rms_norm, _ORIGINAL, fast.rms_norm)
-    fast.rope = getattr(fast.rope, _ORIGINAL, fast.rope)
-    for module, name, _ in _ACTIVATIONS:
-        home, current = _activation(module, name)
-        setattr(home, name, getattr(current, _ORIGINAL, current))
-
-
-def _activation(module: str, name: str) -> tuple[Any, Any]:
-    home = importlib.import_module(module)
-    return home, getattr(home, name)
+    for site in _SITES:
+        current = site.current()
+        if isinstance(current, Routed):
+            site.bind(current.original)
 
 
 def installed() -> bool:
-    return hasattr(mx.fast.rms_norm, _ORIGINAL)
+    return isinstance(mlx_adapter.fast_function("rms_norm"), Routed)
 
 
 def active() -> ModuleType | None:
     """The extension while installed: other CPU paths (attention) use its primitives then too."""
-    ext: ModuleType | None = getattr(mx.fast.rms_norm, _EXT, None)
-    return ext
+    current = mlx_adapter.fast_function("rms_norm")
+    return current.ext if isinstance(current, Routed) else None

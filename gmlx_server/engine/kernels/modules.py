@@ -7,6 +7,8 @@ from types import ModuleType
 import mlx.core as mx
 import mlx.nn as nn
 
+from gmlx_server.engine.mlx_adapter import child, set_child
+
 
 class GGUFLinear(nn.Module):
     """y = x @ W^T (+ bias) with W (out, row_bytes) uint8 GGUF blocks of ggml type `qtype`."""
@@ -111,7 +113,7 @@ def fuse_projections(model: nn.Module) -> int:
     parents = [m for _, m in model.named_modules() if any(isinstance(m.get(n), GGUFLinear) for g in GROUPS for n in g)]
     for m in parents:
         for names in GROUPS:
-            mods = [(n, p) for n in names if isinstance(p := getattr(m, n, None), GGUFLinear)]
+            mods = [(n, p) for n in names if isinstance(p := child(m, n), GGUFLinear)]
             for key in {(p.qtype, p.in_dims, "bias" in p) for _, p in mods}:
                 same = [(n, p) for n, p in mods if (p.qtype, p.in_dims, "bias" in p) == key]
                 if len(same) < 2:
@@ -119,6 +121,6 @@ def fuse_projections(model: nn.Module) -> int:
                 group = FusedGGUFLinear([p for _, p in same])
                 mx.eval(group.parameters())  # now, while only this group's parts are live twice
                 for i, (n, _) in enumerate(same):
-                    setattr(m, n, FusedPart(group, i))
+                    set_child(m, n, FusedPart(group, i))
                 fused += 1
     return fused

@@ -18,6 +18,7 @@ import numpy as np
 
 from gmlx_server.engine.types import GenerationRequest
 from gmlx_server.engine.vision.prompt import VIRTUAL_BASE, ImageSlots, VisionPrompt, real_ids
+from gmlx_server.engine.vlm_adapter import body_of
 
 
 @dataclass
@@ -69,8 +70,7 @@ class _Prefill:
         clean = mx.where(ids >= VIRTUAL_BASE, self.vision.image_token_id, ids)
         if not slots:
             return self.model(clean, cache=cache)
-        inner = getattr(self.model, "model", self.model)  # mlx-vlm's Idefics3 text model embeds by itself
-        embeds = inner.embed_tokens(clean)
+        embeds = body_of(self.model).embed_tokens(clean)
         rel, feats = self._merge(slots, start, n)
         if self.runtime.family == "gemma3":
             # Gemma's text model multiplies every input row by sqrt(hidden) (rounded to bf16): undo it for images.
