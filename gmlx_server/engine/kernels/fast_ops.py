@@ -32,6 +32,9 @@ class Routed:
     ext: ModuleType
     original: Fn
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:  # each kind's own signature
+        raise NotImplementedError
+
 
 class _RmsNorm(Routed):
     def __call__(self, x: mx.array, weight: mx.array | None, eps: float, *, stream: Any = None) -> mx.array:
