@@ -62,6 +62,26 @@ def test_gated_matches_float64(ext: ModuleType, kind: int, shape: tuple[int, ...
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6)
 
 
+def test_attention_and_activations_run_on_every_isa(ext: ModuleType) -> None:
+    """Attention and the activations are chosen by cpuid like the matmuls: each table the CPU can run
+    (set_isa) computes them within the same tolerance, the generic one included."""
+    first = ext.isa()
+    rng = np.random.default_rng(3)
+    g, u = (rng.normal(size=(3, 77)) * 6).astype(np.float32), rng.normal(size=(3, 77)).astype(np.float32)
+    try:
+        for isa in ext.isas():
+            ext.set_isa(isa)
+            assert ext.isa() == isa
+            check_sdpa(ext, 1, 3, 3, 4, 30, 64, "bool", seed=1)  # few rows: one row at a time
+            check_sdpa(ext, 2, 1, 4, 40, 300, 80, "causal", seed=2)  # flash, keys split across tasks
+            for kind in (0, 1):
+                want = _act_ref(g.astype(np.float64), kind) * u
+                np.testing.assert_allclose(np.array(ext.gated(mx.array(g), mx.array(u), kind)), want,
+                                           rtol=2e-6, atol=1e-6)
+    finally:
+        ext.set_isa(first)
+
+
 def test_gated_reads_a_fused_projections_column_slices(ext: ModuleType) -> None:
     """A fused gate/up output is one (rows, 2n) array whose halves the MLP takes as strided views."""
     y = mx.random.normal((2, 50, 2 * 72)) * 3

@@ -1,6 +1,13 @@
-// Run-time ISA choice, the worker pool and the matmul driver.
-#include <dlfcn.h>
+// Run-time ISA choice (cpuid, for every kernel: the matmuls and the fp32 attention and activation kernels),
+// the worker pool and the matmul driver. Platform calls are guarded: cpuid on x86-64 only, CPU affinity on
+// Linux only, dlsym where there is a dynamic loader (Linux, macOS).
+#if defined(__linux__)
 #include <sched.h>
+#endif
+#if defined(__unix__) || defined(__APPLE__)
+#include <dlfcn.h>
+#define GK_DLSYM 1
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -17,16 +24,12 @@
 
 #include "formats.h"
 #include "kernels.h"
-
-#if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>
-#define GK_X86 1
-#endif
+#include "simd.h"  // GK_X86, cpu_relax
 
 namespace gk {
 
 const Isa& isa_generic();
-#if defined(GK_X86)
+#if defined(GK_X86_KERNELS)  // CMakeLists.txt compiles isa_avx2/avxvnni/avx512vnni.cpp on x86-64
 const Isa& isa_avx2();
 const Isa& isa_avxvnni();
 const Isa& isa_avx512vnni();
@@ -34,9 +37,11 @@ const Isa& isa_avx512vnni();
 
 namespace {
 
+using base::cpu_relax;
+
 std::vector<const Isa*> supported_isas() {
   std::vector<const Isa*> out;
-#if defined(GK_X86)
+#if defined(GK_X86_KERNELS)  // GCC and Clang's cpuid builtins
   __builtin_cpu_init();
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   // AVX-512 first: its int16 path takes a whole 32-element group per vpdpwssd (Q8_0 ~1.2x, the rest even)
@@ -61,17 +66,11 @@ const Isa& isa() {
   return *p;
 }
 
-inline void cpu_relax() {
-#if defined(GK_X86)
-  _mm_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
 int usable_cores() {
+#if defined(__linux__)  // the cores this process may run on (taskset, cgroups' cpusets)
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+#endif
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
@@ -199,6 +198,8 @@ Pool& pool() {
 
 int64_t row_bytes(int type, int64_t k) { return base::row_bytes(type, k); }
 
+const Isa& active_isa() { return isa(); }
+
 const char* isa_name() { return isa().name; }
 
 std::vector<std::string> isa_names() {
@@ -231,8 +232,12 @@ namespace {
 // null when there is none, e.g. only the mlx-cpu wheel's private reference BLAS.
 using Sgemm = void (*)(int, int, int, int, int, int, float, const float*, int, const float*, int, float, float*, int);
 Sgemm global_sgemm() {
+#if defined(GK_DLSYM)
   static const Sgemm fn = reinterpret_cast<Sgemm>(dlsym(RTLD_DEFAULT, "cblas_sgemm"));
   return fn;
+#else
+  return nullptr;
+#endif
 }
 
 // From this many activation rows on, dequantizing panels of W into sgemm beats the fp32 tiles (which

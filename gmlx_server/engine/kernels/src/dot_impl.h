@@ -10,19 +10,14 @@
 #include "formats.h"
 #include "kernels.h"
 #include "qdot.h"
-
-#if defined(__AVX2__)
-#include <immintrin.h>
-#elif defined(__ARM_NEON)
-#include <arm_neon.h>
-#endif
+#include "simd.h"
 
 namespace gk {
 namespace GK_ISA {
 
 inline i8x32 as_i8(u8x32 v) { return (i8x32)v; }
 
-#if defined(__AVX2__)
+#if defined(GK_AVX2)
 inline __m256i m(u8x32 v) { return (__m256i)v; }
 inline __m256i m(i8x32 v) { return (__m256i)v; }
 
@@ -30,7 +25,7 @@ inline __m256i m(i8x32 v) { return (__m256i)v; }
 inline i32x8 dot_u(u8x32 q, i8x32 y) {
 #if defined(GK_AVXVNNI)
   return (i32x8)_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), m(q), m(y));
-#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#elif defined(GK_AVX512VNNI)
   return (i32x8)_mm256_dpbusd_epi32(_mm256_setzero_si256(), m(q), m(y));
 #else
   // codes < 64 keep maddubs's int16 pair sums (<= 2 * 63 * 127) from saturating
@@ -45,7 +40,7 @@ inline i32x8 dot_s(u8x32 q, i8x32 y) {
   const __m256i sy = _mm256_sign_epi8(m(y), qs);
 #if defined(GK_AVXVNNI)
   return (i32x8)_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), ax, sy);
-#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#elif defined(GK_AVX512VNNI)
   return (i32x8)_mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy);
 #else
   // |q| <= 128 and |y| <= 127: a pair of products stays within int16 (2 * 128 * 127 = 32512)
@@ -53,7 +48,7 @@ inline i32x8 dot_s(u8x32 q, i8x32 y) {
 #endif
 }
 
-#elif defined(__ARM_NEON) && defined(__ARM_FEATURE_DOTPROD)
+#elif defined(GK_NEON_DOT)
 inline i32x8 sdot(i8x32 q, i8x32 y) {
   int8x16_t q0, q1, y0, y1;
   std::memcpy(&q0, &q, 16);
@@ -169,8 +164,6 @@ inline void quantize_row_to(const float* x, int64_t k, Block* out) {
 }
 
 inline void quantize_row(const float* x, int64_t k, XBlock* out) { quantize_row_to<XBlock, 127>(x, k, out); }
-
-inline const Isa table = {GK_ISA_NAME, &rows, &rows_q16, &rows_f, &quantize_row, &quantize_q16, &dequant_row};
 
 }  // namespace GK_ISA
 }  // namespace gk

@@ -1,7 +1,8 @@
 // Attention for many query rows (prefill) in one pass over the keys, 16 at a time, with an online softmax:
 // the scores never exist as a whole, and exp2 is a vector polynomial. MLX's CPU path materializes them and
 // spends ~20 ns an element in its scalar exp, which made prefill attention a third of SmolLM2's 512-token
-// prefill and most of a 3,000-token one.
+// prefill and most of a 3,000-token one. This file splits the work into tasks; the per-row kernel over a
+// key block is vec_kernels.h's block_row, compiled per instruction set and taken from the chosen Isa table.
 #include <cmath>
 #include <algorithm>
 #include <cstring>
@@ -10,61 +11,13 @@
 
 #include "flash.h"
 #include "kernels.h"
-#include "vmath.h"
 
 namespace gk {
 
 namespace {
 
-using namespace vm;
+constexpr int64_t W = kFlashWidth;
 constexpr float kLowest = std::numeric_limits<float>::lowest();
-
-struct RowState {
-  float m, l;  // running max (log2 units) and sum of weights
-};
-
-// Key block [s0, s0 + W) against one query row: scores, mask, online softmax, and the weighted V rows.
-GK_CLONES void block_row(const FlashArgs& a, const float* q, const float* kt, int64_t s0, int64_t limit,
-                         const uint8_t* mrow, RowState& st, float* acc) {
-  const v16* k = reinterpret_cast<const v16*>(kt);
-  v16 c[4] = {};  // four chains: one accumulator would wait on each FMA's latency
-  int64_t d = 0;
-  for (; d + 4 <= a.D; d += 4)
-    for (int u = 0; u < 4; ++u) c[u] += q[d + u] * k[d + u];
-  for (; d < a.D; ++d) c[0] += q[d] * k[d];
-  v16 s = ((c[0] + c[1]) + (c[2] + c[3])) * a.scale;
-  for (int j = a.kind == 0 && s0 + W - 1 <= limit ? W : 0; j < W; ++j) {  // only edge blocks and masks
-    const int64_t key = s0 + j;
-    if (key > limit) {
-      s[j] = kLowest;
-    } else if (a.kind == 1) {
-      if (!reinterpret_cast<const bool*>(mrow)[key * a.ms]) s[j] = kLowest;
-    } else if (a.kind == 2) {
-      s[j] += reinterpret_cast<const float*>(mrow)[key * a.ms] * kLog2e;
-    }
-  }
-  const float m = st.m > hmax(s) ? st.m : hmax(s);
-  const float fix = std::exp2(st.m - m);  // 0 on the first block (st.m is the lowest float)
-  const int64_t last = limit - s0 < W - 1 ? limit - s0 : W - 1;
-  v16 p = exp2v(s - m);
-  for (int64_t j = last + 1; j < W; ++j) p[j] = 0.0f;  // past the row's last key: never a weight
-  st.l = st.l * fix + hsum(p);
-  st.m = m;
-  // four output vectors at a time held in registers across the block's keys (through memory, every FMA
-  // would wait on the previous one's store)
-  v16* out = reinterpret_cast<v16*>(acc);
-  for (int64_t i = 0; i < a.Dv / W; i += 4) {
-    const int64_t n = a.Dv / W - i < 4 ? a.Dv / W - i : 4;
-    v16 o[4];
-    for (int64_t u = 0; u < n; ++u) o[u] = out[i + u] * fix;
-    for (int64_t j = 0; j <= last; ++j) {
-      const float pj = p[j];
-      const v16* vr = reinterpret_cast<const v16*>(a.v + (s0 + j) * a.vs) + i;
-      for (int64_t u = 0; u < n; ++u) o[u] += pj * vr[u];
-    }
-    for (int64_t u = 0; u < n; ++u) out[i + u] = o[u];
-  }
-}
 
 // K rows [s0, s0 + W) as D vectors of W keys (past the end: zeros, masked by the row limits).
 void transpose_keys(const FlashArgs& a, int64_t s0, float* kt) {
@@ -83,6 +36,7 @@ void run_task(const FlashArgs& a, int64_t b, int64_t g, int64_t l0, int64_t l1, 
   const int64_t n = l1 - l0;
   for (int64_t row = 0; row < a.r * n; ++row) st[row] = RowState{kLowest, 0.0f};
   std::memset(acc, 0, sizeof(float) * a.r * n * a.Dv);
+  const auto block_row = active_isa().block_row;  // the key-block kernel of the chosen instruction set
   FlashArgs at = a;
   at.k = a.k + b * a.kb + g * a.kh;
   at.v = a.v + b * a.vb + g * a.vh;

@@ -8,6 +8,7 @@ namespace gk {
 constexpr int64_t kFlashRows = 16;   // from this many query rows, the flash path
 constexpr int64_t kFlashKeys = 256;  // and from this many keys for fewer rows (decode at a long context)
 constexpr int64_t kSplitKeys = 128;  // the fewest keys a task takes when a call's keys are split across tasks
+constexpr int64_t kFlashWidth = 16;  // keys per block: one v16 of scores (simd.h)
 constexpr int64_t kFlashBlock = 64;  // query positions per task (times the heads sharing a KV head): each
                                      // transposed key block serves them all
 
@@ -23,6 +24,25 @@ struct FlashArgs {
   int64_t B, H, Hk, r, L, S, D, Dv;
   float scale;  // in log2 units
   bool causal;
+};
+
+// One query row's online softmax: running max (log2 units) and sum of weights.
+struct RowState {
+  float m, l;
+};
+
+// One query row against keys 0..limit for the few-row path (sdpa.cpp): softmax(scale * q.k + mask) v.
+struct AttendRow {
+  const float* q;
+  const float* k;
+  int64_t ks;
+  const float* v;
+  int64_t vs;
+  int64_t limit, D, Dv;
+  float scale;  // in log2 units
+  const uint8_t* mask;  // bool (kind 1) or float (kind 2) mask row, element stride ms
+  int kind;
+  int64_t ms;
 };
 
 bool flash_fits(int64_t D, int64_t Dv);

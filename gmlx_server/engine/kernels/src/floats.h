@@ -80,7 +80,13 @@ struct DQ8_0 {
 
 // Q4_K / Q5_K: 8 sub-blocks of 32 with 6-bit (scale, min) pairs.
 inline void k_scales(const uint8_t* p, int64_t nb, int bytes, float* a, float* b) {
-  for (int64_t i = 0; i < nb; ++i, p += bytes) k_scale_min_vec(p + 4, f16_at(p), f16_at(p + 2), a + 8 * i, b + 8 * i);
+  for (int64_t i = 0; i < nb; ++i, p += bytes) {
+#if defined(GK_SCALE_MIN_VEC)
+    k_scale_min_vec(p + 4, f16_at(p), f16_at(p + 2), a + 8 * i, b + 8 * i);
+#else
+    k_scale_min(p + 4, f16_at(p), f16_at(p + 2), a + 8 * i, b + 8 * i);
+#endif
+  }
 }
 
 // K-quant 4-bit codes: 32-byte chunk c holds sub-block 2c (low nibbles) and 2c + 1 (high nibbles).
@@ -182,7 +188,7 @@ inline void tile_f(const uint8_t* w, int64_t row_bytes, int64_t nblocks, const f
 
 // Tiles of 4 weight rows x 4 activation rows on AVX-512 (16 accumulators; wider tiles measured slower:
 // register spills, and x reloaded per weight row), 2 x 4 with 16 registers.
-#if defined(__AVX512F__)
+#if defined(GK_AVX512)
 constexpr int kTileW = 4;
 #else
 constexpr int kTileW = 2;

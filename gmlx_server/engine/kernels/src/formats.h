@@ -5,19 +5,13 @@
 // Q8_0's, which are signed int8.
 //
 // GCC/Clang vector extensions keep the decoders portable: AVX2 registers on x86-64, NEON pairs on arm64,
-// plain code elsewhere; only the integer dot product is per-ISA (dot_impl.h).
+// plain code elsewhere; the fp16 scales go through simd.h's h2f.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 
-#if defined(__F16C__)
-#include <immintrin.h>
-#endif
-
-#ifndef GK_ISA
-#define GK_ISA base  // the driver's copy; each kernel file has its own (own target flags, no ODR clash)
-#endif
+#include "simd.h"
 
 namespace gk {
 namespace GK_ISA {
@@ -29,37 +23,6 @@ typedef int32_t i32x8 __attribute__((vector_size(32)));
 typedef float f32x8 __attribute__((vector_size(32)));
 
 enum QType : int { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
-
-inline float h2f(uint16_t h) {
-#if defined(__F16C__)
-  return _cvtsh_ss(h);
-#elif defined(__aarch64__)
-  __fp16 f;
-  std::memcpy(&f, &h, 2);
-  return static_cast<float>(f);
-#else
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
-  uint32_t exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
-  if (exp == 0x1F) {
-    bits = sign | 0x7F800000u | (man << 13);
-  } else if (exp == 0) {
-    float f = static_cast<float>(man) * (1.0f / 16777216.0f);  // subnormal: man * 2^-24
-    std::memcpy(&bits, &f, 4);
-    bits |= sign;
-  } else {
-    bits = sign | ((exp + 112) << 23) | (man << 13);
-  }
-  float out;
-  std::memcpy(&out, &bits, 4);
-  return out;
-#endif
-}
-
-inline float f16_at(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return h2f(h);
-}
 
 inline u8x16 load16(const uint8_t* p) {
   u8x16 v;

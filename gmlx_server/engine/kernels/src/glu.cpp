@@ -1,6 +1,7 @@
 // act(gate) * up (or act(x) alone) in one threaded, vectorized pass: SiLU (SwiGLU's gate) or GELU's tanh form
 // (Gemma's). MLX's CPU backend runs these elementwise graphs on one thread with a scalar exp, ~15 ns an
-// element: on a 512-token prefill that was a sixth of SmolLM2's time.
+// element: on a 512-token prefill that was a sixth of SmolLM2's time. The span kernel is vec_kernels.h's
+// gate_span, from the chosen Isa table.
 #include <stdexcept>
 #include <vector>
 
@@ -8,42 +9,12 @@
 #include "fast_ops.h"
 #include "kernels.h"
 #include "strided.h"
-#include "vmath.h"
 
 namespace gk {
 
 namespace {
 
-using namespace vm;
-
 constexpr int64_t kChunk = 16384;  // elements per pool task
-
-GK_CLONES void gate_span(int kind, const float* g, const float* u, float* y, int64_t n) {
-  int64_t i = 0;
-  for (; i + W <= n; i += W) {
-    v16 x;
-    std::memcpy(&x, g + i, sizeof x);
-    v16 a;
-    if (kind == 0) {  // x * sigmoid(x)
-      a = x / (1.0f + exp2v(x * -kLog2e));
-    } else {  // 0.5 x (1 + tanh(c (x + 0.044715 x^3))), tanh(t) = 1 - 2 / (1 + e^(2t))
-      const v16 t = 0.7978845608028654f * (x + 0.044715f * x * x * x);
-      a = 0.5f * x * (2.0f - 2.0f / (1.0f + exp2v(t * (2.0f * kLog2e))));
-    }
-    if (u != nullptr) {
-      v16 b;
-      std::memcpy(&b, u + i, sizeof b);
-      a *= b;
-    }
-    std::memcpy(y + i, &a, sizeof a);
-  }
-  for (; i < n; ++i) {  // the tail through the same vector code, one lane used
-    float g1[W] = {}, u1[W] = {}, y1[W];
-    g1[0] = g[i], u1[0] = u != nullptr ? u[i] : 0.0f;
-    gate_span(kind, g1, u != nullptr ? u1 : nullptr, y1, W);
-    y[i] = y1[0];
-  }
-}
 
 // A's rows (its last dimension) `stride` floats apart in place when its layout allows, else a row-major copy.
 const float* rows_of(const mx::array& a, std::vector<float>& scratch, int64_t& stride) {
@@ -84,6 +55,7 @@ void Gated::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array
     const float* u = with_up ? rows_of(inputs[1], ubuf, us) : nullptr;
     float* y = out.data<float>();
     const int64_t per = cols >= kChunk ? 1 : kChunk / cols;
+    const auto gate_span = active_isa().gate_span;
     parallel_for((rows + per - 1) / per, [&](int64_t t) {
       for (int64_t r = t * per; r < rows && r < (t + 1) * per; ++r)
         gate_span(kind, g + r * gs, u != nullptr ? u + r * us : nullptr, y + r * cols, cols);

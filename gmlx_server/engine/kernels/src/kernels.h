@@ -1,4 +1,5 @@
-// Quantized matmul over GGUF blocks as stored: the driver (dispatch.cpp) and the per-ISA tables.
+// The kernels' instruction-set tables and the drivers' entry points (dispatch.cpp): the quantized matmul over
+// GGUF blocks as stored, and the fp32 attention and activation kernels, each compiled once per ISA (isa_*.cpp).
 #pragma once
 
 #include <cstdint>
@@ -6,7 +7,11 @@
 #include <string>
 #include <vector>
 
+#include "flash.h"
+
 namespace gk {
+
+constexpr float kLog2e = 1.4426950408889634f;  // attention's scores are in log2 units (exp2 is the cheap one)
 
 // 32 activations quantized to int8: x[i] ~= d * q[i]; s0/s1 = d * sum(q) over each 16-element half.
 struct XBlock {
@@ -35,7 +40,16 @@ struct Isa {
   void (*quantize_row)(const float* x, int64_t k, XBlock* out);
   void (*quantize_q16)(const float* x, int64_t k, int group, int64_t row, const XRows& out);
   void (*dequant_row)(int type, const uint8_t* w, int64_t k, float* out);
+  // key block [s0, s0 + kFlashWidth) against one query row, kt the block's keys transposed (flash.cpp)
+  void (*block_row)(const FlashArgs& a, const float* q, const float* kt, int64_t s0, int64_t limit,
+                    const uint8_t* mrow, RowState& st, float* acc);
+  void (*attend)(const AttendRow& r, float* scores, float* out);  // one row of the few-row path (sdpa.cpp)
+  // act(g) * u (u may be null) over n floats: kind 0 SiLU, 1 GELU's tanh form (glu.cpp)
+  void (*gate_span)(int kind, const float* g, const float* u, float* y, int64_t n);
 };
+
+// The table every kernel runs from: the fastest this CPU supports, or the one set_isa chose.
+const Isa& active_isa();
 
 // y (m, n) = x (m, k) @ W^T for W (n, k) stored as GGUF blocks of `type`, on the kernel thread pool.
 void matmul(int type, const uint8_t* w, int64_t n, int64_t k, const float* x, int64_t m, float* y);

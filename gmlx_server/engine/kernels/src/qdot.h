@@ -8,16 +8,13 @@
 
 #include "formats.h"
 #include "kernels.h"
-
-#if defined(__AVX2__)
-#include <immintrin.h>
-#endif
+#include "simd.h"
 
 namespace gk {
 namespace GK_ISA {
 namespace q16 {
 
-#if defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#if defined(GK_AVX512VNNI)
 // V: 32 int16 lanes; A: 16 int32 lanes (lane l sums elements 2l, 2l + 1); F: 16 floats
 struct V { __m512i v; };
 struct A { __m512i v; };
@@ -53,7 +50,7 @@ inline F fma(A a, float s, F acc) { return {_mm512_fmadd_ps(_mm512_cvtepi32_ps(a
 inline F fadd(F a, F b) { return {_mm512_add_ps(a.v, b.v)}; }
 inline float hsum(F a) { return _mm512_reduce_add_ps(a.v); }
 #endif
-#if defined(__AVX2__)
+#if defined(GK_AVX2)
 // 8 floats: the K-quants' per-group min terms
 using F8 = __m256;
 inline F8 f8zero() { return _mm256_setzero_ps(); }
@@ -62,11 +59,7 @@ inline F8 f8_mins(F8 acc, const uint8_t* m, float scale, const float* s) {
   const __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(m))));
   return _mm256_fmadd_ps(_mm256_mul_ps(mf, _mm256_set1_ps(scale)), _mm256_loadu_ps(s), acc);
 }
-inline float f8sum(F8 v) {
-  const __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 b = _mm_add_ps(a, _mm_movehl_ps(a, a));
-  return _mm_cvtss_f32(_mm_add_ss(b, _mm_movehdup_ps(b)));
-}
+inline float f8sum(F8 v) { return hsum256(v); }
 #else
 typedef float F8 __attribute__((vector_size(32)));
 inline F8 f8zero() { return F8{}; }
@@ -77,8 +70,8 @@ inline F8 f8_mins(F8 acc, const uint8_t* m, float scale, const float* s) {
 inline float f8sum(F8 v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
 #endif
 
-#if defined(__AVX512BW__) && defined(__AVX512VNNI__)
-#elif defined(__AVX2__)
+#if defined(GK_AVX512VNNI)
+#elif defined(GK_AVX2)
 struct V { __m256i lo, hi; };  // elements 0..15, 16..31
 struct A { __m256i lo, hi; };
 struct F { __m256 lo, hi; };
@@ -134,12 +127,7 @@ inline F fma(A a, float s, F acc) {
   return {_mm256_fmadd_ps(_mm256_cvtepi32_ps(a.lo), k, acc.lo), _mm256_fmadd_ps(_mm256_cvtepi32_ps(a.hi), k, acc.hi)};
 }
 inline F fadd(F a, F b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
-inline float hsum(F a) {
-  const __m256 v = _mm256_add_ps(a.lo, a.hi);
-  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
-}
+inline float hsum(F a) { return hsum256(_mm256_add_ps(a.lo, a.hi)); }
 #else
 // portable: GCC/Clang vector extensions (NEON on arm64)
 typedef int16_t i16x32 __attribute__((vector_size(64)));

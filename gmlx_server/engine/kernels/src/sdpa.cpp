@@ -1,5 +1,6 @@
 // Attention as one CPU primitive: MLX's CPU path spends a dozen ops (and their dispatch) per layer on it. A few
-// query rows (decode, speculative verification) run row by row here; from kFlashRows rows, flash.cpp.
+// query rows (decode, speculative verification) run row by row (vec_kernels.h's attend, from the chosen Isa
+// table); from kFlashRows rows, flash.cpp.
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -8,14 +9,11 @@
 #include "encode.h"
 #include "fast_ops.h"
 #include "flash.h"
-#include "vmath.h"  // GK_CLONES
 #include "kernels.h"
 
 namespace gk {
 
 namespace {
-
-constexpr float kLog2e = 1.4426950408889634f;
 
 // A 4-D float view: its buffer when the last stride is 1, else a gathered row-major copy.
 struct View4 {
@@ -42,49 +40,6 @@ struct View4 {
   }
   const float* at(int64_t i0, int64_t i1, int64_t i2) const { return p + i0 * s0 + i1 * s1 + i2 * s2; }
 };
-
-// One query row against keys 0..limit: softmax(scale * q.k + mask) v, in log2 units.
-struct Row {
-  const float* q;
-  const float* k;
-  int64_t ks;
-  const float* v;
-  int64_t vs;
-  int64_t limit, D, Dv;
-  float scale;
-  const uint8_t* mask;  // bool (kind 1) or float (kind 2) mask row, element stride ms
-  int kind;
-  int64_t ms;
-};
-
-GK_CLONES void attend(const Row& r, float* scores, float* out) {
-  const float lowest = std::numeric_limits<float>::lowest();
-  float mx_ = lowest;
-  for (int64_t s = 0; s <= r.limit; ++s) {
-    const float* k = r.k + s * r.ks;
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int64_t i = 0;
-    for (; i + 8 <= r.D; i += 8)
-      for (int j = 0; j < 8; ++j) acc[j] += r.q[i + j] * k[i + j];
-    float d = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (; i < r.D; ++i) d += r.q[i] * k[i];
-    float sc = d * r.scale;
-    if (r.kind == 1 && !reinterpret_cast<const bool*>(r.mask)[s * r.ms]) sc = lowest;
-    if (r.kind == 2) sc += reinterpret_cast<const float*>(r.mask)[s * r.ms] * kLog2e;
-    scores[s] = sc;
-    mx_ = sc > mx_ ? sc : mx_;
-  }
-  for (int64_t i = 0; i < r.Dv; ++i) out[i] = 0.0f;
-  float sum = 0.0f;
-  for (int64_t s = 0; s <= r.limit; ++s) {
-    const float p = std::exp2(scores[s] - mx_);
-    sum += p;
-    const float* v = r.v + s * r.vs;
-    for (int64_t i = 0; i < r.Dv; ++i) out[i] += p * v[i];
-  }
-  const float inv = 1.0f / sum;
-  for (int64_t i = 0; i < r.Dv; ++i) out[i] *= inv;
-}
 
 }  // namespace
 
@@ -134,11 +89,12 @@ void SDPA::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>
       flash_attention(fa);
       return;
     }
+    const auto attend = active_isa().attend;
     parallel_for(B * H * L, [&](int64_t task) {
       thread_local std::vector<float> scores;
       scores.resize(static_cast<size_t>(S));
       const int64_t b = task / (H * L), h = (task / L) % H, l = task % L;
-      Row row{qv.at(b, h, l), kv.at(b, h / r, 0), kv.s2, vv.at(b, h / r, 0), vv.s2,
+      AttendRow row{qv.at(b, h, l), kv.at(b, h / r, 0), kv.s2, vv.at(b, h / r, 0), vv.s2,
               causal ? S - L + l : S - 1, q.shape(3), Dv, scale * kLog2e, nullptr, kind, 0};
       if (kind) {
         const mx::array& m = inputs[3];

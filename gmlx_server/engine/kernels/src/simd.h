@@ -1,21 +1,102 @@
-// The few vector operations the fp32 kernels need, on L float lanes: AVX-512 (16), AVX2 (8), and GCC/Clang
-// vector extensions elsewhere (8; NEON on arm64). Intrinsics on x86 because GCC lowers some vector-
-// extension conversions (int8 -> int32) to scalar code there.
+// The one SIMD header. Each translation unit is compiled for one instruction set (the per-ISA files
+// isa_*.cpp get their target flags from CMakeLists.txt; dispatch.cpp picks one at run time by cpuid): this
+// header turns the compiler's flags into GK_* macros, includes the intrinsics headers, and holds the vector
+// kits the kernels are written in. Nothing else includes <immintrin.h> or <arm_neon.h> or tests __AVX2__.
+//   L-lane floats (VF/VI): AVX-512 (16), AVX2 (8), GCC/Clang vector extensions elsewhere (8; NEON on arm64).
+//   Intrinsics on x86 because GCC lowers some vector-extension conversions (int8 -> int32) to scalar code.
+//   v16: 16 floats as a vector extension (one zmm, two ymm or four NEON quads) and its exp2, for attention
+//   and the activations.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 
-#include "formats.h"
-
-#if defined(__AVX2__)
+#if defined(__x86_64__) || defined(_M_X64)
+#define GK_X86 1
 #include <immintrin.h>
+#if defined(__AVX2__) && defined(__FMA__)
+#define GK_AVX2 1
+#endif
+#if defined(__F16C__)
+#define GK_F16C 1
+#endif
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#define GK_AVX512 1
+#endif
+#if defined(GK_AVX512) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define GK_AVX512VNNI 1
+#endif
+#if defined(__AVXVNNI__) && !defined(GK_AVX512VNNI)
+#define GK_AVXVNNI 1  // vpdpbusd/vpdpwssd on 256 bits, VEX-encoded
+#endif
+#elif defined(__aarch64__) || defined(_M_ARM64)
+#define GK_ARM64 1
+#include <arm_neon.h>
+#define GK_NEON 1
+#if defined(__ARM_FEATURE_DOTPROD)
+#define GK_NEON_DOT 1
+#endif
+#endif
+
+#ifndef GK_ISA
+#define GK_ISA base  // the drivers' copy; each isa_*.cpp has its own (own target flags, no ODR clash)
 #endif
 
 namespace gk {
 namespace GK_ISA {
 
-#if defined(__AVX512F__) && defined(__AVX512BW__)
+// fp16 -> fp32: F16C's conversion, arm64's __fp16, or by the bits.
+inline float h2f(uint16_t h) {
+#if defined(GK_F16C)
+  return _cvtsh_ss(h);
+#elif defined(GK_ARM64)
+  __fp16 f;
+  std::memcpy(&f, &h, 2);
+  return static_cast<float>(f);
+#else
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  uint32_t exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
+  if (exp == 0x1F) {
+    bits = sign | 0x7F800000u | (man << 13);
+  } else if (exp == 0) {
+    float f = static_cast<float>(man) * (1.0f / 16777216.0f);  // subnormal: man * 2^-24
+    std::memcpy(&bits, &f, 4);
+    bits |= sign;
+  } else {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  }
+  float out;
+  std::memcpy(&out, &bits, 4);
+  return out;
+#endif
+}
+
+inline float f16_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return h2f(h);
+}
+
+// A spin-wait hint for the thread pool's hand-offs.
+inline void cpu_relax() {
+#if defined(GK_X86)
+  _mm_pause();
+#elif defined(GK_ARM64)
+  asm volatile("yield");
+#endif
+}
+
+#if defined(GK_AVX2)
+// The sum of 8 floats (every 256-bit kit's horizontal add).
+inline float hsum256(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+#endif
+
+#if defined(GK_AVX512)
 constexpr int L = 16;
 using VF = __m512;
 using VI = __m512i;
@@ -44,7 +125,7 @@ inline VF lut32(VI idx, VF lo, VF hi) { return _mm512_permutex2var_ps(lo, idx, h
 inline VF iota(float from) {
   return _mm512_add_ps(_mm512_set1_ps(from), _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
 }
-#elif defined(__AVX2__)
+#elif defined(GK_AVX2)
 constexpr int L = 8;
 using VF = __m256;
 using VI = __m256i;
@@ -66,11 +147,7 @@ inline VF set1(float v) { return _mm256_set1_ps(v); }
 inline VF zero() { return _mm256_setzero_ps(); }
 inline VF loadf(const float* p) { return _mm256_loadu_ps(p); }
 inline void storef(float* p, VF v) { _mm256_storeu_ps(p, v); }
-inline float vsum(VF v) {
-  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
-}
+inline float vsum(VF v) { return hsum256(v); }
 #else
 constexpr int L = 8;
 typedef float VF __attribute__((vector_size(32)));
@@ -117,7 +194,7 @@ inline void f16_cols_scalar(const uint8_t* p, int64_t stride, int64_t n, float* 
   }
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BW__)
+#if defined(GK_AVX512)
 inline void f16_cols(const uint8_t* p, int64_t stride, int64_t n, float* lo, float* hi) {
   const __m512i off = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                          _mm512_set1_epi32(static_cast<int>(stride)));
@@ -145,16 +222,16 @@ inline void k_scale_min_vec(const uint8_t* s, float d, float dmin, float* a, flo
   _mm256_storeu_ps(a, _mm512_castps512_ps256(v));
   _mm256_storeu_ps(b, _mm512_extractf32x8_ps(v, 1));
 }
+#define GK_SCALE_MIN_VEC 1  // floats.h takes k_scale_min_vec over formats.h's scalar k_scale_min
 #else
 inline void f16_cols(const uint8_t* p, int64_t stride, int64_t n, float* lo, float* hi) {
   f16_cols_scalar(p, stride, n, lo, hi);
 }
-inline void k_scale_min_vec(const uint8_t* s, float d, float dmin, float* a, float* b) { k_scale_min(s, d, dmin, a, b); }
 #endif
 
 // Bit `bit` of each of 32 bytes, as a 32-bit mask (element i -> bit i).
 inline uint32_t bitplane(const uint8_t* q, int bit) {
-#if defined(__AVX2__)
+#if defined(GK_AVX2)
   const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
   return static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_slli_epi16(v, 7 - bit)));
 #else
@@ -164,5 +241,50 @@ inline uint32_t bitplane(const uint8_t* q, int bit) {
 #endif
 }
 
+// --- v16 (its own namespace: formats.h's splat is the 8-lane one) ---
+namespace vm {
+
+// aligned(4): loads from plain float buffers need no 64-byte alignment
+typedef float v16 __attribute__((vector_size(64), aligned(4)));
+typedef int32_t i32v16 __attribute__((vector_size(64), aligned(4)));
+constexpr int W = 16;  // flash.h kFlashWidth
+
+inline v16 splat(float x) { return v16{} + x; }
+inline v16 vmax(v16 a, v16 b) { return a > b ? a : b; }
+inline v16 vmin(v16 a, v16 b) { return a < b ? a : b; }
+
+// Horizontal max and sum in four halving steps.
+inline float hmax(v16 v) {
+  v = vmax(v, __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7));
+  v = vmax(v, __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11));
+  v = vmax(v, __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13));
+  v = vmax(v, __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14));
+  return v[0];
+}
+
+inline float hsum(v16 v) {
+  v += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+  v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+  v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+  v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+  return v[0];
+}
+
+// 2^x: x = n + f with n an integer (round to nearest) and |f| <= 1/2; 2^f by its Taylor series in f ln 2 to
+// the 7th power (relative error < 1e-7); 2^n in the exponent bits. x is clamped to [-127, 127]: 0 below.
+inline v16 exp2v(v16 x) {
+  x = vmin(vmax(x, splat(-127.0f)), splat(127.0f));
+  const v16 magic = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
+  const v16 n = (x + magic) - magic;
+  const v16 y = (x - n) * 0.6931471805599453f;
+  v16 p = splat(1.0f / 5040.0f);
+  for (const float c : {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f}) p = p * y + c;
+  const i32v16 bits = (__builtin_convertvector(n, i32v16) + 127) << 23;  // n = -127: 0.0
+  v16 scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+}  // namespace vm
 }  // namespace GK_ISA
 }  // namespace gk

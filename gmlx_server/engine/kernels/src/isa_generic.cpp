@@ -1,13 +1,14 @@
 // Portable kernels: GCC/Clang vector extensions without ISA-specific intrinsics (NEON dot on arm64).
 #define GK_ISA generic
-#if defined(__ARM_FEATURE_DOTPROD)
+#include "simd.h"
+#if defined(GK_NEON_DOT)
 #define GK_ISA_NAME "neon-dotprod"
-#elif defined(__ARM_NEON)
+#elif defined(GK_NEON)
 #define GK_ISA_NAME "neon"
 #else
 #define GK_ISA_NAME "generic"
 #endif
-#include "dot_impl.h"
+#include "isa_impl.h"
 
 namespace gk {
 const Isa& isa_generic() { return generic::table; }

@@ -1,0 +1,16 @@
+// Everything compiled once per instruction set, and that set's table: each isa_*.cpp defines GK_ISA (its
+// namespace) and GK_ISA_NAME, gets its target flags from CMakeLists.txt, and includes this file once.
+#pragma once
+
+#include "dot_impl.h"
+#include "kernels.h"
+#include "vec_kernels.h"
+
+namespace gk {
+namespace GK_ISA {
+
+inline const Isa table = {GK_ISA_NAME, &rows, &rows_q16, &rows_f, &quantize_row, &quantize_q16, &dequant_row,
+                          &block_row, &attend, &gate_span};
+
+}  // namespace GK_ISA
+}  // namespace gk

@@ -1,0 +1,122 @@
+// The fp32 kernels of attention and the gated activations, compiled once per instruction set with the
+// matmuls (isa_impl.h): flash.cpp's key blocks, sdpa.cpp's few-row path and glu.cpp's spans call them
+// through the chosen Isa table. Written in simd.h's v16 kit.
+#pragma once
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "flash.h"
+#include "kernels.h"
+#include "simd.h"
+
+namespace gk {
+namespace GK_ISA {
+
+using namespace vm;
+static_assert(W == kFlashWidth, "flash.cpp transposes keys in blocks of the v16 width");
+
+// Key block [s0, s0 + W) against one query row: scores, mask, online softmax, and the weighted V rows.
+inline void block_row(const FlashArgs& a, const float* q, const float* kt, int64_t s0, int64_t limit,
+                         const uint8_t* mrow, RowState& st, float* acc) {
+  const float lowest = std::numeric_limits<float>::lowest();
+  const v16* k = reinterpret_cast<const v16*>(kt);
+  v16 c[4] = {};  // four chains: one accumulator would wait on each FMA's latency
+  int64_t d = 0;
+  for (; d + 4 <= a.D; d += 4)
+    for (int u = 0; u < 4; ++u) c[u] += q[d + u] * k[d + u];
+  for (; d < a.D; ++d) c[0] += q[d] * k[d];
+  v16 s = ((c[0] + c[1]) + (c[2] + c[3])) * a.scale;
+  for (int j = a.kind == 0 && s0 + W - 1 <= limit ? W : 0; j < W; ++j) {  // only edge blocks and masks
+    const int64_t key = s0 + j;
+    if (key > limit) {
+      s[j] = lowest;
+    } else if (a.kind == 1) {
+      if (!reinterpret_cast<const bool*>(mrow)[key * a.ms]) s[j] = lowest;
+    } else if (a.kind == 2) {
+      s[j] += reinterpret_cast<const float*>(mrow)[key * a.ms] * kLog2e;
+    }
+  }
+  const float m = st.m > hmax(s) ? st.m : hmax(s);
+  const float fix = std::exp2(st.m - m);  // 0 on the first block (st.m is the lowest float)
+  const int64_t last = limit - s0 < W - 1 ? limit - s0 : W - 1;
+  v16 p = exp2v(s - m);
+  for (int64_t j = last + 1; j < W; ++j) p[j] = 0.0f;  // past the row's last key: never a weight
+  st.l = st.l * fix + hsum(p);
+  st.m = m;
+  // four output vectors at a time held in registers across the block's keys (through memory, every FMA
+  // would wait on the previous one's store)
+  v16* out = reinterpret_cast<v16*>(acc);
+  for (int64_t i = 0; i < a.Dv / W; i += 4) {
+    const int64_t n = a.Dv / W - i < 4 ? a.Dv / W - i : 4;
+    v16 o[4];
+    for (int64_t u = 0; u < n; ++u) o[u] = out[i + u] * fix;
+    for (int64_t j = 0; j <= last; ++j) {
+      const float pj = p[j];
+      const v16* vr = reinterpret_cast<const v16*>(a.v + (s0 + j) * a.vs) + i;
+      for (int64_t u = 0; u < n; ++u) o[u] += pj * vr[u];
+    }
+    for (int64_t u = 0; u < n; ++u) out[i + u] = o[u];
+  }
+}
+
+inline void attend(const AttendRow& r, float* scores, float* out) {
+  const float lowest = std::numeric_limits<float>::lowest();
+  float mx_ = lowest;
+  for (int64_t s = 0; s <= r.limit; ++s) {
+    const float* k = r.k + s * r.ks;
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 8 <= r.D; i += 8)
+      for (int j = 0; j < 8; ++j) acc[j] += r.q[i + j] * k[i + j];
+    float d = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; i < r.D; ++i) d += r.q[i] * k[i];
+    float sc = d * r.scale;
+    if (r.kind == 1 && !reinterpret_cast<const bool*>(r.mask)[s * r.ms]) sc = lowest;
+    if (r.kind == 2) sc += reinterpret_cast<const float*>(r.mask)[s * r.ms] * kLog2e;
+    scores[s] = sc;
+    mx_ = sc > mx_ ? sc : mx_;
+  }
+  for (int64_t i = 0; i < r.Dv; ++i) out[i] = 0.0f;
+  float sum = 0.0f;
+  for (int64_t s = 0; s <= r.limit; ++s) {
+    const float p = std::exp2(scores[s] - mx_);
+    sum += p;
+    const float* v = r.v + s * r.vs;
+    for (int64_t i = 0; i < r.Dv; ++i) out[i] += p * v[i];
+  }
+  const float inv = 1.0f / sum;
+  for (int64_t i = 0; i < r.Dv; ++i) out[i] *= inv;
+}
+
+
+inline void gate_span(int kind, const float* g, const float* u, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    v16 x;
+    std::memcpy(&x, g + i, sizeof x);
+    v16 a;
+    if (kind == 0) {  // x * sigmoid(x)
+      a = x / (1.0f + exp2v(x * -kLog2e));
+    } else {  // 0.5 x (1 + tanh(c (x + 0.044715 x^3))), tanh(t) = 1 - 2 / (1 + e^(2t))
+      const v16 t = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+      a = 0.5f * x * (2.0f - 2.0f / (1.0f + exp2v(t * (2.0f * kLog2e))));
+    }
+    if (u != nullptr) {
+      v16 b;
+      std::memcpy(&b, u + i, sizeof b);
+      a *= b;
+    }
+    std::memcpy(y + i, &a, sizeof a);
+  }
+  for (; i < n; ++i) {  // the tail through the same vector code, one lane used
+    float g1[W] = {}, u1[W] = {}, y1[W];
+    g1[0] = g[i], u1[0] = u != nullptr ? u[i] : 0.0f;
+    gate_span(kind, g1, u != nullptr ? u1 : nullptr, y1, W);
+    y[i] = y1[0];
+  }
+}
+
+}  // namespace GK_ISA
+}  // namespace gk
