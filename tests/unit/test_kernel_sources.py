@@ -29,6 +29,6 @@ def test_only_simd_h_reads_isa_macros_or_includes_intrinsics() -> None:
 def test_platform_calls_are_guarded() -> None:
     text = (SRC / "dispatch.cpp").read_text()
     for call, guard in (("sched_getaffinity", "#if defined(__linux__)"), ("dlsym(", "#if defined(GK_DLSYM)"),
-                        ("__builtin_cpu_supports", "#if defined(GK_X86_KERNELS)")):
+                        ("__get_cpuid", "#if defined(GK_X86_KERNELS)"), ("xgetbv", "#if defined(GK_X86_KERNELS)")):
         at = text.index(call)
         assert text.rfind(guard, 0, at) > text.rfind("#endif", 0, at), f"{call} outside {guard}"

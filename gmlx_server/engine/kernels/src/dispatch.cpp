@@ -8,6 +8,9 @@
 #include <dlfcn.h>
 #define GK_DLSYM 1
 #endif
+#if defined(GK_X86_KERNELS)
+#include <cpuid.h>  // GCC's and Clang's
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -39,17 +42,38 @@ namespace {
 
 using base::cpu_relax;
 
+#if defined(GK_X86_KERNELS)
+// What isa_*.cpp need, read with cpuid itself (Clang's __builtin_cpu_supports lacks "f16c" and "avxvnni"
+// before version 16), and whether the OS saves the ymm/zmm registers (XCR0).
+struct X86Isas {
+  bool avx2 = false, avxvnni = false, avx512vnni = false;
+};
+
+X86Isas x86_isas() {
+  unsigned a, b, c, d;
+  X86Isas out;
+  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return out;  // no cpuid leaf 1, or no OSXSAVE
+  const bool fma = c & (1u << 12), avx = c & (1u << 28), f16c = c & (1u << 29);
+  unsigned lo, hi;
+  asm volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  const bool ymm = (lo & 0x6) == 0x6, zmm = (lo & 0xE6) == 0xE6;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return out;
+  out.avx2 = avx && ymm && fma && f16c && (b & (1u << 5));
+  const bool avx512 = (b & (1u << 16)) && (b & (1u << 17)) && (b & (1u << 30)) && (b & (1u << 31));  // F DQ BW VL
+  out.avx512vnni = out.avx2 && zmm && avx512 && (c & (1u << 11));
+  out.avxvnni = out.avx2 && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 4));
+  return out;
+}
+#endif
+
 std::vector<const Isa*> supported_isas() {
   std::vector<const Isa*> out;
-#if defined(GK_X86_KERNELS)  // GCC and Clang's cpuid builtins
-  __builtin_cpu_init();
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#if defined(GK_X86_KERNELS)
+  const X86Isas x86 = x86_isas();
   // AVX-512 first: its int16 path takes a whole 32-element group per vpdpwssd (Q8_0 ~1.2x, the rest even)
-  if (avx2 && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq"))
-    out.push_back(&isa_avx512vnni());
-  if (avx2 && __builtin_cpu_supports("avxvnni")) out.push_back(&isa_avxvnni());
-  if (avx2) out.push_back(&isa_avx2());
+  if (x86.avx512vnni) out.push_back(&isa_avx512vnni());
+  if (x86.avxvnni) out.push_back(&isa_avxvnni());
+  if (x86.avx2) out.push_back(&isa_avx2());
 #endif
   out.push_back(&isa_generic());
   return out;
