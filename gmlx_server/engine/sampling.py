@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import mlx.core as mx
+import numpy as np
 from mlx_vlm import sample_utils as su
 
 from gmlx_server.engine.types import SamplingParams
@@ -31,7 +32,7 @@ def _filters(p: SamplingParams, special_ids: list[int]) -> list[Filter]:
     if 0.0 < p.typical_p < 1.0:
         out.append(lambda x: su.apply_typical_p(x, p.typical_p))
     if 0.0 < p.top_p < 1.0:
-        out.append(lambda x: su.apply_top_p(x, p.top_p))
+        out.append(lambda x: top_p_filter(x, p.top_p))
     if p.min_p > 0.0:
         out.append(lambda x: su.apply_min_p(x, p.min_p, 1))
     if p.xtc_probability > 0.0:
@@ -39,6 +40,36 @@ def _filters(p: SamplingParams, special_ids: list[int]) -> list[Filter]:
     if p.top_k > 0:  # a k at or above the vocabulary keeps every token: no filter (and no out-of-range kth)
         out.append(lambda x: su.apply_top_k(x, p.top_k) if p.top_k < x.shape[-1] else x)
     return out
+
+
+NUCLEUS_CANDIDATES = (1024, 32768)  # the most probable tokens top_p looks among; a wider nucleus sorts them all
+
+
+def top_p_filter(logprobs: mx.array, top_p: float) -> mx.array:
+    """mlx-vlm's apply_top_p (tokens below the nucleus's least probable one masked to -inf), found from the
+    most probable tokens when the nucleus lies within them: MLX's CPU sort of the whole vocabulary took 26 ms
+    a row and step over Gemma 3's 262K tokens, a numpy partition takes 0.3 ms."""
+    rows = np.asarray(logprobs.astype(mx.float32)).reshape(-1, logprobs.shape[-1])
+    cuts = [_nucleus_cut(row, top_p) for row in rows]
+    if any(c is None for c in cuts):
+        return su.apply_top_p(logprobs, top_p)
+    threshold = mx.array(np.array(cuts, dtype=np.float32).reshape(*logprobs.shape[:-1], 1))
+    return mx.where(logprobs < threshold, mx.array(-mx.inf, dtype=logprobs.dtype), logprobs)
+
+
+def _nucleus_cut(row: np.ndarray, top_p: float) -> float | None:
+    """The least probable kept token's log-probability, as apply_top_p's exclusive scan from the top finds
+    it (summed in float64: its float32 scan drifts by ~1e-4 over a wide nucleus's tail); None when the nucleus
+    may reach past every candidate set."""
+    bound = top_p * float(np.exp(row).sum(dtype=np.float64))
+    for size in NUCLEUS_CANDIDATES:
+        k = min(size, row.size)
+        top = np.sort(np.partition(row, row.size - k)[row.size - k:])[::-1]
+        probs = np.exp(top.astype(np.float64))
+        kept = int(np.count_nonzero(np.cumsum(probs) - probs < bound))  # exclusive mass above each token
+        if kept < k or k == row.size:
+            return float(top[kept - 1])
+    return None
 
 
 def _processors(p: SamplingParams) -> list[Processor]:
