@@ -38,7 +38,7 @@ def _filters(p: SamplingParams, special_ids: list[int]) -> list[Filter]:
     if p.xtc_probability > 0.0:
         out.append(lambda x: su.apply_xtc(x, p.xtc_probability, p.xtc_threshold, special_ids))
     if p.top_k > 0:  # a k at or above the vocabulary keeps every token: no filter (and no out-of-range kth)
-        out.append(lambda x: su.apply_top_k(x, p.top_k) if p.top_k < x.shape[-1] else x)
+        out.append(lambda x: top_k_filter(x, p.top_k) if p.top_k < x.shape[-1] else x)
     return out
 
 
@@ -70,6 +70,15 @@ def _nucleus_cut(row: np.ndarray, top_p: float) -> float | None:
         if kept < k or k == row.size:
             return float(top[kept - 1])
     return None
+
+
+def top_k_filter(logprobs: mx.array, top_k: int) -> mx.array:
+    """mlx-vlm's apply_top_k from the k-th largest value (a numpy partition, 3x MLX's CPU argpartition at 262K
+    tokens); a tie at that value keeps its copies, where apply_top_k keeps an arbitrary k of them."""
+    rows = np.asarray(logprobs.astype(mx.float32)).reshape(-1, logprobs.shape[-1])
+    kth = np.partition(rows, rows.shape[-1] - top_k, axis=-1)[:, rows.shape[-1] - top_k]
+    threshold = mx.array(kth.reshape(*logprobs.shape[:-1], 1))
+    return mx.where(logprobs < threshold, mx.array(-mx.inf, dtype=logprobs.dtype), logprobs)
 
 
 def _processors(p: SamplingParams) -> list[Processor]:

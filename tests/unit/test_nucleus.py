@@ -1,4 +1,5 @@
-"""top_p from the most probable candidates equals mlx-vlm's apply_top_p, which sorts the whole vocabulary."""
+"""top_p from the most probable candidates and top_k from the k-th value equal mlx-vlm's, which sort or argpartition
+the whole vocabulary."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 from mlx_vlm import sample_utils as su
 
 from gmlx_server.engine import sampling
-from gmlx_server.engine.sampling import RequestSampler, _nucleus_cut, top_p_filter
+from gmlx_server.engine.sampling import RequestSampler, _nucleus_cut, top_k_filter, top_p_filter
 from gmlx_server.engine.types import SamplingParams
 
 
@@ -86,3 +87,14 @@ def test_a_seeded_draw_is_the_one_mlx_vlms_chain_gives() -> None:
     lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     theirs = mx.random.categorical(su.apply_top_p(lp, 0.9) * (1 / 0.7), key=sub).item()
     assert ours == [theirs, theirs]
+
+
+@pytest.mark.parametrize("vocab", [70, 49152, 262144])
+def test_top_k_equals_mlx_vlms(vocab: int) -> None:
+    rng = np.random.default_rng(vocab)
+    for k in (1, 20, 64):
+        for holes in (False, True):  # with holes, fewer than k finite tokens may be left
+            lp = _logprobs(rng, 2, vocab, 4.0, holes)
+            if holes:
+                lp = mx.where(mx.array(rng.random((2, vocab)) < 0.999), -mx.inf, lp)
+            np.testing.assert_array_equal(np.array(top_k_filter(lp, k)), np.array(su.apply_top_k(lp, k)))
