@@ -29,7 +29,7 @@ import mlx.core as mx
 
 from gmlx_server.engine import loader
 from gmlx_server.engine.arch import make_cache
-from gmlx_server.engine.kernels import fast_ops, probe
+from gmlx_server.engine.kernels import probe
 from tests.conftest import gemma_path, qwen_coder_path, smollm2_path
 
 MODELS: dict[str, Callable[[], str]] = {"smollm2": smollm2_path, "gemma": gemma_path,
@@ -41,7 +41,7 @@ def _load(path: str, fuse: bool) -> Any:
     if not fuse:
         loader.fuse_projections = lambda model: 0  # type: ignore[assignment]
     try:
-        return loader.load_gguf_model(path).model
+        return loader.load_gguf_model(path)
     finally:
         loader.fuse_projections = real
 
@@ -70,14 +70,16 @@ def main() -> None:
         path = MODELS[name]()
         fused, plain = _load(path, True), _load(path, False)
         configs = {"all on": (fused, True), "no fusion": (plain, True), "no prims": (fused, False)}
+        kernels = fused.kernels
+        assert kernels is not None and plain.kernels is not None  # the native layout: the primitives swapped in
         for label, clock, threads in (("wall", time.perf_counter, 0), ("cpu 1 thread", time.process_time, 1)):
             ext.set_threads(threads)
             runs: dict[str, list[float]] = {c: [] for c in configs}
             for _ in range(args.reps):
-                for c, (model, prims) in configs.items():
-                    fast_ops.install(ext) if prims else fast_ops.uninstall()
-                    runs[c].append(_step_ms(model, clock, args.steps))
-            fast_ops.install(ext)
+                for c, (lm, prims) in configs.items():
+                    kernels.ext = ext if prims else None  # the fused model's own switch: MLX's ops for "no prims"
+                    runs[c].append(_step_ms(lm.model, clock, args.steps))
+            kernels.ext = ext
             med = {c: statistics.median(v) for c, v in runs.items()}
             base = med["all on"]
             print(f"{name:9s} {label:13s} " + "  ".join(

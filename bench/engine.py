@@ -40,7 +40,7 @@ from gmlx_plan.gguf_header import read_header
 from gmlx_plan.memory import LAYOUT_CHOICES
 from gmlx_server.engine.arch import make_cache
 from gmlx_server.engine.blas import current_blas
-from gmlx_server.engine.kernels import fast_ops, probe
+from gmlx_server.engine.kernels import probe
 from gmlx_server.engine.kernels.modules import FusedGGUFLinear, GGUFEmbedding, GGUFLinear
 from gmlx_server.engine.loader import LoadedModel, load_gguf_model
 from gmlx_server.engine.mlx_engine import MLXEngine
@@ -106,7 +106,7 @@ def bench_gmlx(path: str, layout: str, n_prompt: int, n_gen: int, runs: int,
             res = [_one(engine, prompt, n_gen, f"{mode}{i}") for i in range(runs)]
             decode[mode] = statistics.median(r[1] for r in res)
         prefill = statistics.median(r[0] for r in res)
-        nodes = _ops_per_step(loaded[0].model)
+        nodes = _ops_per_step(loaded[0])
     finally:
         engine.close()
         if ext is not None:
@@ -175,19 +175,21 @@ def profile(path: str, layout: str, width: int = 1, steps: int = 20) -> None:
         mx.eval([m(x) for (_, m), x in zip(linears, xs, strict=True)])
         samples.append(time.perf_counter() - t)
     mm = statistics.median(samples) * 1e3
-    print(f"  graph ops in one width-1 decode step: {_ops_per_step(model)} with gmlx's CPU norm/RoPE/attention "
-          f"primitives, {_ops_per_step(model, fast=False)} with MLX's own")
+    print(f"  graph ops in one width-1 decode step: {_ops_per_step(lm)} with gmlx's CPU norm/RoPE/attention "
+          f"primitives, {_ops_per_step(lm, fast=False)} with MLX's own")
     print(f"profile {Path(path).name} ({lm.info.weights_layout}, width {width}): step {full:.1f} ms = "
           f"{len(linears)} matmuls {mm:.1f} ms (timed alone, same shapes) + the rest {full - mm:.1f} ms "
           f"(attention, norms, RoPE, elementwise, sampling-free), of which building the graph in Python "
           f"{build:.1f} ms")
 
 
-def _ops_per_step(model: Any, fast: bool = True) -> int:
-    """Nodes in one decode step's graph (each is one dispatch on MLX's CPU backend)."""
-    ext = fast_ops.active()
-    if not fast:
-        fast_ops.uninstall()
+def _ops_per_step(lm: Any, fast: bool = True) -> int:
+    """Nodes in one decode step's graph (each is one dispatch on MLX's CPU backend); fast=False: with this
+    model's primitives switched to MLX's own ops for the count."""
+    kernels, model = lm.kernels, lm.model
+    ext = kernels.ext if kernels is not None else None
+    if kernels is not None and not fast:
+        kernels.ext = None
     try:
         cache = make_cache(model)
         mx.eval(model(mx.array([[1, 2, 3, 4]]), cache=cache).logits)
@@ -195,8 +197,8 @@ def _ops_per_step(model: Any, fast: bool = True) -> int:
             mx.export_to_dot(f.name, model(mx.array([[5]]), cache=cache).logits)
             return len(re.findall(r'label ="', f.read()))
     finally:
-        if ext is not None:
-            fast_ops.install(ext)
+        if kernels is not None:
+            kernels.ext = ext
 
 
 class _Fused:

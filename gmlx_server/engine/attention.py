@@ -1,11 +1,12 @@
-"""Attention for MLX's CPU backend, installed in place of mx.fast's where the model runs on the CPU.
+"""Attention for MLX's CPU backend, called by one model's attention modules in place of mx.fast's.
 
 On mlx[cpu], mx.fast.scaled_dot_product_attention materializes the scores and spends most of its time
 in exp (MLX's CPU exp costs ~28 ns an element, glibc's powf ~9 ns) and in broadcasting K for GQA.
 Here GQA is folded into the matmul rows (each KV head is read once) and the softmax is 2**(s - max)
 on scores already in log2 units, normalized after the PV product. bench/attention.py has the figures.
 Metal keeps mx.fast's fused kernel: cpu_attention serves only when the default device is the CPU. A kvarn
-KV cache (engine/kv_quant.py) goes to kvarn_attention on any device.
+KV cache (engine/kv_quant.py) goes to kvarn_attention on any device. use_gmlx_attention gives a loaded model's
+Attention instances a subclass that calls gmlx's; mlx-vlm's own function stays as it is for every other model.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import mlx.core as mx
 
 from gmlx_server.engine import vlm_adapter
-from gmlx_server.engine.kernels import fast_ops
+from gmlx_server.engine.kernels.fast_ops import MLX_OPS, Primitives
 from gmlx_server.engine.kv_quant import is_kvarn, kvarn_attention
 
 _LOG2E = math.log2(math.e)
@@ -25,12 +26,14 @@ FEW_ROWS = 8  # up to this many queries (decode, speculative verification) one k
 FLASH_WIDTH = 16  # beyond FEW_ROWS the kernels' blockwise path takes value rows of a multiple of this width
 
 
-def cpu_attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float, mask: Any) -> mx.array:
-    """softmax(scale * q k^T + mask) v for q (B, H, L, D), k/v (B, Hk, S, D); mask None, "causal" or an array."""
+def cpu_attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float, mask: Any,
+                  prims: Primitives = MLX_OPS) -> mx.array:
+    """softmax(scale * q k^T + mask) v for q (B, H, L, D), k/v (B, Hk, S, D); mask None, "causal" or an array.
+    The kernels' one-op attention where `prims` has the extension, else MLX's ops."""
     B, H, L, D = queries.shape
     Hk, S = keys.shape[1], keys.shape[2]
     ours = queries.dtype == keys.dtype == values.dtype == mx.float32
-    ext = fast_ops.active() if ours and (L <= FEW_ROWS or values.shape[-1] % FLASH_WIDTH == 0) else None
+    ext = prims.ext if ours and (L <= FEW_ROWS or values.shape[-1] % FLASH_WIDTH == 0) else None
     if ext is not None:  # the CPU kernels' one-op attention: row by row, or blockwise (flash) for prefill
         out: mx.array = ext.sdpa(queries, keys, values, scale, None if isinstance(mask, str) else mask,
                                  causal=mask == "causal")
@@ -77,47 +80,31 @@ def supported(queries: mx.array, keys: Any, cache: Any, mask: Any, sinks: Any) -
 
 @dataclass(frozen=True)
 class _RoutedAttention:
-    """A family's attention while gmlx's is installed: the function it replaced, and whether plain fp32
-    attention goes to cpu_attention (the model runs on the CPU device)."""
+    """One model's attention: the family's function, whether plain fp32 attention goes to cpu_attention (the
+    model runs on the CPU device), and the primitives cpu_attention may call."""
 
     original: Any
     cpu: bool
+    prims: Primitives
 
     def __call__(self, queries: mx.array, keys: Any, values: Any, cache: Any, scale: float, mask: Any,
                  sinks: Any = None) -> mx.array:
         if is_kvarn(cache) and sinks is None:  # mlx-vlm has no attention over a kvarn cache: ours, on any device
             return kvarn_attention(queries, keys, values, cache, scale, mask)
         if self.cpu and supported(queries, keys, cache, mask, sinks):
-            return cpu_attention(queries, keys, values, scale, mask)
+            return cpu_attention(queries, keys, values, scale, mask, self.prims)
         out: mx.array = self.original(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
         return out
 
 
-def _routed(module: str) -> tuple[Any, _RoutedAttention | None]:
-    """The family's attention as bound now, and it as ours when it is."""
-    current = vlm_adapter.attention_function(module)
-    if current is None:
-        raise LookupError(f"mlx_vlm.models.{module}.language has no {vlm_adapter.ATTENTION} to route")
-    return current, current if isinstance(current, _RoutedAttention) else None
-
-
-def install_attention(module: str, cpu: bool) -> None:
-    """Route mlx_vlm.models.<module>.language's attention through gmlx's: kvarn caches always, and plain
-    fp32 ones to cpu_attention when `cpu` (the model runs on the CPU device)."""
-    current, ours = _routed(module)
-    vlm_adapter.set_attention_function(module, _RoutedAttention(ours.original if ours else current, cpu))
-
-
-def install_cpu_attention(module: str, enabled: bool = True) -> None:
-    """cpu_attention installed (or the module's own attention back, enabled=False)."""
-    if enabled:
-        install_attention(module, cpu=True)
-        return
-    _, ours = _routed(module)
-    if ours is not None:
-        vlm_adapter.set_attention_function(module, ours.original)
-
-
-def cpu_attention_installed(module: str) -> bool:
-    _, ours = _routed(module)
-    return ours is not None and ours.cpu
+def use_gmlx_attention(model: Any, cpu: bool, prims: Primitives = MLX_OPS) -> int:
+    """Route this model's attention modules through gmlx's: kvarn caches always, and plain fp32 ones to
+    cpu_attention when `cpu` (the model runs on the CPU device). Returns how many modules now do."""
+    own: dict[type, type] = {}
+    attentions = [m for _, m in model.named_modules() if vlm_adapter.calls_attention(type(m))]
+    for m in attentions:
+        cls = type(m)
+        if cls not in own:
+            own[cls] = vlm_adapter.with_attention(cls, _RoutedAttention(vlm_adapter.family_attention(cls), cpu, prims))
+        vlm_adapter.recast(m, own[cls])
+    return len(attentions)

@@ -14,11 +14,12 @@ from gmlx_plan.geometry import DEFAULT_CONTEXT, geometry_from_header
 from gmlx_plan.gguf_header import GGUFHeader, SkippedArray, read_header
 from gmlx_plan.memory import KVQuant, Layout, LayoutChoice, quantized_layers
 from gmlx_server.engine.arch import ArchSpec, arch_spec, make_cache, vocab_size
-from gmlx_server.engine.attention import install_attention
+from gmlx_server.engine.attention import use_gmlx_attention
 from gmlx_server.engine.blas import current_blas
 from gmlx_server.engine.chat_template import JinjaChatTemplate
 from gmlx_server.engine.gguf_tensors import LoadReport, load_gguf_tensors
-from gmlx_server.engine.kernels import fast_ops, probe
+from gmlx_server.engine.kernels import probe
+from gmlx_server.engine.kernels.fast_ops import Primitives, use_kernel_modules
 from gmlx_server.engine.kernels.modules import fuse_projections
 from gmlx_server.engine.kv_quant import CacheFactory
 from gmlx_server.engine.layout import choose_layout
@@ -41,6 +42,7 @@ class LoadedModel:
     report: LoadReport
     make_cache: CacheFactory  # a request's fresh per-layer caches (quantized where kv_quant says)
     vision: VisionRuntime | None = None  # the vision tower a prompt's images prefill through (None: text only)
+    kernels: Primitives | None = None  # what this model's norms, RoPEs, MLPs and attention call (None: MLX's own)
 
 
 def load_gguf_model(path: str | Path, model_id: str | None = None, layout: LayoutChoice = "auto",
@@ -55,9 +57,6 @@ def load_gguf_model(path: str | Path, model_id: str | None = None, layout: Layou
     model = spec.model_class()(spec.make_config(params))
     on_gpu = mx.default_device() == mx.gpu
     chosen, why = _layout(layout, on_gpu, native_kernels, header)
-    # Metal keeps mx.fast's fused kernel; on the CPU ours is ~1.3-1.7x faster (bench/attention.py)
-    install_attention(spec.module, cpu=not on_gpu)
-    _fast_ops(not on_gpu and native_kernels)
     tensors, report = load_gguf_tensors(path, header.tensors, chosen)
     install_weights(model, spec, tensors)
     del tensors  # the model holds the arrays now; dropping the dict lets transposed copies replace them
@@ -65,6 +64,9 @@ def load_gguf_model(path: str | Path, model_id: str | None = None, layout: Layou
         transpose_dense_linears(model)
     elif chosen == "native":
         fuse_projections(model)  # q/k/v and gate/up as one matmul each
+    kernels = _kernel_primitives(model, not on_gpu and native_kernels)
+    # Metal keeps mx.fast's fused kernel; on the CPU ours is ~1.3-1.7x faster (bench/attention.py)
+    use_gmlx_attention(model, cpu=not on_gpu, prims=kernels or Primitives(None))
     mx.clear_cache()  # the buffers of replaced arrays (fused parts, transposed originals) stay cached otherwise
     tokenizer = GGUFTokenizer.from_metadata(header.metadata)
     template = JinjaChatTemplate.from_metadata(header.metadata, spec.family, chat_template)
@@ -83,7 +85,7 @@ def load_gguf_model(path: str | Path, model_id: str | None = None, layout: Layou
         tensor_types={src: became for (src, became) in report.by_type}, kv_quant=caches.report(),
     )
     _log_load(info, report, why, template.source, "mx.fast" if on_gpu else "gmlx CPU (folded GQA, exp2 softmax)")
-    return LoadedModel(model, header, spec, info, tokenizer, template, report, caches)
+    return LoadedModel(model, header, spec, info, tokenizer, template, report, caches, kernels=kernels)
 
 
 # Read only while the tokenizer is built: Gemma 3's 262K scores and types are ~11 MB of Python objects.
@@ -114,14 +116,15 @@ def _layout(requested: LayoutChoice, on_gpu: bool, native_kernels: bool,
     return choose_layout(requested, on_gpu=on_gpu, native=False, header=header)
 
 
-def _fast_ops(wanted: bool) -> None:
-    """mx.fast's norm and RoPE as one op each on the CPU; process-wide, so the latest load decides (the
-    GMLX_NATIVE_KERNELS=0 runs keep MLX's own)."""
+def _kernel_primitives(model: Any, wanted: bool) -> Primitives | None:
+    """This model's norms, RoPEs and gated MLPs as single CPU primitives (None: kernels off or unavailable, and
+    the model keeps MLX's own ops); only this model: another in the process keeps its own path."""
     ext = probe().ext if wanted else None
-    if ext is not None:
-        fast_ops.install(ext)
-    else:
-        fast_ops.uninstall()
+    if ext is None:
+        return None
+    prims = Primitives(ext)
+    use_kernel_modules(model, prims)
+    return prims
 
 
 def _log_load(info: ModelInfo, report: LoadReport, why: str, template_source: str, attention: str) -> None:

@@ -6,7 +6,6 @@ The rest of the tree calls these typed functions instead of getattr/hasattr/seta
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
@@ -46,26 +45,3 @@ def module_at(root: nn.Module, path: str) -> Any:
 def replace_module(root: nn.Module, path: str, new: nn.Module) -> None:
     parent, _, name = path.rpartition(".")
     set_child(module_at(root, parent), name, new)
-
-
-# Process-wide reassignments of MLX functions (issue 29 item 3 replaces them by modules that call the
-# kernels themselves); kept here so that every one of them is in sight.
-
-def fast_function(name: str) -> Callable[..., Any]:
-    """mx.fast.<name> as it is bound now."""
-    fn: Callable[..., Any] = getattr(mx.fast, name)
-    return fn
-
-
-def set_fast_function(name: str, fn: Callable[..., Any]) -> None:
-    setattr(mx.fast, name, fn)
-
-
-def nn_function(name: str) -> Callable[..., Any]:
-    """mlx.nn.<name> (an activation) as it is bound now."""
-    fn: Callable[..., Any] = getattr(nn, name)
-    return fn
-
-
-def set_nn_function(name: str, fn: Callable[..., Any]) -> None:
-    setattr(nn, name, fn)

@@ -20,7 +20,7 @@ import mlx.core as mx
 from gmlx_plan.families import family_of
 from gmlx_plan.gguf_header import GGUFHeader
 from gmlx_server.engine.arch import ArchSpec, make_cache
-from gmlx_server.engine.attention import install_attention
+from gmlx_server.engine.attention import use_gmlx_attention
 from gmlx_server.engine.dir_files import text_config
 from gmlx_server.engine.dir_tokenizer import DirTokenizer, dir_template, read_json
 from gmlx_server.engine.gguf_tensors import LoadReport
@@ -31,7 +31,7 @@ from gmlx_server.engine.vision.dir_vision import dir_tower_modules, projector_fr
 from gmlx_server.engine.vision.prefill import VisionRuntime
 from gmlx_server.engine.vision.processor import ImageProcessor
 from gmlx_server.engine.vision.tower import VisionTower
-from gmlx_server.engine.vlm_adapter import attention_function, family_module_of, text_model_of
+from gmlx_server.engine.vlm_adapter import family_module_of, text_model_of
 
 log = logging.getLogger("gmlx.engine")
 
@@ -47,8 +47,7 @@ def load_model_dir(path: str | Path, model_id: str | None = None, max_kv_size: i
     kind = str(config["model_type"])
     family = family_of(kind).name
     module = family_module_of(text)
-    if attention_function(module) is not None:
-        install_attention(module, cpu=mx.default_device() != mx.gpu)  # gmlx's CPU attention, as for a GGUF
+    use_gmlx_attention(text, cpu=mx.default_device() != mx.gpu)  # gmlx's CPU attention, as for a GGUF
     tokenizer = DirTokenizer(d)
     info = _info(d, config, model, text, model_id, max_kv_size, family)
     spec = ArchSpec(family, module, lambda h, v: {}, {})  # no GGUF names to map: mlx-vlm loaded the weights

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from types import ModuleType
+from types import FunctionType, ModuleType
 from typing import Any
 
 ATTENTION = "scaled_dot_product_attention"  # the name each family's language module calls its attention by
@@ -91,23 +91,61 @@ def trimmable(cache: Any) -> bool:
     return is_trimmable is not None and hasattr(cache, "trim") and bool(is_trimmable())
 
 
-# Process-wide reassignments of mlx-vlm functions (issue 29 item 3 replaces them by modules that call the
-# kernels themselves); kept here so that every one of them is in sight.
+# What a model's modules call, read so that gmlx can build its own modules for them (engine/kernels/fast_ops.py,
+# engine/attention.py): nothing here reassigns an mlx-vlm function.
 
-def models_function(module: str, name: str) -> Callable[..., Any] | None:
-    """mlx_vlm.models.<module>.<name> as it is bound now (None when the module has no such name)."""
-    fn: Callable[..., Any] | None = getattr(_models(module), name, None)
+def swiglu() -> Callable[..., Any]:
+    """mlx-vlm's own silu(gate) * up, which its SwiGLU MLPs call."""
+    fn: Callable[..., Any] = _models("activations").swiglu
     return fn
 
 
-def set_models_function(module: str, name: str, fn: Callable[..., Any]) -> None:
-    setattr(_models(module), name, fn)
+def gated_mlp_kind(module: Any) -> int | None:
+    """0 for an MLP whose forward is swiglu(gate, up) (llama's, the shared SwiGLUMLP of qwen2/qwen3), 1 for
+    gelu_approx(gate) * up (Gemma 3's), None for any other module."""
+    kinds = {_models("llama.language").MLP: 0, _models("mlp").SwiGLUMLP: 0, _models("gemma3.language").MLP: 1}
+    return kinds.get(type(module))
 
 
-def attention_function(family: str) -> Callable[..., Any] | None:
-    """The family's language module's attention function; None for a family that calls mx.fast's directly."""
-    return models_function(f"{family}.language", ATTENTION)
+def rope_args(rope: Any) -> dict[str, Any] | None:
+    """mx.fast.rope's arguments as an nn.RoPE, Llama3RoPE or YarnRoPE instance passes them (RopeArgs' fields);
+    None for any other module, whose forward then stays its own."""
+    import mlx.nn as nn
+
+    rope_utils = _models("rope_utils")
+    kind = type(rope)
+    if kind is nn.RoPE:
+        return {"dims": rope.dims, "traditional": rope.traditional, "base": rope.base, "scale": rope.scale}
+    if kind is not rope_utils.Llama3RoPE and kind is not rope_utils.YarnRoPE:
+        return None
+    args = {"dims": rope.dims, "traditional": rope.traditional, "base": None, "scale": 1.0, "freqs": rope._freqs}
+    return args | {"mscale": float(rope.mscale)} if kind is rope_utils.YarnRoPE else args
 
 
-def set_attention_function(family: str, fn: Callable[..., Any]) -> None:
-    set_models_function(f"{family}.language", ATTENTION, fn)
+def calls_attention(cls: type) -> bool:
+    """The class's own forward calls its language module's scaled_dot_product_attention (each family's
+    Attention): the functions with_attention can rebuild."""
+    forward = vars(cls).get("__call__")
+    return (cls.__module__.startswith("mlx_vlm.models.") and isinstance(forward, FunctionType)
+            and ATTENTION in forward.__code__.co_names and ATTENTION in forward.__globals__)
+
+
+def family_attention(cls: type) -> Callable[..., Any]:
+    """The attention function a calls_attention class's forward calls (mlx-vlm's, as its module binds it)."""
+    fn: Callable[..., Any] = vars(cls)["__call__"].__globals__[ATTENTION]
+    return fn
+
+
+def with_attention(cls: type, attention: Callable[..., Any]) -> type:
+    """A subclass of a calls_attention class whose forward is the family's own code calling `attention` instead:
+    the same code object over a copy of its module's globals, so mlx-vlm's module is left as it is."""
+    own: FunctionType = vars(cls)["__call__"]
+    forward = FunctionType(own.__code__, {**own.__globals__, ATTENTION: attention}, own.__name__,
+                           own.__defaults__, own.__closure__)
+    forward.__kwdefaults__ = own.__kwdefaults__
+    return type(f"Gmlx{cls.__name__}", (cls,), {"__call__": forward, "__module__": __name__})
+
+
+def recast(module: Any, cls: type) -> None:
+    """Make one model's module instance an instance of `cls` (a with_attention subclass of its class)."""
+    module.__class__ = cls

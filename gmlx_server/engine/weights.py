@@ -10,6 +10,7 @@ import mlx.nn as nn
 from gmlx_server.engine.arch import ArchSpec
 from gmlx_server.engine.gguf_tensors import ConvertedTensor
 from gmlx_server.engine.kernels import probe
+from gmlx_server.engine.kernels.fast_ops import RMSNorm, RoPE, RopeArgs
 from gmlx_server.engine.kernels.modules import GGUFEmbedding, GGUFLinear
 from gmlx_server.engine.mlx_adapter import module_at, replace_module
 from gmlx_server.engine.vlm_adapter import has_head, rope_dims
@@ -50,23 +51,13 @@ def install_weights(model: Any, spec: ArchSpec, tensors: dict[str, ConvertedTens
     mx.eval(model.parameters())
 
 
-class _FoldedRMSNorm(nn.Module):
+def _fold_norm_offsets(model: nn.Module) -> None:
     """Gemma's RMSNorm with its `1 + w` computed once at load; mlx-vlm's adds it on every call (2 ops each,
     ~220 a decode step of Gemma 3). The folded weight is the very value the call computed."""
-
-    def __init__(self, weight: mx.array, eps: float) -> None:
-        super().__init__()
-        self.weight, self.eps = weight, eps
-
-    def __call__(self, x: mx.array) -> mx.array:
-        return mx.fast.rms_norm(x, self.weight, self.eps)
-
-
-def _fold_norm_offsets(model: nn.Module) -> None:
-    norms = [(p, m) for p, m in model.named_modules()
-             if p.endswith("norm") and type(m).__name__ == "RMSNorm" and type(m) is not nn.RMSNorm]
+    norms = [(p, m) for p, m in model.named_modules() if p.endswith("norm") and type(m).__name__ == "RMSNorm"
+             and not isinstance(m, nn.RMSNorm | RMSNorm)]
     for path, m in norms:
-        replace_module(model, path, _FoldedRMSNorm(1.0 + m.weight, m.eps))
+        replace_module(model, path, RMSNorm(1.0 + m.weight, m.eps))
 
 
 def _qparams(quant: dict[str, tuple[int, int]], path: str) -> dict[str, int] | bool:
@@ -100,26 +91,18 @@ def _use_native_modules(model: nn.Module, natives: dict[str, int]) -> None:
         replace_module(model, path, new)
 
 
-class _FreqRoPE(nn.Module):
-    """Llama-3 GGUFs carry per-frequency factors (rope_freqs.weight) instead of a scaling config."""
-
-    def __init__(self, dims: int, base: float, factors: mx.array, traditional: bool) -> None:
-        super().__init__()
-        self._dims, self._traditional = dims, traditional
-        inv = base ** (mx.arange(0, dims, 2, dtype=mx.float32) / dims)
-        self._freqs = inv * factors.astype(mx.float32)
-
-    def __call__(self, x: mx.array, offset: int = 0) -> mx.array:
-        return mx.fast.rope(x, self._dims, traditional=self._traditional, base=None, scale=1.0,
-                            offset=offset, freqs=self._freqs)
-
-
 def _apply_rope_freqs(model: Any, factors: mx.array) -> None:
     args = model.args
     for layer in model.model.layers:
         attn = layer.self_attn
         dims = rope_dims(attn.rope, factors.shape[0] * 2)
-        attn.rope = _FreqRoPE(dims, args.rope_theta, factors, args.rope_traditional)
+        attn.rope = _freq_rope(dims, args.rope_theta, factors, args.rope_traditional)
+
+
+def _freq_rope(dims: int, base: float, factors: mx.array, traditional: bool) -> RoPE:
+    """Llama-3 GGUFs carry per-frequency factors (rope_freqs.weight) instead of a scaling config."""
+    inv = base ** (mx.arange(0, dims, 2, dtype=mx.float32) / dims)
+    return RoPE(RopeArgs(dims, traditional, None, 1.0, inv * factors.astype(mx.float32)))
 
 
 class TransposedLinear(nn.Module):

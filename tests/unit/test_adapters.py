@@ -5,6 +5,7 @@ gmlx's own types are read through their typed fields, MLX's and mlx-vlm's throug
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
 
 import pytest
@@ -65,10 +66,13 @@ def test_a_new_probe_is_caught(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("family", "config"), [("qwen2", "ModelConfig"), ("gemma3", "TextConfig"),
                                                  ("llama", "ModelConfig")])
 def test_the_vlm_adapter_reads_each_family(family: str, config: str) -> None:
+    from mlx_vlm.models.base import scaled_dot_product_attention
+
     from gmlx_server.engine import vlm_adapter
 
     assert vlm_adapter.config_class(family).__name__ == config
     cls = vlm_adapter.language_model_class(family)
     assert vlm_adapter.family_module_of(cls.__new__(cls)) == family
-    assert vlm_adapter.attention_function(family) is not None
-    assert vlm_adapter.models_function(f"{family}.language", "no_such_function") is None
+    attention = importlib.import_module(f"mlx_vlm.models.{family}.language").Attention
+    assert vlm_adapter.calls_attention(attention) and not vlm_adapter.calls_attention(cls)
+    assert vlm_adapter.family_attention(attention) is scaled_dot_product_attention

@@ -1,9 +1,8 @@
 """The CPU attention path against mx.fast.scaled_dot_product_attention: every mask mlx-vlm passes, the
-fallbacks, and (slow) real models' logits and greedy tokens with and without it installed."""
+fallbacks, and (slow) real models' logits and greedy tokens with and without it in their attention modules."""
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -11,8 +10,9 @@ from typing import Any
 import mlx.core as mx
 import pytest
 
+from gmlx_server.engine import vlm_adapter
 from gmlx_server.engine.arch import make_cache
-from gmlx_server.engine.attention import cpu_attention, cpu_attention_installed, install_cpu_attention, supported
+from gmlx_server.engine.attention import cpu_attention, supported, use_gmlx_attention
 from gmlx_server.engine.loader import load_gguf_model
 from tests.conftest import gemma_path, smollm2_path
 
@@ -75,19 +75,20 @@ def test_unsupported_inputs_keep_mlx_vlm_path() -> None:
     assert not supported(q, (k, k, k), None, None, None)
 
 
-def test_install_is_idempotent_and_reversible() -> None:
+def test_a_models_attention_modules_call_gmlx_and_mlx_vlm_keeps_its_own() -> None:
     import mlx_vlm.models.qwen2.language as lang
     from mlx_vlm.models.base import scaled_dot_product_attention as original
 
-    was = cpu_attention_installed("qwen2")
-    try:
-        install_cpu_attention("qwen2")
-        install_cpu_attention("qwen2")
-        assert cpu_attention_installed("qwen2") and lang.scaled_dot_product_attention is not original
-        install_cpu_attention("qwen2", enabled=False)
-        assert lang.scaled_dot_product_attention is original
-    finally:
-        install_cpu_attention("qwen2", enabled=was)
+    model = lang.LanguageModel(lang.ModelConfig.from_dict({
+        "model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "rms_norm_eps": 1e-6, "vocab_size": 50}))
+    assert use_gmlx_attention(model, cpu=True) == 2
+    assert use_gmlx_attention(model, cpu=True) == 0  # already gmlx's: not wrapped twice
+    attn = model.model.layers[0].self_attn
+    assert isinstance(attn, lang.Attention) and type(attn) is not lang.Attention
+    assert lang.scaled_dot_product_attention is original  # the family's module is untouched
+    other = lang.Attention(model.args)
+    assert type(other) is lang.Attention  # and so is every instance of another model
 
 
 # --- real models (slow): the model's own forward with mx.fast's attention, ours, and a float64 one ---
@@ -104,18 +105,20 @@ def _float64_attention(queries: mx.array, keys: Any, values: Any, cache: Any, sc
 
 
 @contextmanager
-def _attention(module: str, how: str) -> Iterator[None]:
-    """how: "mx.fast" (mlx-vlm's own), "gmlx" (installed) or "float64"."""
-    lang = importlib.import_module(f"mlx_vlm.models.{module}.language")
-    was, saved = cpu_attention_installed(module), lang.scaled_dot_product_attention
-    install_cpu_attention(module, how == "gmlx")
-    if how == "float64":
-        lang.scaled_dot_product_attention = _float64_attention
+def _attention(model: Any, how: str) -> Iterator[None]:
+    """how: "mx.fast" (mlx-vlm's own), "gmlx" (as loaded) or "float64": the loaded model's attention modules
+    recast to their family's class, or to it calling the float64 attention, for the block."""
+    ours = [m for _, m in model.named_modules() if vlm_adapter.calls_attention(type(m).__mro__[1])]
+    loaded = type(ours[0])
+    family = loaded.__mro__[1]
+    cls = {"mx.fast": family, "gmlx": loaded, "float64": vlm_adapter.with_attention(family, _float64_attention)}[how]
+    for m in ours:
+        vlm_adapter.recast(m, cls)
     try:
         yield
     finally:
-        lang.scaled_dot_product_attention = saved
-        install_cpu_attention(module, was)
+        for m in ours:
+            vlm_adapter.recast(m, loaded)
 
 
 def _logits_and_greedy(model: Any, ids: list[int], chunk: int, new: int) -> tuple[mx.array, list[int]]:
@@ -135,7 +138,7 @@ def _runs(loaded: Any, ids: list[int]) -> dict[str, tuple[mx.array, list[int], m
     """Per attention: chunked logits, greedy ids, and (not for float64) logits of one uncached forward."""
     out = {}
     for how in ("mx.fast", "gmlx", "float64"):
-        with _attention(loaded.spec.module, how):
+        with _attention(loaded.model, how):
             logits, greedy = _logits_and_greedy(loaded.model, ids, 300, 12 if how != "float64" else 0)
             # No cache: Gemma's sliding layers then get an (L, L) window mask array.
             whole = loaded.model(mx.array([ids])).logits[0] if how != "float64" else None
@@ -147,7 +150,7 @@ def _runs(loaded: Any, ids: list[int]) -> dict[str, tuple[mx.array, list[int], m
 @pytest.mark.parametrize("which", ["smollm2", "gemma"])
 def test_real_model_logits_and_greedy_unchanged(which: str) -> None:
     loaded = load_gguf_model(smollm2_path() if which == "smollm2" else gemma_path())
-    assert cpu_attention_installed(loaded.spec.module)  # the loader installs it on the CPU device
+    assert type(loaded.model.model.layers[0].self_attn).__name__ == "GmlxAttention"  # the loader's, on the CPU
     text = " ".join(f"Line {i}: the pump at station {i % 11} read {i * 37 % 101} kPa." for i in range(60))
     ids = loaded.tokenizer.encode(text)[:700]
     assert len(ids) == 700 and (loaded.info.sliding_window or 0) < 700  # longer than Gemma's 512 window

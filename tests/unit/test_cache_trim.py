@@ -14,7 +14,7 @@ from mlx.utils import tree_map
 from mlx_vlm.models.cache import BatchKVCache, BatchRotatingKVCache, KVCache, QuantizedKVCache, RotatingKVCache
 
 from gmlx_server.engine.arch import ARCHS, make_cache
-from gmlx_server.engine.attention import install_attention
+from gmlx_server.engine.attention import use_gmlx_attention
 from gmlx_server.engine.cache_trim import can_trim, trim, trim_room
 from gmlx_server.engine.kv_quant import BatchKVarnCache, KVarnCache, as_batch_quantized, kvarn_attention
 
@@ -36,7 +36,7 @@ def _tiny(arch: str) -> Any:
     model = spec.model_class()(spec.make_config(params))
     mx.random.seed(7)
     model.update(tree_map(lambda a: mx.random.normal(a.shape) * 0.2, model.parameters()))
-    install_attention(spec.module, cpu=True)  # as the loader does: kvarn caches need gmlx's attention
+    use_gmlx_attention(model, cpu=True)  # as the loader does: kvarn caches need gmlx's attention
     return model
 
 

@@ -1,12 +1,11 @@
 """RMSNorm and RoPE as single CPU primitives (engine/kernels/fast_ops.py) against float64 references.
 
-Installed, they replace mx.fast.rms_norm/rope for float32 on the CPU; anything else (other dtypes, shapes
-they do not cover) must still reach MLX's own function.
+A model's gmlx modules call them through its Primitives for float32 on the CPU; anything else (other dtypes,
+shapes they do not cover) must still reach MLX's own function.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from types import ModuleType
 
 import mlx.core as mx
@@ -15,18 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gmlx_server.engine.kernels import fast_ops
+from gmlx_server.engine.kernels.fast_ops import Primitives, RopeArgs
 
 F64 = np.ndarray
-
-
-@pytest.fixture
-def installed(ext: ModuleType) -> Iterator[None]:
-    was = fast_ops.installed()
-    fast_ops.install(ext)
-    yield
-    if not was:
-        fast_ops.uninstall()
 
 
 def rms_ref(x: F64, w: F64 | None, eps: float) -> F64:
@@ -94,35 +84,32 @@ def test_rope_matches_float64(ext: ModuleType, b: int, n: int, t: int, d: int, p
     np.testing.assert_allclose(got.reshape(want.shape), want, atol=1e-3, rtol=0)
 
 
-def test_installed_functions_route_float32_to_the_primitives(installed: None, ext: ModuleType) -> None:
+def test_float32_goes_to_the_primitives(ext: ModuleType) -> None:
+    prims = Primitives(ext)
     x = mx.random.normal((1, 4, 3, 64))
     w = mx.random.normal((64,))
-    assert mx.array_equal(mx.fast.rms_norm(x, w, 1e-6), ext.rms_norm(x, w, 1e-6))
+    assert mx.array_equal(prims.rms_norm(x, w, 1e-6), ext.rms_norm(x, w, 1e-6))
     ours = ext.rope(x, 64, traditional=False, base=1e4, scale=1.0, offset=5)
-    assert mx.array_equal(mx.fast.rope(x, 64, traditional=False, base=1e4, scale=1.0, offset=5), ours)
+    assert mx.array_equal(prims.rope(x, RopeArgs(64, False, 1e4, 1.0), 5), ours)
 
 
-def test_what_the_primitives_do_not_cover_reaches_mlx(installed: None) -> None:
+def test_what_the_primitives_do_not_cover_reaches_mlx(ext: ModuleType) -> None:
+    prims = Primitives(ext)
     x16 = mx.random.normal((1, 2, 3, 32)).astype(mx.bfloat16)
-    y = mx.fast.rope(x16, 32, traditional=False, base=1e4, scale=1.0, offset=0)
+    y = prims.rope(x16, RopeArgs(32, False, 1e4, 1.0), 0)
     assert y.dtype == mx.bfloat16
     w2 = mx.ones((2, 32))  # a weight that is not 1-D
     with pytest.raises(ValueError):
-        mx.fast.rms_norm(mx.ones((2, 32)), w2, 1e-6)  # MLX's own error, not a crash in the extension
+        prims.rms_norm(mx.ones((2, 32)), w2, 1e-6)  # MLX's own error, not a crash in the extension
 
 
-def test_uninstall_restores_mlx(ext: ModuleType) -> None:
-    was = fast_ops.installed()
-    fast_ops.uninstall()
-    original = mx.fast.rope
-    fast_ops.install(ext)
-    fast_ops.install(ext)  # idempotent: one wrapper, not two
-    wrapper = mx.fast.rope
-    assert isinstance(wrapper, fast_ops.Routed) and wrapper.original is original
-    fast_ops.uninstall()
-    assert not fast_ops.installed() and mx.fast.rope is original
-    if was:
-        fast_ops.install(ext)
+def test_without_the_extension_mlx_runs(ext: ModuleType) -> None:
+    """Primitives(None) (the kernels off) gives MLX's own results, bit for bit."""
+    x, w = mx.random.normal((2, 3, 5, 32)), mx.random.normal((32,))
+    off = Primitives(None)
+    assert mx.array_equal(off.rms_norm(x, w, 1e-5), mx.fast.rms_norm(x, w, 1e-5))
+    want = mx.fast.rope(x, 32, traditional=True, base=1e4, scale=1.0, offset=3)
+    assert mx.array_equal(off.rope(x, RopeArgs(32, True, 1e4, 1.0), 3), want)
 
 
 def sdpa_ref(q: F64, k: F64, v: F64, scale: float, mask: F64 | None, causal: bool) -> F64:
@@ -174,8 +161,9 @@ def check_sdpa(ext: ModuleType, b: int, hk: int, r: int, lq: int, extra: int, d:
     np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-4)
 
 
-def test_cpu_attention_takes_the_primitive_for_few_rows(installed: None, ext: ModuleType) -> None:
+def test_cpu_attention_takes_the_primitive_for_few_rows(ext: ModuleType) -> None:
     from gmlx_server.engine.attention import cpu_attention
 
     q, k, v = mx.random.normal((1, 4, 2, 32)), mx.random.normal((1, 2, 9, 32)), mx.random.normal((1, 2, 9, 32))
-    assert mx.array_equal(cpu_attention(q, k, v, 0.2, "causal"), ext.sdpa(q, k, v, 0.2, None, causal=True))
+    got = cpu_attention(q, k, v, 0.2, "causal", Primitives(ext))
+    assert mx.array_equal(got, ext.sdpa(q, k, v, 0.2, None, causal=True))

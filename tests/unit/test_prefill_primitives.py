@@ -1,9 +1,8 @@
 """The kernels' prefill primitives against float64: blockwise (flash) attention for many query rows, and the
-gated activations (SiLU, GELU's tanh form) the MLPs call; the installed wrappers route float32 to them."""
+gated activations (SiLU, GELU's tanh form) the MLPs call; a model's Primitives route float32 to them."""
 
 from __future__ import annotations
 
-import importlib
 import math
 from types import ModuleType
 
@@ -14,10 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gmlx_server.engine.kernels import fast_ops
-from tests.unit.test_fast_ops import check_sdpa, installed
-
-__all__ = ["installed"]  # the fixture, shared with test_fast_ops
+from gmlx_server.engine.kernels.fast_ops import GELU_TANH, SILU, Primitives
+from tests.unit.test_fast_ops import check_sdpa
 
 
 @settings(max_examples=40, deadline=None)
@@ -33,13 +30,15 @@ def test_flash_attention_matches_float64(ext: ModuleType, b: int, hk: int, r: in
     check_sdpa(ext, b, hk, r, lq, extra, d, kind, seed)
 
 
-def test_cpu_attention_takes_the_primitive_for_prefill_rows(installed: None, ext: ModuleType) -> None:
+def test_cpu_attention_takes_the_primitive_for_prefill_rows(ext: ModuleType) -> None:
     from gmlx_server.engine.attention import cpu_attention
 
+    prims = Primitives(ext)
     q, k, v = mx.random.normal((1, 9, 40, 64)), mx.random.normal((1, 3, 90, 64)), mx.random.normal((1, 3, 90, 64))
-    assert mx.array_equal(cpu_attention(q, k, v, 0.2, "causal"), ext.sdpa(q, k, v, 0.2, None, causal=True))
+    assert mx.array_equal(cpu_attention(q, k, v, 0.2, "causal", prims), ext.sdpa(q, k, v, 0.2, None, causal=True))
     odd = mx.random.normal((1, 3, 90, 72))  # value rows not a multiple of 16 wide: MLX's ops, same result
-    assert mx.abs(cpu_attention(q, k, odd, 0.2, "causal") - ext.sdpa(q, k, odd, 0.2, None, causal=True)).max() < 1e-5
+    got = cpu_attention(q, k, odd, 0.2, "causal", prims)
+    assert mx.abs(got - ext.sdpa(q, k, odd, 0.2, None, causal=True)).max() < 1e-5
 
 
 def _act_ref(x: np.ndarray, kind: int) -> np.ndarray:
@@ -93,26 +92,15 @@ def test_gated_reads_a_fused_projections_column_slices(ext: ModuleType) -> None:
                                rtol=2e-6, atol=1e-6)
 
 
-def test_installed_activations_route_float32_and_pass_the_rest(installed: None, ext: ModuleType) -> None:
-    mlp = importlib.import_module("mlx_vlm.models.mlp")
-    llama = importlib.import_module("mlx_vlm.models.llama.language")
+def test_float32_activations_go_to_the_primitive_and_the_rest_to_mlx(ext: ModuleType) -> None:
+    from mlx_vlm.models.activations import swiglu
+
+    prims = Primitives(ext)
     g, u = mx.random.normal((3, 40)), mx.random.normal((3, 40))
-    assert mx.array_equal(mlp.swiglu(g, u), ext.gated(g, u, 0))
-    assert mx.array_equal(llama.swiglu(g, u), ext.gated(g, u, 0))
-    assert mx.array_equal(nn.gelu_approx(g), ext.gated(g, None, 1))
+    assert mx.array_equal(prims.gated(g, u, SILU), ext.gated(g, u, 0))
+    assert mx.array_equal(prims.gated(g, u, GELU_TANH), ext.gated(g, u, 1))
     half = g.astype(mx.bfloat16)  # not ours: MLX's own function, in its own dtype
-    assert nn.gelu_approx(half).dtype == mx.bfloat16 and mlp.swiglu(half, half).dtype == mx.bfloat16
-
-
-def test_uninstall_restores_the_activations(ext: ModuleType) -> None:
-    was = fast_ops.installed()
-    fast_ops.install(ext)
-    fast_ops.install(ext)  # idempotent
-    wrapper = nn.gelu_approx
-    assert isinstance(wrapper, fast_ops.Routed) and not isinstance(wrapper.original, fast_ops.Routed)
-    fast_ops.uninstall()
-    mlp = importlib.import_module("mlx_vlm.models.mlp")
-    assert nn.gelu_approx is wrapper.original
-    assert not isinstance(nn.gelu_approx, fast_ops.Routed) and not isinstance(mlp.swiglu, fast_ops.Routed)
-    if was:
-        fast_ops.install(ext)
+    assert prims.gated(half, half, GELU_TANH).dtype == prims.gated(half, half, SILU).dtype == mx.bfloat16
+    off = Primitives(None)  # the kernels off: mlx-vlm's and MLX's own, bit for bit
+    assert mx.array_equal(off.gated(g, u, SILU), swiglu(g, u))
+    assert mx.array_equal(off.gated(g, u, GELU_TANH), nn.gelu_approx(g) * u)

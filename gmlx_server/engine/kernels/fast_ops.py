@@ -1,141 +1,147 @@
-"""mx.fast.rms_norm, mx.fast.rope and the MLPs' gated activations as CPU primitives of the kernels extension.
+"""RMSNorm, RoPE and the MLPs' gated activations as gmlx modules that call the kernels' CPU primitives.
 
-On MLX's CPU backend the first two expand into 10-20 graph ops per call (a decode step of a 30-layer model
-holds ~120 of them), and every op costs ~20 us of dispatch; the activations run on one thread with a scalar
-exp (~15 ns an element, a sixth of a 512-token SmolLM2 prefill). Installed process-wide while the default device is
-the CPU: each call that our primitives cover (float32, the CPU, a plain offset) goes to them, any other
-to MLX's own function, so Metal and other dtypes are untouched.
+On MLX's CPU backend mx.fast.rms_norm and mx.fast.rope expand into 10-20 graph ops per call (a decode step of a
+30-layer model holds ~120 of them), and every op costs ~20 us of dispatch; the activations run on one thread with
+a scalar exp (~15 ns an element, a sixth of a 512-token SmolLM2 prefill). The loader swaps one model's norm, RoPE
+and MLP instances for the modules below (use_kernel_modules): each call its primitives cover (float32, the CPU
+default device, a plain offset) goes to the extension, any other to MLX's own op. Nothing in mlx or mlx-vlm is
+reassigned, so a model loaded with the kernels off (or on Metal) in the same process keeps MLX's path.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
 
-from gmlx_server.engine import mlx_adapter, vlm_adapter
+from gmlx_server.engine import vlm_adapter
+from gmlx_server.engine.mlx_adapter import replace_module
 
-Fn = Callable[..., Any]
-
-
-def _on_cpu(x: mx.array, stream: Any) -> bool:
-    return x.dtype == mx.float32 and stream is None and mx.default_device() == mx.cpu
+SILU, GELU_TANH = 0, 1  # the extension's gated activations: swiglu's silu(gate) * up, gelu_approx(gate) * up
 
 
-@dataclass(frozen=True)
-class Routed:
-    """An installed wrapper: the extension it calls and the function it replaced (restored by uninstall)."""
+@dataclass(eq=False)
+class Primitives:
+    """One model's route to the extension, shared by its modules; ext None runs MLX's own ops (the kernels off,
+    or a bench's A/B switch)."""
 
-    ext: ModuleType
-    original: Fn
+    ext: ModuleType | None
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:  # each kind's own signature
-        raise NotImplementedError
+    def covering(self, x: mx.array) -> ModuleType | None:
+        """The extension when it takes `x`: float32 on the CPU default device."""
+        on_cpu = x.dtype == mx.float32 and mx.default_device() == mx.cpu
+        return self.ext if on_cpu else None
 
-
-class _RmsNorm(Routed):
-    def __call__(self, x: mx.array, weight: mx.array | None, eps: float, *, stream: Any = None) -> mx.array:
-        if _on_cpu(x, stream) and x.ndim >= 1 and (weight is None or weight.shape == (x.shape[-1],)):
-            out: mx.array = self.ext.rms_norm(x, weight, eps)
+    def rms_norm(self, x: mx.array, weight: mx.array | None, eps: float) -> mx.array:
+        ext = self.covering(x)
+        if ext is not None and x.ndim >= 1 and (weight is None or weight.shape == (x.shape[-1],)):
+            out: mx.array = ext.rms_norm(x, weight, eps)
             return out
-        mlx_own: mx.array = self.original(x, weight, eps, stream=stream)
-        return mlx_own
+        return mx.fast.rms_norm(x, weight, eps)
 
-
-def _rope_covered(a: mx.array, dims: int, base: float | None, offset: Any, freqs: mx.array | None) -> bool:
-    if a.ndim < 3 or dims % 2 or not 0 < dims <= a.shape[-1] or (base is None) == (freqs is None):
-        return False
-    if freqs is not None and freqs.shape != (dims // 2,):
-        return False
-    return isinstance(offset, int) or (isinstance(offset, mx.array) and (
-        offset.size == 1 or offset.shape == (a.shape[0],)))
-
-
-class _Rope(Routed):
-    def __call__(self, a: mx.array, dims: int, *, traditional: bool, base: float | None, scale: float,
-                 offset: Any, freqs: mx.array | None = None, stream: Any = None) -> mx.array:
-        if _on_cpu(a, stream) and _rope_covered(a, dims, base, offset, freqs):
+    def rope(self, x: mx.array, a: RopeArgs, offset: Any) -> mx.array:
+        ext = self.covering(x)
+        if ext is not None and _rope_covered(x, a, offset):
             if isinstance(offset, mx.array) and offset.ndim > 1:
                 offset = offset.reshape(-1)
-            out: mx.array = self.ext.rope(a, dims, traditional=traditional, base=base,
-                                          scale=scale, offset=offset, freqs=freqs)
+            out: mx.array = ext.rope(x, a.dims, traditional=a.traditional, base=a.base, scale=a.scale,
+                                     offset=offset, freqs=a.freqs)
             return out
-        mlx_own: mx.array = self.original(a, dims, traditional=traditional, base=base, scale=scale,
-                                          offset=offset, freqs=freqs, stream=stream)
-        return mlx_own
+        return mx.fast.rope(x, a.dims, traditional=a.traditional, base=a.base, scale=a.scale, offset=offset,
+                            freqs=a.freqs)
 
-
-class _Swiglu(Routed):
-    def __call__(self, gate: mx.array, x: mx.array) -> mx.array:
-        if _on_cpu(gate, None) and x.dtype == mx.float32 and x.shape == gate.shape:
-            out: mx.array = self.ext.gated(gate, x, 0)
+    def gated(self, gate: mx.array, up: mx.array, kind: int) -> mx.array:
+        ext = self.covering(gate)
+        if ext is not None and up.dtype == mx.float32 and up.shape == gate.shape:
+            out: mx.array = ext.gated(gate, up, kind)
             return out
-        mlx_own: mx.array = self.original(gate, x)
-        return mlx_own
-
-
-class _GeluApprox(Routed):
-    def __call__(self, x: mx.array) -> mx.array:
-        out: mx.array = self.ext.gated(x, None, 1) if _on_cpu(x, None) else self.original(x)
-        return out
+        if kind == SILU:
+            mlx_vlm_own: mx.array = vlm_adapter.swiglu()(gate, up)
+            return mlx_vlm_own
+        return nn.gelu_approx(gate) * up
 
 
 @dataclass(frozen=True)
-class _Site:
-    """One function install replaces: where it lives ("mlx.fast", "mlx.nn" or a module under mlx_vlm.models)."""
+class RopeArgs:
+    """mx.fast.rope's arguments as a RoPE module passes them; mscale pre-scales the rotated part (YaRN)."""
 
-    home: str
-    name: str
-    kind: type[Routed]
-
-    def current(self) -> Fn:
-        if self.home == "mlx.fast":
-            return mlx_adapter.fast_function(self.name)
-        if self.home == "mlx.nn":
-            return mlx_adapter.nn_function(self.name)
-        fn = vlm_adapter.models_function(self.home, self.name)
-        if fn is None:
-            raise LookupError(f"mlx_vlm.models.{self.home} has no {self.name}: the installed mlx-vlm moved it")
-        return fn
-
-    def bind(self, fn: Fn) -> None:
-        if self.home == "mlx.fast":
-            mlx_adapter.set_fast_function(self.name, fn)
-        elif self.home == "mlx.nn":
-            mlx_adapter.set_nn_function(self.name, fn)
-        else:
-            vlm_adapter.set_models_function(self.home, self.name, fn)
+    dims: int
+    traditional: bool
+    base: float | None
+    scale: float
+    freqs: mx.array | None = None
+    mscale: float = 1.0
 
 
-# mlx-vlm's SwiGLU MLPs bound `swiglu` at import (llama's own MLP and the shared one of qwen2/qwen3), so it is
-# rebound where they look it up; Gemma 3 calls `nn.gelu_approx`.
-_SITES = (_Site("mlx.fast", "rms_norm", _RmsNorm), _Site("mlx.fast", "rope", _Rope),
-          _Site("mlp", "swiglu", _Swiglu), _Site("llama.language", "swiglu", _Swiglu),
-          _Site("mlx.nn", "gelu_approx", _GeluApprox))
+def _rope_covered(x: mx.array, a: RopeArgs, offset: Any) -> bool:
+    if x.ndim < 3 or a.dims % 2 or not 0 < a.dims <= x.shape[-1] or (a.base is None) == (a.freqs is None):
+        return False
+    if a.freqs is not None and a.freqs.shape != (a.dims // 2,):
+        return False
+    return isinstance(offset, int) or (isinstance(offset, mx.array) and (
+        offset.size == 1 or offset.shape == (x.shape[0],)))
 
 
-def install(ext: ModuleType) -> None:
-    """Route mx.fast.rms_norm/rope and the MLPs' gated activations through the extension (idempotent)."""
-    for site in _SITES:
-        current = site.current()
-        site.bind(site.kind(ext, current.original if isinstance(current, Routed) else current))
+MLX_OPS = Primitives(None)
 
 
-def uninstall() -> None:
-    for site in _SITES:
-        current = site.current()
-        if isinstance(current, Routed):
-            site.bind(current.original)
+class RMSNorm(nn.Module):
+    """rms_norm(x) * weight (a Gemma norm's `1 + w` already folded into weight)."""
+
+    def __init__(self, weight: mx.array, eps: float, prims: Primitives = MLX_OPS) -> None:
+        super().__init__()
+        self.weight, self.eps, self._prims = weight, eps, prims
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self._prims.rms_norm(x, self.weight, self.eps)
 
 
-def installed() -> bool:
-    return isinstance(mlx_adapter.fast_function("rms_norm"), Routed)
+class RoPE(nn.Module):
+    def __init__(self, args: RopeArgs, prims: Primitives = MLX_OPS) -> None:
+        super().__init__()
+        self._args, self._prims = args, prims
+
+    def __call__(self, x: mx.array, offset: Any = 0) -> mx.array:
+        a = self._args
+        if a.mscale != 1.0:  # as mlx-vlm's YarnRoPE: scale a copy's rotated part
+            x = x[...]
+            x[..., : a.dims] = a.mscale * x[..., : a.dims]
+        return self._prims.rope(x, a, offset)
 
 
-def active() -> ModuleType | None:
-    """The extension while installed: other CPU paths (attention) use its primitives then too."""
-    current = mlx_adapter.fast_function("rms_norm")
-    return current.ext if isinstance(current, Routed) else None
+class GatedMLP(nn.Module):
+    """down(act(gate(x)) * up(x)) with the activation and the product one primitive; the gate is called first,
+    as mlx-vlm's MLPs do (a fused gate/up projection computes both on that call)."""
+
+    def __init__(self, mlp: nn.Module, kind: int, prims: Primitives) -> None:
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj = mlp["gate_proj"], mlp["up_proj"], mlp["down_proj"]
+        self._kind, self._prims = kind, prims
+
+    def __call__(self, x: mx.array) -> mx.array:
+        gate = self.gate_proj(x)
+        return self.down_proj(self._prims.gated(gate, self.up_proj(x), self._kind))
+
+
+def _kernel_module(m: nn.Module, prims: Primitives) -> nn.Module | None:
+    """`m` rebuilt to call `prims`, or None for a module that calls none of them itself."""
+    if isinstance(m, RMSNorm | nn.RMSNorm):
+        return RMSNorm(m.weight, m.eps, prims)
+    if isinstance(m, RoPE):
+        return RoPE(m._args, prims)
+    rope = vlm_adapter.rope_args(m)
+    if rope is not None:
+        return RoPE(RopeArgs(**rope), prims)
+    kind = vlm_adapter.gated_mlp_kind(m)
+    return GatedMLP(m, kind, prims) if kind is not None else None
+
+
+def use_kernel_modules(model: nn.Module, prims: Primitives) -> int:
+    """Swap `model`'s norms, RoPEs and gated MLPs for modules calling `prims`; returns how many."""
+    swaps = [(path, new) for path, m in model.named_modules() if path and (new := _kernel_module(m, prims)) is not None]
+    for path, new in swaps:
+        replace_module(model, path, new)
+    return len(swaps)

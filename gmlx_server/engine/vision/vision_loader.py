@@ -11,6 +11,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from gmlx_plan.gguf_header import read_header
+from gmlx_server.engine.kernels.fast_ops import use_kernel_modules
 from gmlx_server.engine.loader import LoadedModel, load_gguf_model
 from gmlx_server.engine.vision.mmproj import check_pair, read_projector
 from gmlx_server.engine.vision.prefill import VisionRuntime
@@ -32,6 +33,8 @@ def load_vision_model(path: str | Path, mmproj: str | Path,
     processor = ImageProcessor(projector, loaded.tokenizer.token_to_id)
     dtype = mx.float16 if mx.default_device() == mx.gpu else mx.float32
     tower, report = load_tower(projector, dtype)
+    if loaded.kernels is not None:  # the tower's norms on the text model's CPU primitives too
+        use_kernel_modules(tower, loaded.kernels)
     info = loaded.info
     loaded = replace(loaded, vision=VisionRuntime(tower, projector.family), info=replace(
         info, vision=processor, weights_bytes=info.weights_bytes + report.total_bytes,
