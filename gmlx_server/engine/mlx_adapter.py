@@ -1,4 +1,4 @@
-"""Every name gmlx looks up by string on MLX itself (mlx.core, mlx.fast, mlx.nn), in one place.
+"""Every name gmlx looks up by string on MLX itself (mlx.core, mlx.nn), in one place.
 
 The rest of the tree calls these typed functions instead of getattr/hasattr/setattr on MLX objects
 (tests/unit/test_adapters.py holds the rule), so an MLX upgrade that moves a name breaks here, by name.
