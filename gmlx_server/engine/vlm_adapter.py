@@ -100,6 +100,11 @@ def swiglu() -> Callable[..., Any]:
     return fn
 
 
+def norm_offset(module: Any) -> float | None:
+    """What a family's own RMSNorm adds to its weight on each call (Gemma 3's 1.0); None for any other module."""
+    return 1.0 if type(module) is _models("gemma3.language").RMSNorm else None
+
+
 def gated_mlp_kind(module: Any) -> int | None:
     """0 for an MLP whose forward is swiglu(gate, up) (llama's, the shared SwiGLUMLP of qwen2/qwen3), 1 for
     gelu_approx(gate) * up (Gemma 3's), None for any other module."""

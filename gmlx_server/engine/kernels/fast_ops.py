@@ -130,6 +130,9 @@ def _kernel_module(m: nn.Module, prims: Primitives) -> nn.Module | None:
     """`m` rebuilt to call `prims`, or None for a module that calls none of them itself."""
     if isinstance(m, RMSNorm | nn.RMSNorm):
         return RMSNorm(m.weight, m.eps, prims)
+    offset = vlm_adapter.norm_offset(m)
+    if offset is not None:  # folded once here, as the GGUF loader folds Gemma's norms
+        return RMSNorm(offset + m["weight"], m.eps, prims)
     if isinstance(m, RoPE):
         return RoPE(m._args, prims)
     rope = vlm_adapter.rope_args(m)
