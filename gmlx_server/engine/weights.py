@@ -13,7 +13,7 @@ from gmlx_server.engine.kernels import probe
 from gmlx_server.engine.kernels.fast_ops import RMSNorm, RoPE, RopeArgs
 from gmlx_server.engine.kernels.modules import GGUFEmbedding, GGUFLinear
 from gmlx_server.engine.mlx_adapter import module_at, replace_module
-from gmlx_server.engine.vlm_adapter import has_head, rope_dims
+from gmlx_server.engine.vlm_adapter import has_head, norm_offset, rope_dims
 
 
 def install_weights(model: Any, spec: ArchSpec, tensors: dict[str, ConvertedTensor]) -> None:
@@ -54,10 +54,9 @@ def install_weights(model: Any, spec: ArchSpec, tensors: dict[str, ConvertedTens
 def _fold_norm_offsets(model: nn.Module) -> None:
     """Gemma's RMSNorm with its `1 + w` computed once at load; mlx-vlm's adds it on every call (2 ops each,
     ~220 a decode step of Gemma 3). The folded weight is the very value the call computed."""
-    norms = [(p, m) for p, m in model.named_modules() if p.endswith("norm") and type(m).__name__ == "RMSNorm"
-             and not isinstance(m, nn.RMSNorm | RMSNorm)]
-    for path, m in norms:
-        replace_module(model, path, RMSNorm(1.0 + m.weight, m.eps))
+    norms = [(p, m, offset) for p, m in model.named_modules() if (offset := norm_offset(m)) is not None]
+    for path, m, offset in norms:
+        replace_module(model, path, RMSNorm(offset + m.weight, m.eps))
 
 
 def _qparams(quant: dict[str, tuple[int, int]], path: str) -> dict[str, int] | bool:
