@@ -9,7 +9,7 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +22,15 @@ if TYPE_CHECKING:
     import openai
 
 ROOT = Path(__file__).resolve().parents[2]
+NO_TORCH = ROOT / "tests" / "no_torch"  # its sitecustomize.py hides torch
+
+
+def production_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """os.environ and `env` for a gmlx process the tests start: without torch, as a production install runs
+    (the test set-up adds torch for the transformers reference; a server loading it starts 3-5 s slower)."""
+    full = {**os.environ, **(env or {})}
+    full["PYTHONPATH"] = os.pathsep.join(p for p in (str(NO_TORCH), full.get("PYTHONPATH", "")) if p)
+    return full
 
 
 def free_port() -> int:
@@ -53,7 +62,7 @@ def gmlx_serve(args: Sequence[str], log_dir: Path, env: dict[str, str] | None = 
     with a certificate this file verifies."""
     port = port or free_port()
     log_path = log_dir / f"gmlx-serve-{port}.log"
-    full_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
+    full_env = production_env({**(env or {}), "PYTHONUNBUFFERED": "1"})
     cmd = [sys.executable, "-m", "gmlx_server.cli", "serve", *args, "--host", "127.0.0.1", "--port", str(port)]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=log, stderr=subprocess.STDOUT)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import os
 import shutil
 import signal
 import socket
@@ -25,7 +24,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.server import ROOT, LiveServer, free_port, gmlx_serve
+from tests.e2e.server import ROOT, LiveServer, free_port, gmlx_serve, production_env
 
 pytestmark = pytest.mark.slow
 EVIL = "http://evil.example"
@@ -159,7 +158,7 @@ def test_the_gunicorn_worker_applies_the_same_guard_and_limits(tmp_path: Path) -
     port = free_port()
     cmd = [str(Path(sys.executable).parent / "gunicorn"), "-k", "gmlx_server.gunicorn_worker.UvicornWorker", "-w", "1",
            "-b", f"127.0.0.1:{port}", "gmlx_server.asgi:app"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "GMLX_HEADER_TIMEOUT_S": "1"}
+    env = production_env({"PYTHONUNBUFFERED": "1", "GMLX_HEADER_TIMEOUT_S": "1"})
     with open(tmp_path / "gunicorn.log", "wb") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
     base = f"http://127.0.0.1:{port}"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -12,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.server import ROOT, free_port
+from tests.e2e.server import ROOT, free_port, production_env
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +23,7 @@ def test_gunicorn_uvicorn_worker_serves_chat(tmp_path: Path) -> None:
     worker = "gmlx_server.gunicorn_worker.UvicornWorker"
     proc = subprocess.Popen([gunicorn, "-k", worker, "-w", "1", "-b", f"127.0.0.1:{port}",
                              "gmlx_server.asgi:app"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            env=production_env({"PYTHONUNBUFFERED": "1"}))
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from tests.conftest import gemma_path, smollm2_path
-from tests.e2e.server import ROOT, LiveServer, gmlx_serve
+from tests.e2e.server import ROOT, LiveServer, gmlx_serve, production_env
 
 pytestmark = pytest.mark.slow
 TIMEOUT = httpx.Timeout(300)
@@ -213,7 +213,7 @@ def test_resolving_and_loading_models_never_reaches_the_network(tmp_path: Path) 
     missing = tmp_path / "missing.yaml"
     missing.write_text("models:\n  m:\n    path: hf:HuggingFaceTB/SmolLM2-135M-Instruct/model.gguf\n")
     run = subprocess.run([sys.executable, "-m", "gmlx_server.cli", "serve", "--config", str(missing)], cwd=ROOT,
-                         env={**os.environ, **env}, capture_output=True, text=True, timeout=120)
+                         env=production_env(env), capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "not in the local Hugging Face cache" in run.stderr, run.stderr
 
     config = tmp_path / "gmlx.yaml"

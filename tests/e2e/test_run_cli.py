@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import gemma_path, smollm2_path
-from tests.e2e.server import ROOT
+from tests.e2e.server import ROOT, production_env
 
 pytestmark = pytest.mark.slow
 
 
 def _run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "gmlx_server.cli", "run", *args], cwd=ROOT, input=stdin,
-                          capture_output=True, text=True, timeout=300)
+                          env=production_env(), capture_output=True, text=True, timeout=300)
 
 
 def test_default_model_answers_and_reports_speed() -> None:

@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from tests.conftest import smollm2_path
-from tests.e2e.server import ROOT, LiveServer, gmlx_serve
+from tests.e2e.server import ROOT, LiveServer, gmlx_serve, production_env
 
 pytestmark = pytest.mark.slow
 PROMPT = "List three fruits."
@@ -54,7 +54,7 @@ def client(config: Path) -> Iterator[openai.OpenAI]:
 
 def _cli(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "gmlx_server.cli", "run", "--config", str(config), *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+                          env=production_env(), capture_output=True, text=True, timeout=300)
 
 
 def _run(config: Path, *args: str) -> tuple[str, str]:

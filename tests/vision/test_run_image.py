@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.server import ROOT
+from tests.e2e.server import ROOT, production_env
 from tests.vision.conftest import NEW_TOKENS, ImageServer, hf_messages, png, reference
 from tests.vision.tiny_models import tiny_vlm
 
@@ -21,7 +21,7 @@ def gmlx_run(*args: str) -> subprocess.CompletedProcess[str]:
     m = tiny_vlm("gemma3")
     cmd = [sys.executable, "-m", "gmlx_server.cli", "run", str(m.text_gguf), *args, "--temperature", "0",
            "--max-tokens", str(NEW_TOKENS)]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return subprocess.run(cmd, cwd=ROOT, env=production_env(), capture_output=True, text=True, timeout=300)
 
 
 def test_run_with_images(tmp_path: Path, image_server: ImageServer) -> None:
