@@ -11,27 +11,24 @@ For each real test model, a few prompts are fed as the SAME token ids to both im
 - the headline answers: SmolLM2 says "Paris" for the capital of France; Gemma 3 continues the Eiffel
   Tower sentence with " Paris".
 
-Needs torch and accelerate (`pip install torch==2.13.0 accelerate`); skipped without them.
+Needs torch and accelerate (`pip install torch==2.13.0 accelerate`); skipped without them. The reference's
+results are kept on disk once computed (tests/e2e/transformers_ref.py says where, and how to recompute);
+gmlx's side is computed by every run.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import os
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import gguf
 import mlx.core as mx  # tests/conftest.py has put OpenBLAS in front before this first import
 import numpy as np
 import pytest
 
 from gmlx_server.engine.loader import LoadedModel, load_gguf_model
 from tests.conftest import gemma_path, native_kernels, smollm2_path
+from tests.e2e.transformers_ref import Greedy, Transformers, timed
 
 pytestmark = [pytest.mark.slow, pytest.mark.reference]
 
@@ -83,62 +80,23 @@ SPECIAL_STRINGS = {
 PACKED_PROMPT = 0  # one prompt per model also runs on the packed layout
 
 
-def reference_libs() -> tuple[Any, Any]:
-    """torch and transformers, imported only when a reference test runs (not at collection), or skip."""
-    torch = pytest.importorskip("torch", reason="the transformers reference needs torch: pip install torch==2.13.0")
-    pytest.importorskip("accelerate", reason="transformers' GGUF loading needs accelerate: pip install accelerate")
-    transformers = pytest.importorskip("transformers", reason="the reference is transformers: pip install transformers")
-    return torch, transformers
-
-
-@contextlib.contextmanager
-def parse_gguf_once() -> Iterator[None]:
-    """Speed only, no change to what transformers computes: it builds a gguf.GGUFReader three times per
-    file (config, weights, tokenizer; parsing Gemma's 262k-token metadata takes most of a minute on
-    2 cores) and a fresh gguf.TensorNameMap for each of its ~400 modules. Share them meanwhile; both are
-    read-only. transformers does `from gguf import ...` at call time, so patching the module works."""
-    real_reader, real_name_map = gguf.GGUFReader, gguf.get_tensor_name_map
-    readers: dict[str, Any] = {}
-
-    def shared_reader(path: str | os.PathLike[str], mode: str = "r") -> Any:
-        key = os.fspath(path)
-        if key not in readers:
-            readers[key] = real_reader(path, mode)
-        return readers[key]
-
-    gguf.GGUFReader = shared_reader
-    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(real_name_map)
-    try:
-        yield
-    finally:
-        gguf.GGUFReader, gguf.get_tensor_name_map = real_reader, real_name_map
-
-
-@contextlib.contextmanager
-def timed(label: str) -> Iterator[None]:
-    wall, cpu = time.perf_counter(), time.process_time()
-    yield
-    print(f"\n  [{label}: {time.perf_counter() - wall:.1f} s wall, {time.process_time() - cpu:.1f} s CPU]", end="")
-
-
 @dataclass
-class Greedy:
+class Run:
+    """gmlx's greedy run: its tokens and every logit row, (len(prompt) + NEW_TOKENS - 1, V)."""
+
     ids: list[int]
-    top2_gaps: list[float]  # reference only: top-1 minus top-2 logit at each step
-    rows: np.ndarray | None = None  # gmlx only: (len(prompt) + NEW_TOKENS - 1, V) logits of the run
+    rows: np.ndarray
 
 
 @dataclass
 class Pair:
     name: str
     path: Path
-    torch: Any
-    ref: Any  # transformers model, fp32
-    ref_tok: Any
+    ref: Transformers
     gmlx: dict[str, LoadedModel]
     prompts: list[list[int]]
     _ref_greedy: dict[int, Greedy] = field(default_factory=dict)
-    _gmlx_greedy: dict[tuple[int, str], Greedy] = field(default_factory=dict)
+    _gmlx_greedy: dict[tuple[int, str], Run] = field(default_factory=dict)
 
     def loaded(self, layout: str) -> LoadedModel:
         if layout not in self.gmlx:
@@ -149,29 +107,10 @@ class Pair:
 
     def ref_greedy(self, k: int) -> Greedy:
         if k not in self._ref_greedy:
-            ids, torch = self.prompts[k], self.torch
-            with timed(f"{self.name} p{k}: transformers greedy"), torch.no_grad():
-                out = self.ref.generate(
-                    torch.tensor([ids]),
-                    max_new_tokens=NEW_TOKENS,
-                    min_new_tokens=0,
-                    do_sample=False,
-                    use_cache=True,
-                    output_logits=True,
-                    return_dict_in_generate=True,
-                    eos_token_id=None,
-                    pad_token_id=0,
-                    attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                )
-            new = out.sequences[0, len(ids) :].tolist()
-            gaps = []
-            for row in out.logits:
-                top = torch.topk(row[0].float(), 2).values
-                gaps.append(float(top[0] - top[1]))
-            self._ref_greedy[k] = Greedy(new, gaps)
+            self._ref_greedy[k] = self.ref.greedy(self.prompts[k])
         return self._ref_greedy[k]
 
-    def gmlx_greedy(self, k: int, layout: str) -> Greedy:
+    def gmlx_greedy(self, k: int, layout: str) -> Run:
         """Prefill, argmax, then one token at a time through the KV cache; keeps every logit row."""
         if (k, layout) not in self._gmlx_greedy:
             model = self.loaded(layout).model
@@ -187,30 +126,13 @@ class Pair:
                         logits = model(mx.array([[token]]), cache=cache).logits
                         rows.append(logits[0])
                 table = np.array(mx.concatenate(rows).astype(mx.float32))
-            self._gmlx_greedy[k, layout] = Greedy(out, [], table)
+            self._gmlx_greedy[k, layout] = Run(out, table)
         return self._gmlx_greedy[k, layout]
-
-    def ref_rows(self, ids: list[int]) -> np.ndarray:
-        """The reference's logits (L, V) over `ids` in one forward pass (teacher-forced)."""
-        torch = self.torch
-        with timed(f"{self.name}: transformers teacher-forced, {len(ids)} tokens"), torch.no_grad():
-            return np.asarray(self.ref(torch.tensor([ids])).logits[0].float().numpy())
 
 
 def _load_pair(name: str, path: Path, prompts: Callable[[LoadedModel], list[list[int]]]) -> Pair:
-    torch, transformers = reference_libs()
-    # One thread: on 2 shared cores torch's OpenMP workers spin-wait; measured 3x the CPU for the same
-    # 32-token generate with 2 threads.
-    torch.set_num_threads(1)
-    d, f = os.fspath(path.parent), path.name
-    with parse_gguf_once():
-        with timed(f"{name}: transformers model load"):
-            ref = transformers.AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32)
-        with timed(f"{name}: transformers tokenizer load"):
-            ref_tok = transformers.AutoTokenizer.from_pretrained(d, gguf_file=f)
-    pair = Pair(name, path, torch, ref.eval(), ref_tok, {}, [])
-    dense = pair.loaded("dense")
-    pair.prompts = prompts(dense)
+    pair = Pair(name, path, Transformers(name, path, NEW_TOKENS), {}, [])
+    pair.prompts = prompts(pair.loaded("dense"))
     return pair
 
 
@@ -235,7 +157,8 @@ def pair(request: pytest.FixtureRequest) -> Iterator[Pair]:
         p = _load_pair("gemma3", Path(gemma_path()), _gemma3_prompts)
     yield p
     p.gmlx.clear()  # let the next model's weights replace these
-    p.ref = None
+    p._ref_greedy.clear()
+    p.ref.unload()
 
 
 def _shared_prefix(a: list[int], b: list[int]) -> int:
@@ -268,11 +191,11 @@ def test_greedy_matches_reference(
     # Teacher-forced over prompt + shared tokens; the last row predicts the parting step (if any). gmlx's
     # rows for exactly these inputs are those of its greedy run (prefill rows, then one per decoded token),
     # so they are taken from there: the same numbers as a separate forward pass up to float noise, they
-    # also cover the KV-cache path, and a packed prefill on MLX's CPU would cost ~10 s more per case.
+    # also cover the KV-cache path, and a packed prefill on MLX's CPU would cost ~10 s more per case. The
+    # reference's are the first rows of its pass over prompt + all its tokens (causal: the same rows).
     prompt = pair.prompts[k]
     ids = prompt + ref.ids[: min(shared, NEW_TOKENS - 1)]
-    ref_rows = pair.ref_rows(ids)
-    assert run.rows is not None
+    ref_rows = ref.rows[: len(ids)]
     our_rows = run.rows[: len(ids)]
     assert ref_rows.shape == our_rows.shape, (ref_rows.shape, our_rows.shape)
     diff = np.abs(ref_rows - our_rows)
@@ -316,10 +239,11 @@ def test_headline_answers(pair: Pair) -> None:
 
 def test_tokenizers_agree(pair: Pair) -> None:
     ours = pair.loaded("dense").tokenizer
+    texts = [*TOKENIZER_STRINGS, *SPECIAL_STRINGS[pair.name]]
+    reference = pair.ref.encode(texts)
     mismatches = []
-    for text in [*TOKENIZER_STRINGS, *SPECIAL_STRINGS[pair.name]]:
-        for special in (False, True):
-            expected = pair.ref_tok(text, add_special_tokens=special)["input_ids"]
+    for text in texts:
+        for special, expected in zip((False, True), reference[text], strict=True):
             got = ours.encode(text, add_special_tokens=special)
             if expected != got:
                 mismatches.append(
