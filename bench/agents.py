@@ -3,6 +3,7 @@
     .venv/bin/python bench/agents.py tests/data/agents/pi-session.json [--turns N] [--gen 8]
     .venv/bin/python bench/agents.py tests/data/agents/claude-session.json [--model PATH|smollm2|gemma]
     .venv/bin/python bench/agents.py CAPTURE --config my.yaml [--id SERVED_ID]
+    .venv/bin/python bench/agents.py --matrix [--clients claude,pi] [--models smollm2,qwen]
 
 A capture (tests/agents/capture.py, packed by tests/agents/pack.py) holds the generation requests a
 real client sent during a multi-turn session, in order: each carries the conversation so far, so the
@@ -14,6 +15,11 @@ anthropic-version/anthropic-beta headers, body) except that it is streamed with 
 to --gen tokens: TTFT is the time from sending it to the first generated token (or the end of the
 answer, if none), so decode time stays out. The replay's answers are not the captured ones, so the next
 turn can reuse what the previous one prefilled (its prompt), not the tokens it generated.
+
+--matrix runs the harness matrix instead (tests/agents/matrix.py, what tests/agents/test_matrix.py asserts):
+each installed client through `gmlx launch` on each chat test model, one "Say hi" turn on one server holding
+the three, and prints per cell the requests it sent, the first one's prompt tokens and TTFT (from the
+server's request log), the turn's wall time (the client's start and exit included) and how it ended.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import httpx
 import yaml
 
+from tests.agents import matrix
 from tests.e2e.server import gmlx_serve
 
 CAPTURES = Path(__file__).resolve().parents[1] / "tests" / "data" / "agents"
@@ -190,6 +197,38 @@ def table(rows: list[tuple[Turn, Turn]]) -> list[str]:
     return lines
 
 
+def matrix_rows(clients: list[str], models: list[str]) -> list[str]:
+    """Every cell of the harness matrix, run in turn on one server: a table line each."""
+    from tests.conftest import gemma_path, qwen_coder_path, smollm2_path
+
+    paths = {"smollm2": smollm2_path(), "gemma": gemma_path(), "qwen": qwen_coder_path("0.5b")}
+    lines = [f"{'client':<9}{'model':<9}{'requests':>9}{'prompt':>8}{'ttft_s':>8}{'turn_s':>8}  outcome"]
+    with tempfile.TemporaryDirectory() as d:
+        root = Path(d)
+        (root / "gmlx.yaml").write_text(matrix.matrix_config(paths))
+        with gmlx_serve(["--config", str(root / "gmlx.yaml")], root) as server:
+            for client in clients:
+                for model in models:
+                    cell = matrix.run_cell(server, root / f"{client}-{model}", client, model)
+                    lines.append(matrix_line(cell))
+                    print(lines[-1], file=sys.stderr, flush=True)
+    return lines
+
+
+def matrix_line(cell: matrix.Cell) -> str:
+    reqs = cell.requests
+    first = reqs[0] if reqs else {}
+    statuses = ",".join(sorted({r.get("status", "-") for r in reqs}))
+    if cell.refusal is not None:
+        outcome = f"refused: {cell.refusal}"
+    elif cell.returncode == 0 and cell.stdout.strip():
+        outcome = f"answered (cap {cell.cap}, status {statuses}): {cell.stdout.strip().splitlines()[-1][:60]!r}"
+    else:
+        outcome = f"failed, exit {cell.returncode} (status {statuses}): {(cell.stdout + cell.stderr).strip()[-120:]!r}"
+    return (f"{cell.client:<9}{cell.model:<9}{len(reqs):>9}{first.get('prompt_tokens', '-'):>8}"
+            f"{first.get('ttft_s', '-'):>8}{cell.wall_s:>8.1f}  {outcome}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("capture", type=Path, nargs="?", default=CAPTURES / "pi-session.json")
@@ -198,7 +237,14 @@ def main() -> None:
     ap.add_argument("--model", help="serve this GGUF (a path, smollm2 or gemma) instead of the capture's")
     ap.add_argument("--config", type=Path, help="serve this YAML instead of the capture's config")
     ap.add_argument("--id", dest="served_id", help="send this model id instead of the captured one")
+    ap.add_argument("--matrix", action="store_true", help="run the harness matrix (every client on every model)")
+    ap.add_argument("--clients", default=",".join(matrix.CLIENTS), help="the matrix's clients (comma-separated)")
+    ap.add_argument("--models", default=",".join(matrix.MODELS), help="the matrix's models (comma-separated)")
     a = ap.parse_args()
+    if a.matrix:
+        for line in matrix_rows(a.clients.split(","), a.models.split(",")):
+            print(line)
+        return
     session = load_session(a.capture)
     config = server_config(session, a.model, a.config)
     c, m = session["client"], session["model"]
