@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -20,9 +19,3 @@ def agents_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServ
     with config_server(tmp_path_factory.mktemp("agents"), matrix_config(paths)) as server:
         yield server
 
-
-@pytest.fixture(scope="session")
-def claude_work(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The one directory Claude Code runs in: it writes its working directory into its system prompt, so runs
-    on the same model share their prompt's prefix in the server's cache (and prefill only the new turn)."""
-    return tmp_path_factory.mktemp("claude-work")

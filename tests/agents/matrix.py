@@ -35,14 +35,13 @@ def matrix_config(paths: Mapping[str, str]) -> str:
     (launch's) and tiny models greedy loop on them: SmolLM2 and Qwen greedy to the first line break, Gemma 3
     270M (a base model that never ends a turn) seeded to a line break or a full stop. Qwen renders tools
     compactly past a quarter of its window (default half): Claude Code's 24 tools take 16K Qwen tokens in
-    full, an 18.7K-token first request, minutes of prefill on 2 cores. Gemma has the clamp on, so Claude Code
-    started by hand (test_agents.py) answers on the engine whose prompt cache the matrix's Claude cell warms
-    (the matrix checks the clamp never acts on launch's caps); `gemma-strict` has it off, as `gmlx serve` does."""
+    full, an 18.7K-token first request, minutes of prefill on 2 cores. `gemma-clamp` is Gemma with the clamp
+    on (test_agents.py); every other id has it off, as `gmlx serve` does."""
     return ("server: {decode_batch: 1}\n"
             "models:\n"
             f"  smollm2: {{path: {paths['smollm2']}, profile: greedy}}\n"
-            f"  gemma: {{path: {paths['gemma']}, profile: oneline, clamp_max_tokens: true}}\n"
-            f"  gemma-strict: {{path: {paths['gemma']}, profile: oneline}}\n"
+            f"  gemma: {{path: {paths['gemma']}, profile: oneline}}\n"
+            f"  gemma-clamp: {{path: {paths['gemma']}, profile: oneline, clamp_max_tokens: true}}\n"
             f"  qwen: {{path: {paths['qwen']}, profile: greedy, tool_prompt_budget: 0.25}}\n"
             "profiles:\n"
             '  greedy: {stop: ["\\n"], max_tokens: 96, temperature: 0}\n'
@@ -83,10 +82,9 @@ class Cell:
         return first.removeprefix("gmlx launch: ") if first.startswith("gmlx launch: ") and not ran else None
 
 
-def run_cell(server: LiveServer, root: Path, client: str, model: str, work: Path | None = None) -> Cell:
-    """One turn of `client` on `model` through gmlx launch, in a fresh home under root, in `work` (default a
-    fresh one under root: the clients write it into their system prompts, so a shared one shares a prefix)."""
-    home, work = root / "home", work or root / "work"
+def run_cell(server: LiveServer, root: Path, client: str, model: str) -> Cell:
+    """One turn of `client` on `model` through gmlx launch, in a fresh home and work directory under root."""
+    home, work = root / "home", root / "work"
     work.mkdir(parents=True, exist_ok=True)
     before = len(server.log())
     t0 = time.perf_counter()
