@@ -49,12 +49,10 @@ def top_p_filter(logprobs: mx.array, top_p: float) -> mx.array:
     """mlx-vlm's apply_top_p (tokens below the nucleus's least probable one masked to -inf), found from the
     most probable tokens when the nucleus lies within them: MLX's CPU sort of the whole vocabulary took 26 ms
     a row and step over Gemma 3's 262K tokens, a numpy partition takes 0.3 ms."""
-    rows = np.asarray(logprobs.astype(mx.float32)).reshape(-1, logprobs.shape[-1])
-    cuts = [_nucleus_cut(row, top_p) for row in rows]
+    cuts = [_nucleus_cut(row, top_p) for row in _rows(logprobs)]
     if any(c is None for c in cuts):
         return su.apply_top_p(logprobs, top_p)
-    threshold = mx.array(np.array(cuts, dtype=np.float32).reshape(*logprobs.shape[:-1], 1))
-    return mx.where(logprobs < threshold, mx.array(-mx.inf, dtype=logprobs.dtype), logprobs)
+    return _below_masked(logprobs, np.array(cuts, dtype=np.float32))
 
 
 def _nucleus_cut(row: np.ndarray, top_p: float) -> float | None:
@@ -75,9 +73,18 @@ def _nucleus_cut(row: np.ndarray, top_p: float) -> float | None:
 def top_k_filter(logprobs: mx.array, top_k: int) -> mx.array:
     """mlx-vlm's apply_top_k from the k-th largest value (a numpy partition, 3x MLX's CPU argpartition at 262K
     tokens); a tie at that value keeps its copies, where apply_top_k keeps an arbitrary k of them."""
-    rows = np.asarray(logprobs.astype(mx.float32)).reshape(-1, logprobs.shape[-1])
-    kth = np.partition(rows, rows.shape[-1] - top_k, axis=-1)[:, rows.shape[-1] - top_k]
-    threshold = mx.array(kth.reshape(*logprobs.shape[:-1], 1))
+    rows = _rows(logprobs)
+    return _below_masked(logprobs, np.partition(rows, rows.shape[-1] - top_k, axis=-1)[:, rows.shape[-1] - top_k])
+
+
+def _rows(logprobs: mx.array) -> np.ndarray:
+    """(..., V) -> (rows, V) float32 in numpy (evaluates the logits)."""
+    return np.asarray(logprobs.astype(mx.float32)).reshape(-1, logprobs.shape[-1])
+
+
+def _below_masked(logprobs: mx.array, thresholds: np.ndarray) -> mx.array:
+    """-inf wherever a row's log-probability is below its threshold, as mlx-vlm's filters mask."""
+    threshold = mx.array(thresholds.reshape(*logprobs.shape[:-1], 1))
     return mx.where(logprobs < threshold, mx.array(-mx.inf, dtype=logprobs.dtype), logprobs)
 
 
