@@ -8,7 +8,7 @@
 3. While a stream decodes, /health is polled every 20 ms: p50/p99 latency (it must never wait on the engine).
 4. Aggregate decode tok/s with 1, 2 and 4 concurrent streams (continuous batching) and the scaling ratio.
 5. /v1/metrics (JSON) and the Prometheus scrape p50/p99 while 4 streams decode.
-6. When `llama-server` is on PATH: the same aggregate decode at width 1 and 4 against llama-server on the
+6. When `llama-server` is on PATH: the same aggregate decode at widths 1, 2 and 4 against llama-server on the
    same file with 4 slots (`-np 4`), and gmlx's ratio to it.
 """
 
@@ -157,7 +157,7 @@ def compare_llama_server(gen: int, eos: list[int], ours: dict[int, float]) -> No
     try:
         with llama_server(exe) as base:
             http_decode(base, 8, eos)  # warm up
-            theirs = {w: aggregate_decode(base, gen, eos, w) for w in (1, 4)}
+            theirs = {w: aggregate_decode(base, gen, eos, w) for w in (1, 2, 4)}
     except (RuntimeError, httpx.HTTPError) as e:
         print(f"llama-server failed: {e}")
         return
