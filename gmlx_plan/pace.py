@@ -1,14 +1,17 @@
 """Measured paces: the one model of time that the server's estimates, its Retry-After and gmlx plan's
 simulator all compute with.
 
-  prefill   the cold tokens [start, end) of a prompt take  a * (end - start) + b * (sum of their depths)  s:
-            a the seconds a token costs at depth 0, b what each token of context before it adds (attention).
-            Fitted from spans of computed tokens only: a span restored from the prompt cache is no prefill
+  prefill   the cold tokens [start, end) of a prompt take  c * chunks + a * (end - start) + b * (sum of their
+            depths)  s: c a forward pass's fixed cost (one read of the weights, the first token's draw), paid per
+            chunk of at most PREFILL_CHUNK tokens; a the seconds a token costs at depth 0; b what each token of
+            context before it adds (attention). Fitted from spans of computed tokens only: a span restored from
+            the prompt cache is no prefill. A warm prompt's short cold tail is mostly c
   restore   warm tokens come back from the prompt cache at restore_tok_s (a copy, no model run)
-  decode    a batched step's seconds by width: the nearest measured width (ties: the wider), at the context it
-            was measured at (step_ctx: the batch's KV tokens, all rows together), plus step_s_per_ctx for each
-            KV token more (attention reads them all); the step right after a row joins the batch takes join_s
-            more (the engine merges the row's cache into the batch's)
+  decode    a batched step's seconds by width: linear between the measured widths (the nearest outside them), at
+            the context it was measured at (step_ctx: the batch's KV tokens, all rows together), plus
+            step_s_per_ctx for each KV token more (attention reads them all); the step right after a row joins
+            the batch takes join_s more (the engine merges the row's cache into the batch's), and the step
+            after a row left takes leave_s more (the batch's caches are filtered down to the rows kept)
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gmlx_plan.memory import PREFILL_CHUNK
 from gmlx_plan.queueing import Rates, step_time
 
 CACHE_BLOCK = 64  # the prompt cache's block: a partial reuse shares at least one (gmlx_server's prompt_cache)
@@ -27,37 +31,83 @@ Span = tuple[int, int, float]  # computed prompt tokens [start, end) and the sec
 class PrefillPace:
     s_per_token: float  # a: a token's cost at depth 0
     s_per_token_depth: float = 0.0  # b: added per token of context before it
+    s_per_chunk: float = 0.0  # c: a forward pass's fixed cost, once per chunk
 
     def seconds(self, start: int, end: int) -> float:
         n = max(0, end - start)
-        return n * (self.s_per_token + self.s_per_token_depth * (start + end - 1) / 2) if n else 0.0
+        if not n:
+            return 0.0
+        chunks = -(-n // PREFILL_CHUNK)
+        return chunks * self.s_per_chunk + n * (self.s_per_token + self.s_per_token_depth * (start + end - 1) / 2)
 
-    def tok_s(self, start: int = 0, end: int = 1) -> float:
-        """Tokens a second over [start, end): the rate a prompt's cold part runs at."""
-        s = self.seconds(start, end)
-        return (end - start) / s if s > 0 else 0.0
+    @property
+    def tok_s(self) -> float:
+        """Tokens a second at depth 0 within a chunk (the chunk's fixed cost aside)."""
+        return 1.0 / self.s_per_token
 
 
 SLOPE_SPANS, SLOPE_SPREAD = 4, 256.0  # a depth slope is read only from this many spans this far apart (sd)
+SIZE_SPREAD = 64.0  # a chunk's fixed cost is read only from spans whose sizes spread this far (sd, tokens)
+
+
+def _solve(m: list[list[float]], v: list[float]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting; None when the system is singular."""
+    n = len(v)
+    a = [[*row, y] for row, y in zip(m, v, strict=True)]
+    for i in range(n):
+        p = max(range(i, n), key=lambda r: abs(a[r][i]))
+        if abs(a[p][i]) < 1e-300:
+            return None
+        a[i], a[p] = a[p], a[i]
+        for r in range(i + 1, n):
+            f = a[r][i] / a[i][i]
+            a[r] = [x - f * y for x, y in zip(a[r], a[i], strict=True)]
+    out = [0.0] * n
+    for i in reversed(range(n)):
+        out[i] = (a[i][n] - sum(a[i][j] * out[j] for j in range(i + 1, n))) / a[i][i]
+    return out
+
+
+def _spread(values: list[float], weights: list[float]) -> float:
+    """The weighted variance of `values`."""
+    total = sum(weights)
+    mean = sum(w * x for w, x in zip(weights, values, strict=True)) / total
+    return sum(w * (x - mean) ** 2 for w, x in zip(weights, values, strict=True)) / total
+
+
+def _fit(obs: list[tuple[int, float, float]], depth: bool, chunk: bool) -> PrefillPace | None:
+    """Least squares of each span's seconds on c + k * (a + b * depth), weighted by 1/k (a span's noise grows
+    with its tokens); the columns left out are 0. None when the fit is singular or a term comes out < 0."""
+    rows = [([float(k), *([k * d] if depth else []), *([1.0] if chunk else [])], k, sec) for k, d, sec in obs]
+    cols = range(len(rows[0][0]))
+    m = [[sum(x[i] * x[j] / k for x, k, _ in rows) for j in cols] for i in cols]
+    v = [sum(x[i] * sec / k for x, k, sec in rows) for i in cols]
+    beta = _solve(m, v)
+    if beta is None or beta[0] <= 0 or min(beta) < 0:
+        return None
+    a, rest = beta[0], beta[1:]
+    b = rest.pop(0) if depth else 0.0
+    return PrefillPace(a, b, rest.pop(0) if chunk else 0.0)
 
 
 def fit_prefill(spans: Iterable[Span]) -> PrefillPace | None:
-    """Least squares of each span's seconds per token on its mean depth, weighted by its tokens; a flat pace
-    (b = 0, total seconds over total tokens) from too few spans, spans of much the same depth (a prompt's
-    short last chunk would pass its own overhead off as a slope), or a slope that comes out < 0."""
+    """The pace of the computed spans: a flat pace (total seconds over total tokens) unless the spans show more.
+    A depth slope needs SLOPE_SPANS spans whose depths spread (spans of much the same depth would pass a
+    short last chunk's overhead off as a slope); a chunk cost needs spans of spread sizes (a cache hit's short
+    tail beside whole chunks). A term that comes out < 0 is dropped."""
     obs = [(e - s, (s + e - 1) / 2, sec) for s, e, sec in spans if e > s and sec > 0]
     n = sum(k for k, _, _ in obs)
     if not n:
         return None
-    total = sum(sec for _, _, sec in obs)
-    mean_d = sum(k * d for k, d, _ in obs) / n
-    mean_y = total / n
-    var = sum(k * (d - mean_d) ** 2 for k, d, _ in obs)
-    if len(obs) < SLOPE_SPANS or var <= SLOPE_SPREAD**2 * n:
-        return PrefillPace(mean_y)
-    b = sum(k * (d - mean_d) * (sec / k - mean_y) for k, d, sec in obs) / var
-    a = mean_y - b * mean_d
-    return PrefillPace(a, b) if b >= 0 and a > 0 else PrefillPace(mean_y)
+    flat = PrefillPace(sum(sec for _, _, sec in obs) / n)
+    if len(obs) < SLOPE_SPANS:
+        return flat
+    depth = _spread([d for _, d, _ in obs], [float(k) for k, _, _ in obs]) > SLOPE_SPREAD**2
+    chunk = _spread([float(k) for k, _, _ in obs], [1.0] * len(obs)) > SIZE_SPREAD**2
+    for d, c in ((depth, chunk), (False, chunk), (depth, False)):
+        if (d or c) and (fit := _fit(obs, d, c)) is not None:
+            return fit
+    return flat
 
 
 @dataclass(frozen=True)
@@ -71,6 +121,7 @@ class Paces:
     source: str = "given"  # where the paces come from (a server's metrics, flags, a bench table)
     step_ctx: Mapping[int, float] = field(default_factory=dict)  # the batch's KV tokens the steps were timed at
     step_s_per_ctx: float = 0.0  # a step's added seconds per KV token of the batch beyond that
+    leave_s: float = 0.0  # added to the decode step after a row left the batch
 
     def __post_init__(self) -> None:
         if not self.step_s:
@@ -96,12 +147,13 @@ class Paces:
 
     def as_json(self) -> dict[str, Any]:
         p = self.prefill
-        return {"source": self.source, "prefill_tok_s": round(p.tok_s(), 3),
+        return {"source": self.source, "prefill_tok_s": round(p.tok_s, 3),
                 "prefill_s_per_token": p.s_per_token, "prefill_s_per_token_per_depth": p.s_per_token_depth,
+                "prefill_s_per_chunk": p.s_per_chunk,
                 "restore_tok_s": self.restore_tok_s, "decode_join_s": self.join_s,
                 "decode_step_s": {str(w): s for w, s in sorted(self.step_s.items())},
                 "decode_step_ctx": {str(w): c for w, c in sorted(self.step_ctx.items())},
-                "decode_step_s_per_ctx": self.step_s_per_ctx}
+                "decode_step_s_per_ctx": self.step_s_per_ctx, "decode_leave_s": self.leave_s}
 
 
 MAX_WIDTH = 256  # widths a rate-given step table covers
@@ -121,10 +173,12 @@ def paces_from_json(raw: Mapping[str, Any], source: str) -> Paces | None:
     if not a or not steps:
         return None
     restore = raw.get("restore_tok_s")
-    return Paces(PrefillPace(float(a), float(raw.get("prefill_s_per_token_per_depth") or 0.0)), steps,
+    prefill = PrefillPace(float(a), float(raw.get("prefill_s_per_token_per_depth") or 0.0),
+                          float(raw.get("prefill_s_per_chunk") or 0.0))
+    return Paces(prefill, steps,
                  float(restore) if restore else None, float(raw.get("decode_join_s") or 0.0), source,
                  {int(w): float(c) for w, c in (raw.get("decode_step_ctx") or {}).items()},
-                 float(raw.get("decode_step_s_per_ctx") or 0.0))
+                 float(raw.get("decode_step_s_per_ctx") or 0.0), float(raw.get("decode_leave_s") or 0.0))
 
 
 def fit_step_depth(steps: Mapping[int, Sequence[tuple[float, int]]]) -> float:

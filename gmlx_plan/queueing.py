@@ -36,10 +36,18 @@ def retry_after_s(eta_s: float) -> int:
 
 
 def step_time(measured: Mapping[int, float]) -> Callable[[int], float]:
-    """A decode step's seconds at width k, from the widths measured: the nearest one (ties: the wider)."""
+    """A decode step's seconds at width k, from the widths measured: linear between the measured widths around
+    k, the nearest one outside them (a step grows with its rows, but not beyond what was seen)."""
     widths = sorted(measured)
 
-    def at(k: int) -> float:
-        return measured[min(widths, key=lambda w: (abs(w - k), -w))]
+    def at(k: float) -> float:
+        below = [w for w in widths if w <= k]
+        above = [w for w in widths if w >= k]
+        if not below or not above:
+            return measured[widths[0] if not below else widths[-1]]
+        lo, hi = below[-1], above[0]
+        if lo == hi:
+            return measured[lo]
+        return measured[lo] + (measured[hi] - measured[lo]) * (k - lo) / (hi - lo)
 
     return at

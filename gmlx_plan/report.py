@@ -117,12 +117,15 @@ def paces_text(p: dict[str, Any]) -> str:
     steps = ", ".join(f"w{w} {float(v) * 1000:.1f}" for w, v in list(p["decode_step_s"].items())[:8])
     more = " ..." if len(p["decode_step_s"]) > 8 else ""
     depth = p["prefill_s_per_token_per_depth"]
+    chunk = p.get("prefill_s_per_chunk")
     restore = p["restore_tok_s"]
     return (f"paces ({p['source']}): prefill {p['prefill_tok_s']:g} tok/s at depth 0"
             + (f" (+{depth * 1e6:.3f} us a token per token of depth)" if depth else "")
+            + (f" +{chunk * 1000:.1f} ms a chunk" if chunk else "")
             + (f", restore {restore:g} tok/s" if restore else ", restores free")
-            + f", decode step ms {steps}{more}" + (f", +{p['decode_join_s'] * 1000:.1f} after a join"
-                                                     if p.get("decode_join_s") else ""))
+            + f", decode step ms {steps}{more}"
+            + (f", +{p['decode_join_s'] * 1000:.1f} after a join" if p.get("decode_join_s") else "")
+            + (f", +{p['decode_leave_s'] * 1000:.1f} after a leave" if p.get("decode_leave_s") else ""))
 
 
 def sparkline(values: Sequence[float], top: float | None = None) -> str:

@@ -21,8 +21,9 @@ Model and assumptions (every time from gmlx_plan/pace.py's Paces: measured, or f
              one prompt token is always prefilled) at the restore pace, and prefills only the rest
   prefill    one request at a time, `prefill_chunk` cold tokens per iteration at the prefill pace of their
              depth (a + b * depth seconds a token)
-  decode     a step of w streams takes the measured step time at the nearest width (flat rates: w / A(w),
-             A(w) = decode_tok_s * w ** batch_scaling), and join_s more right after a row joined the batch
+  decode     a step of w streams takes the measured step time at width w (interpolated between measured
+             widths; flat rates: w / A(w), A(w) = decode_tok_s * w ** batch_scaling), join_s more right after
+             a row joined the batch, and leave_s more right after a row left it
   drain ETA  this same loop replayed from the state at that moment with no more arrivals (replay(): what the
              server's Retry-After, queue.eta_s and est_ttft_s compute)
   outputs    the first of output_tokens comes from prefill (TTFT), the rest from decode steps
@@ -154,6 +155,7 @@ class _Sim:
         self.timeline: list[tuple[float, int, int]] = []
         self.cached = False  # a prompt with the shared prefix is in the prompt cache
         self.joined = False  # a row joined the batch since the last decode step
+        self.left = False  # a row left the batch at the last decode step (the next one filters its caches)
         self._start_wave(0, 0.0)
 
     # arrivals and admission -------------------------------------------------------------
@@ -257,7 +259,7 @@ class _Sim:
             k = max(1, min(k, math.ceil((self.events[0][0] - self.t) / step)))  # stop at the next arrival
         if k > 1:  # the context grows a token a row a step: the steps' mean is the one at their middle
             step = self.paces.step(len(self.batch), ctx + len(self.batch) * (k - 1) / 2)
-        dt = k * step + (self.paces.join_s if self.joined else 0.0)
+        dt = k * step + (self.paces.join_s if self.joined else 0.0) + (self.paces.leave_s if self.left else 0.0)
         self.joined = False
         self._events_until(self.t + dt)
         self.t += dt
@@ -266,7 +268,8 @@ class _Sim:
             r.decoded += k
         for r in [r for r in self.batch if r.decode_left <= 0]:
             self._resolve(r, "completed", self.t)
-        self.batch = [r for r in self.batch if r.decode_left > 0]
+        kept = [r for r in self.batch if r.decode_left > 0]
+        self.left, self.batch = 0 < len(kept) < len(self.batch), kept
 
     def run(self) -> None:
         while True:

@@ -198,7 +198,7 @@ class MLXEngine(EngineBase):
         # A queued request with a free slot holds it (it is next to prefill): in flight, not waiting for a slot.
         in_flight = min(len(rows), self._decode_batch)
         return EngineStats(self._decode_batch, in_flight, len(rows) - in_flight, rows, self.pace.step_s,
-                           self.pace.join_s, self.pace.step_ctx, self.pace.step_s_per_ctx)
+                           self.pace.join_s, self.pace.step_ctx, self.pace.step_s_per_ctx, self.pace.leave_s)
 
     def cache_stats(self) -> PromptCacheStats:
         """The prompt cache's counters as the engine thread last published them."""

@@ -18,6 +18,7 @@ from typing import Any
 import mlx.core as mx
 
 from gmlx_plan.pace import PrefillPace, Span, fit_prefill, fit_step_depth
+from gmlx_plan.queueing import step_time
 from gmlx_server.engine.batch import BatchDecoder
 from gmlx_server.engine.cache_tiers import CacheTiers
 from gmlx_server.engine.request_run import GrammarTokenizer, Progress, RequestRun
@@ -48,6 +49,7 @@ class Pace:
     def __init__(self) -> None:
         self._steps: dict[int, deque[tuple[float, int]]] = {}  # by width: (seconds, the batch's KV tokens)
         self._joins: deque[tuple[int, float]] = deque(maxlen=PACE_WINDOW)
+        self._leaves: deque[tuple[int, float]] = deque(maxlen=PACE_WINDOW)
         self._spans: deque[Span] = deque(maxlen=PACE_WINDOW)
 
     def prefilled(self, spans: Iterable[Span]) -> None:
@@ -58,10 +60,13 @@ class Pace:
     def prefill(self) -> PrefillPace | None:
         return fit_prefill(list(self._spans))
 
-    def stepped(self, width: int, seconds: float, joined: bool = False, ctx: int = 0) -> None:
-        """A step's seconds; the first step after a row joined pays for merging its cache, kept apart."""
+    def stepped(self, width: int, seconds: float, joined: bool = False, ctx: int = 0, left: bool = False) -> None:
+        """A step's seconds; the first step after a row joined pays for merging its cache, and the first after a
+        row left for filtering the batch's caches: each kept apart, so the plain medians are plain steps."""
         if joined:
             self._joins.append((width, seconds))
+        elif left:
+            self._leaves.append((width, seconds))
         else:
             self._steps.setdefault(width, deque(maxlen=PACE_WINDOW)).append((seconds, ctx))
 
@@ -84,8 +89,19 @@ class Pace:
     @property
     def join_s(self) -> float | None:
         """What a join adds to the step after it: the median excess over a plain step at that width."""
+        return self._excess(self._joins)
+
+    @property
+    def leave_s(self) -> float | None:
+        """What a row leaving adds to the step after it, likewise."""
+        return self._excess(self._leaves)
+
+    def _excess(self, samples: deque[tuple[int, float]]) -> float | None:
         steps = self.step_s
-        excess = [s - steps[w] for w, s in list(self._joins) if w in steps]
+        if not steps:
+            return None
+        plain = step_time(steps)  # a width with no plain step of its own: between its measured neighbours
+        excess = [s - plain(w) for w, s in list(samples)]
         return max(0.0, statistics.median(excess)) if excess else None
 
 
@@ -104,6 +120,7 @@ class Scheduler:
         self.inbox, self.forget, self.memory = inbox, forget, memory
         self.pace = pace if pace is not None else Pace()
         self._joined = False  # a row joined the batch since the last decode step
+        self._left = False  # a row left the batch at the last decode step: the next one filters its caches
         self.waiting: deque[Job] = deque()
         self.resuming: deque[tuple[Job, RequestRun]] = deque()  # rows rewound after a failed batched step
         self.prefilling: tuple[Job, RequestRun] | None = None
@@ -248,12 +265,14 @@ class Scheduler:
                     self.batch.shed(i, reason)
             self.batch.cancel_requested()
             if width := len(self.batch):
+                left = self._left or width < len(before)  # rows cancelled or shed just now leave in this step
                 ctx = sum(len(s.req.prompt_tokens) + len(s.output) for s in self.batch.rows)
                 t0 = time.perf_counter()
                 self.batch.step()
                 # per token: a speculative round's several tokens must not read as one slow step
-                self.pace.stepped(width, (time.perf_counter() - t0) / self.batch.last_tokens, self._joined, ctx)
-                self._joined = False
+                seconds = (time.perf_counter() - t0) / self.batch.last_tokens
+                self.pace.stepped(width, seconds, self._joined, ctx, left)
+                self._joined, self._left = False, 0 < len(self.batch) < width
         except Exception as e:
             log.exception("decode step failed for %d rows; recomputing them", len(self.batch))
             self._recover(self.batch.take_all(), f"{type(e).__name__}: {e}")

@@ -191,6 +191,7 @@ class EngineStats:
     join_s: float | None = None  # what the step after a row joins the batch adds (merging its cache)
     step_ctx: Mapping[int, float] = field(default_factory=dict)  # the batch's KV tokens those steps ran at
     step_s_per_ctx: float = 0.0  # a step's added seconds per KV token beyond them
+    leave_s: float | None = None  # what the step after a row leaves the batch adds (filtering its caches)
 
 
 class EngineClosed(RuntimeError):

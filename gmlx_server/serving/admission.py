@@ -35,8 +35,9 @@ def paces_of(stats: EngineStats | None, rates: ModelRates | None) -> Paces:
     steps = dict(stats.step_s) if stats is not None and stats.step_s else {
         1: 1.0 / ((rates.decode_tok_s_recent if rates else None) or FALLBACK_DECODE_TOK_S)}
     join = stats.join_s if stats is not None and stats.join_s is not None else 0.0
+    leave = stats.leave_s if stats is not None and stats.leave_s is not None else 0.0
     depth = (stats.step_ctx, stats.step_s_per_ctx) if stats is not None else ({}, 0.0)
-    return Paces(prefill, steps, rates.restore_tok_s_recent if rates else None, join, "server", *depth)
+    return Paces(prefill, steps, rates.restore_tok_s_recent if rates else None, join, "server", *depth, leave)
 
 
 def backlog_of(stats: EngineStats, rates: ModelRates | None,

@@ -175,9 +175,11 @@ def measured_paces(rates: ModelRates | None, stats: EngineStats | None) -> dict[
     return {"prefill_tok_s": _round(rates.prefill_tok_s_recent if rates else None),
             "prefill_s_per_token": pace.s_per_token if pace else None,
             "prefill_s_per_token_per_depth": pace.s_per_token_depth if pace else None,
+            "prefill_s_per_chunk": pace.s_per_chunk if pace else None,
             "restore_tok_s": _round(rates.restore_tok_s_recent if rates else None),
             "disk_restore_tok_s": _round(rates.disk_restore_tok_s_recent if rates else None),
             "decode_join_s": stats.join_s if stats else None,
+            "decode_leave_s": stats.leave_s if stats else None,
             "decode_step_s": {str(w): s for w, s in sorted(stats.step_s.items())} if stats else {},
             "decode_step_ctx": {str(w): c for w, c in sorted(stats.step_ctx.items())} if stats else {},
             "decode_step_s_per_ctx": stats.step_s_per_ctx if stats else None}

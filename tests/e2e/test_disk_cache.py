@@ -118,7 +118,8 @@ def _assert_a_disk_hit_is_estimated_at_the_disk_pace(s: LiveServer, turn: list[d
     _post(s, "/v1/cache/reset", {"tier": "ram"})
     est = _post(s, "/v1/estimate", {"model": "smollm2", "messages": turn})
     prompt, warm = est["prompt_tokens"], min(est["warm_tokens"], est["prompt_tokens"] - 1)
-    cold = PrefillPace(paces["prefill_s_per_token"], paces["prefill_s_per_token_per_depth"]).seconds(warm, prompt)
+    cold = PrefillPace(paces["prefill_s_per_token"], paces["prefill_s_per_token_per_depth"],
+                       paces["prefill_s_per_chunk"]).seconds(warm, prompt)
     assert est["cache_tier"] == "disk" and warm > 500
     assert est["est_ttft_s"] == pytest.approx(warm / paces["disk_restore_tok_s"] + cold, abs=0.003), (est, paces)
 

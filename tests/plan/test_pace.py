@@ -68,3 +68,31 @@ def test_a_deep_batch_decodes_slower_in_the_replay() -> None:
     deep = replay(Backlog([10], decoding_ctx=[2100]), server, p).drain_s
     # 10 steps each: at 100 to 109 KV tokens about 20 ms, at 2100 and on 20 ms more.
     assert shallow == pytest.approx(10 * (0.02 + 1e-5 * 4.5)) and deep == pytest.approx(shallow + 10 * 0.02)
+
+
+@given(st.floats(1e-4, 1e-2), st.floats(0, 1e-6), st.floats(1e-3, 0.05))
+def test_short_tails_beside_whole_chunks_recover_the_chunk_cost(a: float, b: float, c: float) -> None:
+    # Cold prompts in whole chunks and cache hits' short tails at every depth: the fixed cost per forward pass
+    # comes back, so a 16-token tail is not priced as 16 tokens of a long chunk.
+    truth = PrefillPace(a, b, c)
+    spans = [(s, e, truth.seconds(s, e)) for s, e in
+             [(0, 512), (512, 1024), (1024, 1300), (318, 334), (700, 701), (2000, 2040), (0, 334), (1500, 1520)]]
+    fit = fit_prefill(spans)
+    assert fit is not None
+    assert fit.s_per_chunk == pytest.approx(c, rel=1e-4)
+    assert fit.seconds(318, 334) == pytest.approx(truth.seconds(318, 334), rel=1e-4)
+
+
+def test_the_chunk_cost_is_paid_per_chunk_and_read_back_from_json() -> None:
+    p = PrefillPace(0.001, 0.0, 0.03)
+    assert p.seconds(0, 16) == pytest.approx(0.03 + 0.016)
+    assert p.seconds(0, 1100) == pytest.approx(3 * 0.03 + 1.1)  # 512 + 512 + 76 tokens: three passes
+    assert p.seconds(5, 5) == 0.0
+    paces = Paces(p, {1: 0.02})
+    assert paces_from_json(paces.as_json(), "given") == paces
+
+
+def test_spans_of_one_size_keep_no_chunk_cost() -> None:
+    same = [(s, s + 334, 0.5) for s in range(0, 4 * 334, 334)]
+    fit = fit_prefill(same)
+    assert fit is not None and fit.s_per_chunk == 0.0

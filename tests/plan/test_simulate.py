@@ -101,3 +101,15 @@ def test_a_join_costs_the_step_after_it() -> None:
     b = replay(Backlog((), None, [(100, 0, 3), (100, 0, 3)]), ServerSide(2, 4), joins)
     assert b.drain_s == pytest.approx(a.drain_s + 2 * 0.05)
     assert b.first_token_s[1] == pytest.approx(a.first_token_s[1] + 0.05)  # the first join delays the second prefill
+
+
+def test_a_row_leaving_costs_the_step_after_it() -> None:
+    from gmlx_plan.pace import Paces, PrefillPace
+
+    plain = Paces(PrefillPace(0.01), {1: 0.1, 2: 0.1})
+    leaves = Paces(PrefillPace(0.01), {1: 0.1, 2: 0.1}, leave_s=0.03)
+    # Rows with 2 and 5 tokens left: the first leaves after step 2, and step 3 filters the batch; the last
+    # row's leaving empties the batch, which filters nothing.
+    a = replay(Backlog((2, 5)), ServerSide(2, 4), plain)
+    b = replay(Backlog((2, 5)), ServerSide(2, 4), leaves)
+    assert b.drain_s == pytest.approx(a.drain_s + 0.03)

@@ -236,9 +236,11 @@ def test_tracked_handle_records_the_final_event_once() -> None:
     assert asyncio.run(drain()) == 2 and tel.models["m"].finished["stop"] == 1
 
 
-def test_step_time_takes_the_nearest_measured_width() -> None:
-    at = step_time({1: 0.1, 4: 0.2})
-    assert (at(1), at(2), at(3), at(4), at(8)) == (0.1, 0.1, 0.2, 0.2, 0.2)
+def test_step_time_interpolates_between_measured_widths() -> None:
+    at = step_time({1: 0.1, 4: 0.25})
+    assert (at(1), at(4), at(8)) == (0.1, 0.25, 0.25)
+    assert at(2) == pytest.approx(0.15) and at(3) == pytest.approx(0.2)
+    assert step_time({2: 0.1})(1) == 0.1  # below the measured widths: the nearest
 
 
 def _rates(prefill_tok_s: float, restore_tok_s: float | None = None) -> ModelRates:
@@ -284,3 +286,17 @@ def test_the_engine_pace_keeps_joins_and_depth_apart() -> None:
     assert pace.step_s[2] == pytest.approx(0.01 + 2e-6 * 2200) and pace.step_ctx[2] == 2200.0
     assert pace.step_s_per_ctx == pytest.approx(2e-6)
     assert pace.join_s == pytest.approx(0.5 - pace.step_s[2])
+
+
+def test_the_step_after_a_row_left_is_kept_out_of_the_plain_medians() -> None:
+    from gmlx_server.engine.scheduler import Pace
+
+    pace = Pace()
+    for _ in range(5):
+        pace.stepped(1, 0.014)
+        pace.stepped(4, 0.026)
+    pace.stepped(3, 0.070, left=True)  # filtering the batch's caches down to three rows
+    pace.stepped(2, 0.060, left=True)
+    assert set(pace.step_s) == {1, 4}  # widths 2 and 3 were only ever seen right after a row left
+    # Their excess over a plain step interpolated between widths 1 and 4: 0.048 and 0.042.
+    assert pace.leave_s == pytest.approx(0.045) and pace.join_s is None
