@@ -197,6 +197,8 @@ def profile_width(lm: LoadedModel, rec: _Recorder, width: int, prompt: int, step
 def nodes_by_op(lm: LoadedModel, width: int, prompt: int) -> Counter[str]:
     """The forward's graph nodes by op name, on a batch of `width` rows."""
     batch = _batch(lm, width, prompt, SAMPLING["greedy"])
+    for _ in range(2):  # past the joins' lazy cache merges and the first step's buffer growth
+        batch.step()
     tokens = mx.array([[r.next_input] for r in batch.rows], dtype=mx.int32)
     with tempfile.NamedTemporaryFile("r", suffix=".dot") as f:
         mx.export_to_dot(f.name, batch.model(tokens, cache=batch._cache).logits)

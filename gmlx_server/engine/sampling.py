@@ -200,9 +200,9 @@ class RequestSampler:
         if self.params.greedy:  # the logits' argmax: the log-softmax (a pass of exp over the vocabulary) is not needed
             return Draw(mx.argmax(logits, axis=-1), logprobs)
         if self._host:
-            token = self._host_draw(logprobs)
-            if token is not None:
-                return Draw(mx.array([token], dtype=mx.uint32), logprobs)
+            host = self._host_draw(logprobs)
+            if host is not None:
+                return Draw(mx.array([host], dtype=mx.uint32), logprobs)
         filtered = logprobs if self._filters else logits  # categorical normalizes: unfiltered logits serve as they are
         for f in self._filters:
             filtered = f(filtered)
