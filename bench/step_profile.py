@@ -13,6 +13,8 @@ lengths, so the batch caches are left-padded as in serving). Per width, ms per s
   matmul ...  the forward's kernel calls by class (projections, output head, norms, RoPE, attention, gate,
               embedding), replayed alone on the inputs they had in one recorded step, one eval per class
   rest        forward minus those: KV-cache updates, the mask, reshapes, slices, residual adds, dispatch
+--clock cpu times the process's CPU instead of the wall, the kernels on one thread (decode_step.py's way of
+reading a shared machine: the other jobs' time does not count; the ratios are of work, not of a quiet wall).
 and the forward's graph nodes by op at the first and last width. `bench/engine.py --profile` runs this.
 """
 
@@ -37,6 +39,7 @@ import bench.blas_first  # noqa: F401  (OpenBLAS before mlx is first imported)
 import mlx.core as mx
 
 from gmlx_server.engine.batch import BatchDecoder
+from gmlx_server.engine.kernels import probe
 from gmlx_server.engine.loader import LoadedModel, load_gguf_model
 from gmlx_server.engine.request_run import Progress, RequestRun
 from gmlx_server.engine.types import GenerationRequest, SamplingParams, TokenEvent
@@ -52,6 +55,7 @@ KERNEL_CLASSES = {"matmul": "matmul", "dequantize": "embed", "rms_norm": "norm",
 ROWS = ("step", "forward", "sample", "accept", "sse", "matmul", "head", "norm", "rope", "attention", "gate", "embed",
         "rest")
 Call = tuple[str, Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+CLOCK: Callable[[], float] = time.perf_counter  # --clock cpu: the process's CPU time, the kernels on one thread
 
 
 class _Recorder:
@@ -91,10 +95,10 @@ class _Forward:
         self.model, self.seconds = model, 0.0
 
     def __call__(self, tokens: mx.array, cache: Any) -> Any:
-        t = time.perf_counter()
+        t = CLOCK()
         out = self.model(tokens, cache=cache)
         mx.eval(out.logits)
-        self.seconds = time.perf_counter() - t
+        self.seconds = CLOCK() - t
         return out
 
 
@@ -117,9 +121,9 @@ def _batch(lm: LoadedModel, width: int, prompt: int, params: SamplingParams,
 def _timed_accepts(batch: BatchDecoder, spent: list[float]) -> None:
     for run in batch.rows:
         def accept(draw: Any, forced: int | None = None, real: Any = run.accept_guarded) -> bool:
-            t = time.perf_counter()
+            t = CLOCK()
             done: bool = real(draw, forced)
-            spent.append(time.perf_counter() - t)
+            spent.append(CLOCK() - t)
             return done
 
         run.accept_guarded = accept  # type: ignore[method-assign]  # this bench's rows only
@@ -137,9 +141,9 @@ def _replay(calls: list[Call], reps: int) -> dict[str, float]:
         mx.eval([fn(*a, **k) for _, fn, a, k in mine])  # warm
         times = []
         for _ in range(reps):
-            t = time.perf_counter()
+            t = CLOCK()
             mx.eval([fn(*a, **k) for _, fn, a, k in mine])
-            times.append(time.perf_counter() - t)
+            times.append(CLOCK() - t)
         out[cls] = statistics.median(times) * 1e3
     return out
 
@@ -149,11 +153,11 @@ def _sse_ms(lm: LoadedModel, events: list[TokenEvent]) -> float:
     times = []
     for _ in range(3):
         enc = OpenAIEncoder(ResponseMeta("id", "m", 0, 10), lm.tokenizer)
-        t = time.perf_counter()
+        t = CLOCK()
         for ev in events:
             for event in enc.feed(ev):
                 frame(event)
-        times.append((time.perf_counter() - t) / len(events))
+        times.append((CLOCK() - t) / len(events))
     return statistics.median(times) * 1e3
 
 
@@ -170,9 +174,9 @@ def profile_width(lm: LoadedModel, rec: _Recorder, width: int, prompt: int, step
         split = i % 2 == 1
         batch.model = forward if split else plain
         before = len(accepts)
-        t = time.perf_counter()
+        t = CLOCK()
         batch.step()
-        seconds = time.perf_counter() - t
+        seconds = CLOCK() - t
         assert len(batch) == width, "a row finished: raise --prompt's variety or lower --steps"
         if split:
             fwd.append(forward.seconds)
@@ -216,12 +220,13 @@ def profile(path: str, layout: str, widths: list[int], steps: int = 24, prompt: 
     counts = {w: nodes_by_op(lm, w, prompt) for w in (widths[0], widths[-1])}
     layers = len(lm.model.layers)
     print(f"{Path(path).name} ({lm.info.weights_layout}), {sampling} rows, ~{prompt}-token prompts, "
-          f"ms per decode step (median of {steps}); last column: width {widths[-1]} / width {widths[0]}")
+          f"{'cpu' if CLOCK is time.process_time else 'wall'} ms per decode step (median of {steps}); "
+          f"last column: width {widths[-1]} / width {widths[0]}")
     print(f"  {'':10s}" + "".join(f"  width {w:<3d}" for w in widths) + "   ratio")
     for name in ROWS:
         vals = [table[w].get(name, 0.0) for w in widths]
-        ratio = vals[-1] / vals[0] if vals[0] > 0.05 else float("nan")
-        print(f"  {name:10s}" + "".join(f"  {v:9.2f}" for v in vals) + f"   {ratio:5.2f}x")
+        ratio = f"{vals[-1] / vals[0]:5.2f}x" if vals[0] > 0.05 else "    -"  # no ratio of noise-sized times
+        print(f"  {name:10s}" + "".join(f"  {v:9.2f}" for v in vals) + f"   {ratio}")
     for w, c in counts.items():
         top = ", ".join(f"{op} {n}" for op, n in c.most_common(14))
         print(f"  graph nodes at width {w}: {sum(c.values())} ({sum(c.values()) / layers:.1f} a layer): {top}")
@@ -235,7 +240,16 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--prompt", type=int, default=200)
     ap.add_argument("--sampling", default="greedy", help=f"comma-separated: {', '.join(SAMPLING)}")
+    ap.add_argument("--clock", default="wall", choices=("wall", "cpu"),
+                    help="cpu: process CPU time with the kernels on one thread (a busy machine's other jobs "
+                         "do not count)")
     args = ap.parse_args()
+    if args.clock == "cpu":
+        global CLOCK
+        CLOCK = time.process_time
+        ext = probe().ext
+        if ext is not None:
+            ext.set_threads(1)
     widths = [int(w) for w in args.widths.split(",")]
     for name in args.models.split(","):
         for sampling in args.sampling.split(","):
