@@ -35,17 +35,16 @@ import bench.blas_first  # noqa: F401  (OpenBLAS before mlx is first imported)
 # isort: split
 import mlx.core as mx
 
+from bench import step_profile
 from bench.kernel_speed import read_ceiling
 from gmlx_plan.gguf_header import read_header
 from gmlx_plan.memory import LAYOUT_CHOICES
 from gmlx_server.engine.arch import make_cache
 from gmlx_server.engine.blas import current_blas
 from gmlx_server.engine.kernels import probe
-from gmlx_server.engine.kernels.modules import FusedGGUFLinear, GGUFEmbedding, GGUFLinear
 from gmlx_server.engine.loader import LoadedModel, load_gguf_model
 from gmlx_server.engine.mlx_engine import MLXEngine
 from gmlx_server.engine.types import GenerationRequest, SamplingParams, TokenEvent
-from gmlx_server.engine.weights import TransposedLinear
 from gmlx_server.serving.residency import release_memory
 from tests.conftest import gemma_path, qwen_coder_path, smollm2_path
 
@@ -142,45 +141,13 @@ def _ratio(ours: float, ref: float | None) -> str:
     return f"{ours / ref:.2f}x" if ref else "n/a"
 
 
-def profile(path: str, layout: str, width: int = 1, steps: int = 20) -> None:
-    """Where one decode step's time goes (width rows at once): matmuls, everything else, building the graph."""
+def profile(path: str, layout: str, width: int) -> None:
+    """One decode step per op class at widths 1..width (bench/step_profile.py), and its graph's nodes."""
     lm = load_gguf_model(path, layout=layout)  # type: ignore[arg-type]
-    model = lm.model
-    linears: list[tuple[str, Any]] = [(p, m) for p, m in model.named_modules()
-                                      if isinstance(m, GGUFLinear | TransposedLinear)]
-    # a fused q/k/v or gate/up projection is one matmul of its own (its parts only slice its output)
-    linears += [(p, _Fused(m)) for p, m in model.named_modules() if isinstance(m, FusedGGUFLinear)]
-    if getattr(getattr(model, "args", None), "tie_word_embeddings", False) and "lm_head" not in model:
-        linears.append(("embed_tokens.as_linear", _Head(model.model.embed_tokens)))  # the tied output head
-
-    def step_ms() -> tuple[float, float]:
-        cache = make_cache(model)
-        mx.eval(model(mx.array([[1, 2, 3, 4]] * width), cache=cache).logits)
-        build, total = [], []
-        for _ in range(steps):
-            t = time.perf_counter()
-            out = model(mx.array([[5]] * width), cache=cache).logits
-            build.append(time.perf_counter() - t)
-            mx.eval(out)
-            total.append(time.perf_counter() - t)
-        return statistics.median(total) * 1e3, statistics.median(build) * 1e3
-
-    full, build = step_ms()
-    xs = [mx.random.normal((width, 1, _in_dims(m))) for _, m in linears]
-    mx.eval(xs)
-    mx.eval([m(x) for (_, m), x in zip(linears, xs, strict=True)])
-    samples = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        mx.eval([m(x) for (_, m), x in zip(linears, xs, strict=True)])
-        samples.append(time.perf_counter() - t)
-    mm = statistics.median(samples) * 1e3
     print(f"  graph ops in one width-1 decode step: {_ops_per_step(lm)} with gmlx's CPU norm/RoPE/attention "
           f"primitives, {_ops_per_step(lm, fast=False)} with MLX's own")
-    print(f"profile {Path(path).name} ({lm.info.weights_layout}, width {width}): step {full:.1f} ms = "
-          f"{len(linears)} matmuls {mm:.1f} ms (timed alone, same shapes) + the rest {full - mm:.1f} ms "
-          f"(attention, norms, RoPE, elementwise, sampling-free), of which building the graph in Python "
-          f"{build:.1f} ms")
+    del lm
+    step_profile.profile(path, layout, list(range(1, width + 1)))
 
 
 def _ops_per_step(lm: Any, fast: bool = True) -> int:
@@ -201,34 +168,6 @@ def _ops_per_step(lm: Any, fast: bool = True) -> int:
             kernels.ext = ext
 
 
-class _Fused:
-    """A fused projection called as the one matmul it runs."""
-
-    def __init__(self, fused: Any) -> None:
-        self.fused, self.in_dims = fused, fused.in_dims
-
-    def __call__(self, x: mx.array) -> mx.array:
-        out: mx.array = self.fused.output(x)
-        self.fused.forget()
-        return out
-
-
-class _Head:
-    """A tied embedding called as the output projection."""
-
-    def __init__(self, embed: Any) -> None:
-        self.embed = embed
-
-    def __call__(self, x: mx.array) -> mx.array:
-        return self.embed.as_linear(x)
-
-
-def _in_dims(m: Any) -> int:
-    if isinstance(m, _Head):
-        return int(m.embed.dims if isinstance(m.embed, GGUFEmbedding) else m.embed.weight_t.shape[0])
-    return int(m.in_dims if isinstance(m, GGUFLinear | _Fused) else m.weight_t.shape[0])
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layout", default="auto", choices=LAYOUT_CHOICES)
@@ -237,14 +176,13 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--models", default="smollm2,gemma", help=f"comma-separated: {', '.join(PATHS)}")
     ap.add_argument("--activations", default="auto", help="CPU-kernel activation modes, each timed (f32,auto)")
-    ap.add_argument("--profile", action="store_true", help="time one decode step per op class instead")
-    ap.add_argument("--width", type=int, default=1, help="--profile also this many rows per step")
+    ap.add_argument("--profile", action="store_true", help="time one decode step per op class and width instead")
+    ap.add_argument("--width", type=int, default=4, help="--profile: widths 1 to this many rows per step")
     ap.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.profile:
         for name in args.models.split(","):
-            for width in sorted({1, args.width}):
-                profile(PATHS[name](), args.layout, width)
+            profile(PATHS[name](), args.layout, args.width)
         return
     paths = PATHS
     names = args.models.split(",")

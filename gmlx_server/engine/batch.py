@@ -44,11 +44,11 @@ class _Plan:
     error: str | None = None
 
 
-def _plan(seq: RequestRun, logits: mx.array, argmax: mx.array | None) -> _Plan:
+def _plan(seq: RequestRun, logits: mx.array, argmax: mx.array | None, logprobs: mx.array | None) -> _Plan:
     """A row's sampling failure is that row's alone."""
     try:
         forced = seq.forced_next()
-        return _Plan(None, forced) if forced is not None else _Plan(seq.draw(logits, argmax))
+        return _Plan(None, forced) if forced is not None else _Plan(seq.draw(logits, argmax, logprobs))
     except Exception as e:
         log.exception("sampling failed for %s", seq.req.request_id)
         return _Plan(error=describe(e))
@@ -59,6 +59,15 @@ def _accept(seq: RequestRun, plan: _Plan) -> bool:
     if plan.error is not None:
         return seq.finish("error", error=plan.error)
     return seq.accept_guarded(plan.draw, plan.forced)
+
+
+def _log_softmax(logits: mx.array) -> mx.array:
+    """Every row's log-softmax in one op, started now: the sampled rows read theirs on the host, and one
+    evaluation serves them all (each row's is the one it computes alone, to the bit)."""
+    logits = logits.astype(mx.float32)
+    lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    mx.async_eval(lp)
+    return lp
 
 
 class BatchDecoder:
@@ -94,8 +103,9 @@ class BatchDecoder:
         if any(s.constraint is not None for s in self.rows):
             mx.async_eval(logits)  # the forward pass runs while the rows' grammars compute their masks
         top = mx.argmax(logits, axis=-1) if any(s.bulk_greedy for s in self.rows) else None
-        plans = [_plan(s, logits[i: i + 1], top[i: i + 1] if top is not None else None)
-                 for i, s in enumerate(self.rows)]
+        lp = _log_softmax(logits) if any(s.sampler.reads_logprobs for s in self.rows) else None
+        plans = [_plan(s, logits[i: i + 1], top[i: i + 1] if top is not None else None,
+                       lp[i: i + 1] if lp is not None else None) for i, s in enumerate(self.rows)]
         self._evaluate(plans)
         done = [_accept(s, p) for s, p in zip(self.rows, plans, strict=True)]
         self._drop([i for i, d in enumerate(done) if d])

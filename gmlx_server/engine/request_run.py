@@ -202,12 +202,13 @@ class RequestRun:
         self.constraint = GrammarConstraint(self.req.grammar, self._grammar_tokenizer())
         self.sampler.constrain(self.constraint)
 
-    def draw(self, logits: mx.array, top: mx.array | None = None) -> Draw:
-        """This step's token; `top`, the batch's argmax for this row, serves a greedy row that needs nothing else."""
+    def draw(self, logits: mx.array, top: mx.array | None = None, logprobs: mx.array | None = None) -> Draw:
+        """This step's token; `top`, the batch's argmax for this row, serves a greedy row that needs nothing else;
+        `logprobs`, the batch's log-softmax row, a sampled row without processors."""
         if top is not None and self.bulk_greedy:
             return Draw(top, logits)
         hist = mx.array(self.history, dtype=mx.int32) if self.history is not None else None
-        return self.sampler(logits, hist)
+        return self.sampler(logits, hist, logprobs)
 
     @property
     def bulk_greedy(self) -> bool:

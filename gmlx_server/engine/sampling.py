@@ -15,6 +15,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_vlm import sample_utils as su
 
+from gmlx_server.engine.kernels import probe
 from gmlx_server.engine.types import SamplingParams
 
 Filter = Callable[[mx.array], mx.array]
@@ -88,6 +89,13 @@ def _below_masked(logprobs: mx.array, thresholds: np.ndarray) -> mx.array:
     return mx.where(logprobs < threshold, mx.array(-mx.inf, dtype=logprobs.dtype), logprobs)
 
 
+def _host_filters(p: SamplingParams) -> bool:
+    """The chain is top_p and/or top_k alone (every chat intent's): a draw can be made on the host."""
+    others = (p.top_n_sigma > 0.0 or p.p_less or 0.0 < p.typical_p < 1.0 or p.min_p > 0.0
+              or p.xtc_probability > 0.0)
+    return not others and (0.0 < p.top_p < 1.0 or p.top_k > 0)
+
+
 def _processors(p: SamplingParams) -> list[Processor]:
     procs: list[Processor] = su.make_logits_processors(
         logit_bias=dict(p.logit_bias) or None,
@@ -117,18 +125,47 @@ class Draw:
     logprobs: mx.array  # shape (1, V): the model's log-softmax after processors, before filters
 
 
+class KeyChain:
+    """A request's PRNG key, split once per token as mx.random.split splits it; held as two uint32 on the host
+    when the kernels extension (which splits it there, to the bit) is built, so a host draw runs no MLX op."""
+
+    def __init__(self, seed: int) -> None:
+        self.ext = probe().ext
+        self._pair = (seed >> 32, seed & 0xFFFFFFFF)  # mx.random.key's two words
+        self._key = mx.random.key(seed) if self.ext is None else None
+
+    def next_pair(self) -> tuple[int, int]:
+        """The next subkey's words (the extension is built)."""
+        assert self.ext is not None
+        k0, k1, s0, s1 = self.ext.split_key(*self._pair)
+        self._pair = (k0, k1)
+        return s0, s1
+
+    def next(self) -> mx.array:
+        if self._key is None:
+            return mx.array(self.next_pair(), dtype=mx.uint32)
+        self._key, sub = mx.random.split(self._key)
+        return sub
+
+
 class RequestSampler:
     def __init__(self, params: SamplingParams, special_ids: list[int]) -> None:
         self.params = params
         self._filters = _filters(params, special_ids) if not params.greedy else []
         self._procs = _processors(params)
         self._history_procs = len(self._procs)  # the penalties read the token history
-        self._key = mx.random.key(seed_value(params.seed))
+        self._keys = KeyChain(seed_value(params.seed))
         self._temp = su.clamp_temperature(params.temperature)
+        self._host = self._keys.ext is not None and _host_filters(params)
 
     @property
     def needs_history(self) -> bool:
         return self._history_procs > 0
+
+    @property
+    def reads_logprobs(self) -> bool:
+        """A draw that reads this row's log-softmax (filters; no processor): the batch computes them together."""
+        return self.plain and bool(self._filters)
 
     @property
     def plain(self) -> bool:
@@ -144,8 +181,7 @@ class RequestSampler:
         return mx.softmax(logprobs * (1.0 / self._temp), axis=-1)
 
     def next_key(self) -> mx.array:
-        self._key, sub = mx.random.split(self._key)
-        return sub
+        return self._keys.next()
 
     def constrain(self, processor: Processor) -> None:
         """Run `processor` after every other one (a grammar mask must see the final logits).
@@ -153,19 +189,44 @@ class RequestSampler:
         It does not make the sampler keep a history: the engine advances a grammar with consume()."""
         self._procs.append(processor)
 
-    def __call__(self, logits: mx.array, history: mx.array | None) -> Draw:
-        """logits: (1, V) float; history: 1-D token ids for penalties (prompt + generated)."""
+    def __call__(self, logits: mx.array, history: mx.array | None, logprobs: mx.array | None = None) -> Draw:
+        """logits: (1, V) float; history: 1-D token ids for penalties (prompt + generated); logprobs: the batch's
+        log-softmax of these logits (equal to the bit to this row's own), taken when no processor changes them."""
         logits = logits.astype(mx.float32)
         for proc in self._procs:
             logits = proc(history if history is not None else mx.array([], mx.int32), logits)
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # lazy: computed only when read
+        if logprobs is None or self._procs:
+            logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # lazy: computed only when read
         if self.params.greedy:  # the logits' argmax: the log-softmax (a pass of exp over the vocabulary) is not needed
             return Draw(mx.argmax(logits, axis=-1), logprobs)
+        if self._host:
+            host = self._host_draw(logprobs)
+            if host is not None:
+                return Draw(mx.array([host], dtype=mx.uint32), logprobs)
         filtered = logprobs if self._filters else logits  # categorical normalizes: unfiltered logits serve as they are
         for f in self._filters:
             filtered = f(filtered)
         token = mx.random.categorical(filtered * (1.0 / self._temp), key=self.next_key())
         return Draw(token, logprobs)
+
+    def _host_draw(self, logprobs: mx.array) -> int | None:
+        """The token categorical(filtered / temperature) draws, computed from the tokens top_p and top_k keep
+        (ext.categorical_at: MLX's inverse CDF over them alone, the same subkey's uniform), so a seeded draw
+        is mlx-vlm's chain's own to the bit. None, drawing nothing, when the nucleus is too wide for it."""
+        p, row = self.params, _rows(logprobs)[0]
+        kept: np.ndarray = np.arange(row.size)
+        if 0.0 < p.top_p < 1.0:
+            cut = _nucleus_cut(row, p.top_p)
+            if cut is None:
+                return None
+            kept = np.flatnonzero(row >= cut)
+        if 0 < p.top_k < kept.size:  # top_k after top_p: the k-th largest of what the nucleus kept
+            kept = kept[row[kept] >= np.partition(row[kept], kept.size - p.top_k)[kept.size - p.top_k]]
+        scaled = row[kept] * np.float32(1.0 / self._temp)  # as MLX multiplies: float32 by the rounded scale
+        if kept.size > NUCLEUS_CANDIDATES[-1] or not np.isfinite(scaled).all():
+            return None  # MLX's passes over the vocabulary are as cheap by then; an infinite logit is theirs
+        assert self._keys.ext is not None
+        return int(self._keys.ext.categorical_at(*self._keys.next_pair(), row.size, kept, scaled))
 
 
 def top_alternatives(logprobs: mx.array, n: int) -> mx.array:

@@ -40,7 +40,7 @@ def built() -> bool:
 
 
 # what the Python side calls; an extension built before one of them was added is refused, not half-used
-_FUNCTIONS = ("matmul", "dequantize", "rms_norm", "rope", "sdpa", "gated")
+_FUNCTIONS = ("matmul", "dequantize", "rms_norm", "rope", "sdpa", "gated", "split_key", "categorical_at")
 
 
 @functools.cache  # the extension loads once per process

@@ -1,16 +1,38 @@
 // Python bindings (nanobind, in MLX's binding domain so mx.array converts both ways).
 #include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/array.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/variant.h>
 #include <nanobind/stl/vector.h>
 
+#include "draw.h"
 #include "fast_ops.h"
 #include "kernels.h"
 #include "primitive.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
+
+namespace {
+
+using Positions = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using Values = nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+// gk::categorical_at over numpy arrays: the kept positions (ascending, in [0, n)) and their values
+int64_t categorical_at(uint32_t k0, uint32_t k1, int64_t n, Positions idx, Values vals) {
+  const int64_t m = static_cast<int64_t>(idx.shape(0));
+  if (m == 0 || vals.shape(0) != idx.shape(0)) throw nb::value_error("categorical_at: one value per position, some");
+  for (int64_t j = 0; j < m; ++j) {
+    const int64_t i = idx.data()[j];
+    if (i < 0 || i >= n || (j && i <= idx.data()[j - 1]))
+      throw nb::index_error("categorical_at: positions must ascend within [0, n)");
+  }
+  return gk::categorical_at(k0, k1, n, idx.data(), vals.data(), m);
+}
+
+}  // namespace
 
 #ifndef GK_MLX_VERSION
 #define GK_MLX_VERSION "unknown"
@@ -31,6 +53,9 @@ NB_MODULE(_gguf_kernels, m) {
         "stream"_a = nb::none(), "attention for a few query rows as one CPU primitive (float32)");
   m.def("gated", &gk::gated, "gate"_a, "up"_a.none(), "kind"_a, nb::kw_only(), "stream"_a = nb::none(),
         "silu(gate) * up (kind 0) or gelu_tanh(gate) * up (kind 1), up optional, as one CPU primitive (float32)");
+  m.def("split_key", &gk::split_key, "k0"_a, "k1"_a, "mx.random.split of the key (k0, k1): (next k0, k1, sub k0, k1)");
+  m.def("categorical_at", &categorical_at, "k0"_a, "k1"_a, "n"_a, "idx"_a, "vals"_a,
+        "mx.random.categorical(x, key=(k0, k1)) for x (1, n) -inf but vals at idx: the same token, from those alone");
   m.def("row_bytes", &gk::row_bytes, "type"_a, "k"_a, "bytes of one row, or -1 when no kernel reads `type`");
   m.def("isa", &gk::isa_name);
   m.def("isas", &gk::isa_names);
