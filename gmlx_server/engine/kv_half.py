@@ -14,8 +14,6 @@ from typing import Any
 import mlx.core as mx
 from mlx_vlm.models.cache import BatchKVCache, BatchRotatingKVCache, KVCache, RotatingKVCache
 
-from gmlx_plan.memory import KVDtype
-
 HALF = mx.float16
 
 
@@ -73,8 +71,3 @@ def batch_half(c: Any) -> Any:
     if isinstance(c, F16KVCache):
         return F16BatchKVCache.merge([c])
     return None
-
-
-def cache_dtype(caches: list[Any]) -> KVDtype:
-    """float16 when the plain layers hold float16 (what /v1/models reports), else float32."""
-    return "float16" if any(isinstance(c, F16KVCache | F16RotatingKVCache) for c in caches) else "float32"

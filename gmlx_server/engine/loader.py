@@ -21,7 +21,6 @@ from gmlx_server.engine.gguf_tensors import LoadReport, load_gguf_tensors
 from gmlx_server.engine.kernels import probe
 from gmlx_server.engine.kernels.fast_ops import Primitives, use_kernel_modules
 from gmlx_server.engine.kernels.modules import fuse_projections
-from gmlx_server.engine.kv_half import cache_dtype
 from gmlx_server.engine.kv_quant import CacheFactory
 from gmlx_server.engine.layout import choose_layout
 from gmlx_server.engine.tokenizer import GGUFTokenizer
@@ -75,9 +74,9 @@ def load_gguf_model(path: str | Path, model_id: str | None = None, layout: Layou
     template = JinjaChatTemplate.from_metadata(header.metadata, spec.family, chat_template)
     header = without_vocabulary_arrays(header)
     trained = int(header.arch_value("context_length", DEFAULT_CONTEXT))
-    half = resolve_kv_dtype(kv_dtype, kernels_attend=kernels is not None) == "float16"
+    held = resolve_kv_dtype(kv_dtype, kernels_attend=kernels is not None)
     caches = CacheFactory(lambda: make_cache(model), kv_quant,
-                          quantized_layers(geometry_from_header(header), kv_quant), half)
+                          quantized_layers(geometry_from_header(header), kv_quant), held == "float16")
     info = ModelInfo(
         model_id=model_id or Path(path).stem, path=str(path), architecture=header.architecture,
         family=spec.family, context_length=min(trained, max_kv_size) if max_kv_size else trained,
@@ -87,7 +86,7 @@ def load_gguf_model(path: str | Path, model_id: str | None = None, layout: Layou
         sliding_window=params.get("sliding_window"), weights_layout=chosen,
         weights_bytes=report.total_bytes, load_s=time.perf_counter() - start,
         tensor_types={src: became for (src, became) in report.by_type}, kv_quant=caches.report(),
-        kv_dtype=cache_dtype(caches()),
+        kv_dtype=held,
     )
     _log_load(info, report, why, template.source, "mx.fast" if on_gpu else "gmlx CPU (folded GQA, exp2 softmax)")
     return LoadedModel(model, header, spec, info, tokenizer, template, report, caches, kernels=kernels)

@@ -343,5 +343,5 @@ class ModelInfo:
     tensor_types: Mapping[str, str] = field(default_factory=dict)  # GGUF type -> what it became
     drafts: bool = False  # a speculative drafter verifies tokens in bulk: no per-request logits processors
     kv_quant: KVQuantReport | None = None  # the quantized KV caches really built, per layer (None: not configured)
-    kv_dtype: KVDtype = "float32"  # what the unquantized KV caches really hold (kv_dtype resolved at load)
+    kv_dtype: KVDtype = "float32"  # what the unquantized KV caches hold (kv_dtype resolved at load)
     vision: ImageProcessor | None = None  # a vision model's image preprocessing (None: text only)

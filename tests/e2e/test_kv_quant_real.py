@@ -130,7 +130,8 @@ def test_a_server_reports_each_verdict_and_plans_as_gmlx_plan(tmp_path: Path) ->
     assert partial is not None and (partial["verdict"], partial["layers_quantized"], partial["layers_fp16"]) == (
         "partial", 3, 15)
     assert kv["plain"] is None
-    dtypes = {mid: rows[mid]["kv_dtype"] for mid in rows}  # the kernels attend here: auto is float16
+    dtypes = {mid: rows[mid]["kv_dtype"] for mid in rows}  # the kernels attend here: auto is float16 (even
+    # where kv_quant leaves no layer unquantized, as the capacity table's kv_dtype_bytes says)
     assert dtypes == {"full": "float16", "dropped": "float16", "partial": "float16", "plain": "float16",
                       "plain32": "float32"}
     assert server_cap["kv_dtype_bytes"] == 2
