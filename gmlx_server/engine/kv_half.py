@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import mlx.core as mx
-from mlx_vlm.models.cache import BatchKVCache, BatchRotatingKVCache, KVCache, RotatingKVCache
+from mlx_vlm.models.cache import BatchKVCache, BatchRotatingKVCache, KVCache, RotatingKVCache, _BaseCache
 
 HALF = mx.float16
 
@@ -21,32 +21,33 @@ def _half(keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
     return keys.astype(HALF), values.astype(HALF)
 
 
-class F16KVCache(KVCache):
+class _Half(_BaseCache):
+    """Each update cast to float16 before the mlx-vlm cache after this class in the MRO stores it."""
+
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> Any:
         return super().update_and_fetch(*_half(keys, values))
 
 
-class F16RotatingKVCache(RotatingKVCache):
-    def update_and_fetch(self, keys: mx.array, values: mx.array) -> Any:
-        return super().update_and_fetch(*_half(keys, values))
-
-
-class F16BatchKVCache(BatchKVCache):
-    def update_and_fetch(self, keys: mx.array, values: mx.array) -> Any:
-        return super().update_and_fetch(*_half(keys, values))
-
+class _HalfBatch(_Half):
     def extend(self, other: Any) -> None:
         super().extend(other)
         _stay_half(self)
 
 
-class F16BatchRotatingKVCache(BatchRotatingKVCache):
-    def update_and_fetch(self, keys: mx.array, values: mx.array) -> Any:
-        return super().update_and_fetch(*_half(keys, values))
+class F16KVCache(_Half, KVCache):
+    pass
 
-    def extend(self, other: Any) -> None:
-        super().extend(other)
-        _stay_half(self)
+
+class F16RotatingKVCache(_Half, RotatingKVCache):
+    pass
+
+
+class F16BatchKVCache(_HalfBatch, BatchKVCache):
+    pass
+
+
+class F16BatchRotatingKVCache(_HalfBatch, BatchRotatingKVCache):
+    pass
 
 
 def _stay_half(c: Any) -> None:
