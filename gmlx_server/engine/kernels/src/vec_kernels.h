@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 #include "flash.h"
 #include "kernels.h"
@@ -39,35 +40,26 @@ inline const float* widen_row(const uint16_t* p, int64_t n, float* buf) {
   return buf;
 }
 
-// One butterfly stage of a 16 x 16 transpose on rows x, y (s apart): x takes the blocks of s lanes whose lane
-// index has bit s clear from both, y those with it set. Two-input shuffles: one vpermt2ps each on AVX-512.
-inline void stage8(v16& x, v16& y) {
+// One butterfly stage of a 16 x 16 transpose on rows x, y (S apart): lane l of x takes x's lane l where bit S
+// of l is clear, else y's lane l - S; y takes x's lane l + S, else y's lane l. Two-input shuffles (one
+// vpermt2ps each on AVX-512), their indices expanded from the lane numbers at compile time.
+template <int S, int... L>
+inline void stage(v16& x, v16& y, std::integer_sequence<int, L...>) {
   const v16 a = x, b = y;
-  x = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
-  y = __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  x = __builtin_shufflevector(a, b, ((L & S) ? W + L - S : L)...);
+  y = __builtin_shufflevector(a, b, ((L & S) ? W + L : L + S)...);
 }
-inline void stage4(v16& x, v16& y) {
-  const v16 a = x, b = y;
-  x = __builtin_shufflevector(a, b, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
-  y = __builtin_shufflevector(a, b, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
-}
-inline void stage2(v16& x, v16& y) {
-  const v16 a = x, b = y;
-  x = __builtin_shufflevector(a, b, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
-  y = __builtin_shufflevector(a, b, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
-}
-inline void stage1(v16& x, v16& y) {
-  const v16 a = x, b = y;
-  x = __builtin_shufflevector(a, b, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
-  y = __builtin_shufflevector(a, b, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
+template <int S>
+inline void stage(v16& x, v16& y) {
+  stage<S>(x, y, std::make_integer_sequence<int, W>{});
 }
 
 // r[i][j] -> r[j][i] in registers: 64 shuffles where a scalar transpose stores each of the 256 floats alone
 inline void transpose16(v16 (&r)[W]) {
-  for (int i = 0; i < 8; ++i) stage8(r[i], r[i + 8]);
-  for (const int i : {0, 1, 2, 3, 8, 9, 10, 11}) stage4(r[i], r[i + 4]);
-  for (const int i : {0, 1, 4, 5, 8, 9, 12, 13}) stage2(r[i], r[i + 2]);
-  for (int i = 0; i < W; i += 2) stage1(r[i], r[i + 1]);
+  for (int i = 0; i < 8; ++i) stage<8>(r[i], r[i + 8]);
+  for (const int i : {0, 1, 2, 3, 8, 9, 10, 11}) stage<4>(r[i], r[i + 4]);
+  for (const int i : {0, 1, 4, 5, 8, 9, 12, 13}) stage<2>(r[i], r[i + 2]);
+  for (int i = 0; i < W; i += 2) stage<1>(r[i], r[i + 1]);
 }
 
 // K rows [s0, s0 + W) as D vectors of W keys (past the end: zeros, masked by the row limits). A whole block's
