@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/engine.py [--layout auto|dense|packed] [--prompt 512] [--gen 128] [--runs 3]
                                      [--models smollm2,gemma,qwen0.5b,qwen1.5b] [--activations f32,auto]
+                                     [--kv-dtype float32,float16]
 
 Prints, per model: load time, prefill tok/s (512-token prompt), decode tok/s (128 tokens, batch 1), the
 GB/s a decode step reads (the weights a step multiplies: every matrix, the output head, not the embedding
@@ -10,13 +11,17 @@ bench/kernel_speed.py's; a plain C reader gets somewhat more), graph nodes per s
 process's resident growth from loading; then llama.cpp's figures for the same file (its decode at a depth
 of the prompt's length, as gmlx's follows its prompt) and the ratio. Medians over --runs. --activations
 runs gmlx once per CPU-kernel activation mode (f32: fp32 activations, the kernels before integer dot
-products; auto: the default), in one process.
+products; auto: the default), in one process. --kv-dtype loads one engine per KV cache dtype (the config's
+kv_dtype) and alternates them run by run, printing each decode beside the first's (e.g. float16 KV against
+float32 after a long --prompt). Every figure line ends with the load average it was taken under.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import os
 import re
 import resource
 import shutil
@@ -39,7 +44,6 @@ from bench import step_profile
 from bench.kernel_speed import read_ceiling
 from gmlx_plan.gguf_header import read_header
 from gmlx_plan.memory import LAYOUT_CHOICES
-from gmlx_server.engine.arch import make_cache
 from gmlx_server.engine.blas import current_blas
 from gmlx_server.engine.kernels import probe
 from gmlx_server.engine.loader import LoadedModel, load_gguf_model
@@ -81,39 +85,53 @@ def step_bytes(path: str) -> int:
     return sum(t.nbytes for t in tensors if tied or t.name != "token_embd.weight")
 
 
+def load_avg() -> str:
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def bench_gmlx(path: str, layout: str, n_prompt: int, n_gen: int, runs: int,
-               modes: list[str]) -> dict[str, Any]:
+               modes: list[str], kv_dtypes: list[str]) -> dict[str, Any]:
     rss0, t0 = _rss(), time.perf_counter()
-    loaded: list[LoadedModel] = []  # the engine's model, for counting its graph's nodes
+    loaded: list[LoadedModel] = []  # the engines' models, for counting each graph's nodes
 
-    def load() -> LoadedModel:
-        loaded.append(load_gguf_model(path, layout=layout))  # type: ignore[arg-type]
-        return loaded[0]
+    def load(kv_dtype: str) -> LoadedModel:
+        loaded.append(load_gguf_model(path, layout=layout, kv_dtype=kv_dtype))  # type: ignore[arg-type]
+        return loaded[-1]
 
-    engine = MLXEngine(load)
-    load_s = time.perf_counter() - t0
+    made = [MLXEngine(functools.partial(load, dt)) for dt in kv_dtypes]
+    engines = {e.info.kv_dtype: e for e in made}  # by what each really built (auto resolved)
+    load_s = (time.perf_counter() - t0) / len(engines)
     release_memory()  # as the server does after a load
-    resident = (_rss() - rss0) / 1e6
+    resident = (_rss() - rss0) / 1e6 / len(engines)
     ext = probe().ext
-    decode: dict[str, float] = {}
+    decode: dict[tuple[str, str], float] = {}
+    prefill: list[float] = []
     try:
-        prompt = _prompt(engine, n_prompt)
-        _one(engine, prompt[:32], 4, "warm")
+        first = next(iter(engines.values()))
+        prompt = _prompt(first, n_prompt)
+        for engine in engines.values():
+            _one(engine, prompt[:32], 4, "warm")
         for mode in modes:
             if ext is not None:
                 ext.set_activations(mode)
-            res = [_one(engine, prompt, n_gen, f"{mode}{i}") for i in range(runs)]
-            decode[mode] = statistics.median(r[1] for r in res)
-        prefill = statistics.median(r[0] for r in res)
-        nodes = _ops_per_step(loaded[0])
+            res: dict[str, list[tuple[float, float]]] = {dt: [] for dt in engines}
+            for i in range(runs):  # the KV dtypes alternate run by run: the box's drift lands on both
+                for dt, engine in engines.items():
+                    res[dt].append(_one(engine, prompt, n_gen, f"{mode}{dt}{i}"))
+            for dt, rs in res.items():
+                decode[(dt, mode)] = statistics.median(r[1] for r in rs)
+                prefill = [r[0] for r in rs]
+        nodes = {lm.info.kv_dtype: _ops_per_step(lm) for lm in loaded}  # a float16 cache adds its casts
     finally:
-        engine.close()
+        for engine in engines.values():
+            engine.close()
         if ext is not None:
             ext.set_activations("auto")
     return {
         "load_s": load_s, "resident_mb": resident, "file_mb": Path(path).stat().st_size / 1e6,
-        "layout": engine.info.weights_layout, "step_gb": step_bytes(path) / 1e9, "nodes": nodes,
-        "prefill_tok_s": prefill, "decode": decode, "decode_tok_s": decode[modes[-1]],
+        "layout": first.info.weights_layout, "step_gb": step_bytes(path) / 1e9, "nodes": nodes,
+        "prefill_tok_s": statistics.median(prefill), "decode": decode,
+        "decode_tok_s": decode[(list(engines)[-1], modes[-1])], "load_avg": load_avg(), "kv_dtypes": list(engines),
         "peak_mlx_mb": mx.get_peak_memory() / 1e6,
         "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3,
     }
@@ -158,7 +176,7 @@ def _ops_per_step(lm: Any, fast: bool = True) -> int:
     if kernels is not None and not fast:
         kernels.ext = None
     try:
-        cache = make_cache(model)
+        cache = lm.make_cache()  # the loader's caches: float16 ones add their casts to the graph
         mx.eval(model(mx.array([[1, 2, 3, 4]]), cache=cache).logits)
         with tempfile.NamedTemporaryFile("r", suffix=".dot") as f:
             mx.export_to_dot(f.name, model(mx.array([[5]]), cache=cache).logits)
@@ -166,6 +184,18 @@ def _ops_per_step(lm: Any, fast: bool = True) -> int:
     finally:
         if kernels is not None:
             kernels.ext = ext
+
+
+def _print_decode(name: str, g: dict[str, Any], modes: list[str], kv_dtypes: list[str]) -> None:
+    ext = probe().ext
+    threads = ext.threads() if ext is not None else 2
+    ceiling = read_ceiling(threads)  # what a reader gets now, beside the step's own GB/s
+    base = g["decode"][(kv_dtypes[0], modes[0])]
+    for (dt, mode), tok_s in g["decode"].items():
+        print(f"{name:8s} gmlx      activations {mode:5s} KV {dt:7s} decode {tok_s:6.1f} tok/s = "
+              f"{tok_s * g['step_gb']:5.1f} GB/s ({g['step_gb'] * 1e3:.0f} MB of weights a step, "
+              f"{tok_s * g['step_gb'] / ceiling:.2f}x the read ceiling of {ceiling:.1f} GB/s: numpy, {threads} "
+              f"threads); {g['nodes'][dt]} graph nodes a step; x{tok_s / base:.2f} of {modes[0]}, KV {kv_dtypes[0]}")
 
 
 def main() -> None:
@@ -176,6 +206,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--models", default="smollm2,gemma", help=f"comma-separated: {', '.join(PATHS)}")
     ap.add_argument("--activations", default="auto", help="CPU-kernel activation modes, each timed (f32,auto)")
+    ap.add_argument("--kv-dtype", default="auto", help="KV cache dtypes, one engine each, alternated "
+                                                       "(float32,float16; auto: the server's default)")
     ap.add_argument("--profile", action="store_true", help="time one decode step per op class and width instead")
     ap.add_argument("--width", type=int, default=4, help="--profile: widths 1 to this many rows per step")
     ap.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)
@@ -195,19 +227,12 @@ def main() -> None:
     for name in names:
         path = paths[name]()
         modes = list(dict.fromkeys(args.activations.split(",")))  # each mode once
-        g = bench_gmlx(path, args.layout, args.prompt, args.gen, args.runs, modes)
+        kv_dtypes = list(dict.fromkeys(args.kv_dtype.split(",")))
+        g = bench_gmlx(path, args.layout, args.prompt, args.gen, args.runs, modes, kv_dtypes)
         print(f"{name:8s} gmlx      layout {g['layout']:6s} load {g['load_s']:.2f} s  "
               f"prefill {g['prefill_tok_s']:7.1f} tok/s  decode {g['decode_tok_s']:6.1f} tok/s  "
-              f"peak MLX {g['peak_mlx_mb']:.0f} MB  max RSS {g['max_rss_mb']:.0f} MB")
-        ext = probe().ext
-        threads = ext.threads() if ext is not None else 2
-        ceiling = read_ceiling(threads)  # what a reader gets now, beside the step's own GB/s
-        for mode in modes:
-            tok_s = g["decode"][mode]
-            print(f"{name:8s} gmlx      activations {mode:5s} decode {tok_s:6.1f} tok/s = "
-                  f"{tok_s * g['step_gb']:5.1f} GB/s ({g['step_gb'] * 1e3:.0f} MB a step, "
-                  f"{tok_s * g['step_gb'] / ceiling:.2f}x the read ceiling of {ceiling:.1f} GB/s: numpy, {threads} "
-                  f"threads); {g['nodes']} graph nodes a step; x{tok_s / g['decode'][modes[0]]:.2f} of {modes[0]}")
+              f"peak MLX {g['peak_mlx_mb']:.0f} MB  max RSS {g['max_rss_mb']:.0f} MB; {g['load_avg']}")
+        _print_decode(name, g, modes, g["kv_dtypes"])
         print(f"{name:8s} gmlx      resident after load +{g['resident_mb']:.0f} MB for a {g['file_mb']:.0f} MB file "
               f"({g['resident_mb'] / g['file_mb']:.2f}x, weights, tokenizer and the rest)")
         ref = bench_llama_cpp(path, args.prompt, args.gen, args.runs)

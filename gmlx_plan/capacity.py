@@ -17,7 +17,7 @@ JSON (table_to_json): the `capacity` section of GET /v1/metrics and `gmlx plan -
 
   {"model": str, "architecture": str,
    "layout": "packed" | "dense",           weights layout the model runs in
-   "kv_dtype_bytes": 2 | 4,                KV element size (fp16 packed, fp32 dense)
+   "kv_dtype_bytes": 2 | 4,                unquantized KV element size (kv_dtype: float16 2, float32 4)
    "kv_quant": null | {"scheme", "bits", "group_size", ("value_bits", "tail_tokens": kvarn only),
                        "layers_quantized", "layers_fp16", "verdict": "full" | "partial" | "dropped",
                        "verdict_batched": the same words for rows decoding in a batch},
@@ -163,7 +163,7 @@ def build_table(m: MemoryModel, budget: int, *, model: str, decode_batch: int,
     max_ctx = tuple((w, max_ctx_at_width(m, budget, w, limit)) for w in table_widths(decode_batch))
     deepest = max_ctx[0][1]
     return CapacityTable(
-        model=model, architecture=m.geometry.architecture, layout=m.layout, kv_dtype_bytes=m.element_bytes,
+        model=model, architecture=m.geometry.architecture, layout=m.layout, kv_dtype_bytes=m.kv_element_bytes,
         kv_quant=_kv_report(m), context_length=limit, decode_batch=decode_batch, prefill_chunk=m.prefill_chunk,
         budget_bytes=budget, weights_bytes=m.weights_bytes, kv_bytes_per_token=kv_bytes_per_token(m),
         kv_bytes_per_token_beyond_window=kv_bytes_per_token(m, beyond_window=True),

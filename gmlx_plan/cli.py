@@ -17,13 +17,14 @@ Exit status: 0 the plan fits, 1 it does not (the reason is printed), 2 an input 
 and, when the disk cap is > 0, "disk_tier" (gmlx_plan/disk.py; absent when it is 0).
 (simulate: {"capacity", "simulation", "png"}).
 Flags win over the config; the config (server.decode_batch, server.memory_budget and the model's
-max_kv_size, kv_quant, weights, draft, draft_tokens) wins over the defaults, so the plan matches the server's
+max_kv_size, kv_quant, kv_dtype, weights, draft, draft_tokens) wins over the defaults, so the plan matches the server's
 boot table; --disk-cache defaults to server.prompt_cache_disk_bytes.
 A drafter adds its weights and (unquantized) KV as the server budgets them.
 --layout auto means packed on macOS; elsewhere native when gmlx's CPU kernels are built beside the server
 (as its auto layout then is), else dense (the CPU server runs dense whenever OpenBLAS loads, and dense is
 the larger of dense and packed, so the plan stays on the safe side).
 --device auto means metal on macOS, where prefill attention runs fused for head dims 64/80/128.
+--kv-dtype auto means the config's kv_dtype, whose auto is f16 on a CPU with gmlx's kernels built, else f32.
 """
 
 from __future__ import annotations
@@ -47,14 +48,18 @@ from gmlx_plan.gguf_header import GGUFFormatError, read_header
 from gmlx_plan.key_share import KeySplit, key_split
 from gmlx_plan.memory import (
     DEFAULT_DRAFT_TOKENS,
+    KV_DTYPE_BYTES,
+    KV_DTYPE_CHOICES,
     LAYOUT_CHOICES,
     LAYOUTS,
     PREFILL_CHUNK,
+    KVDtype,
     Layout,
     MemoryModel,
     UnsupportedType,
     model_from_header,
     model_with_draft,
+    resolve_kv_dtype,
     weights_by_type,
 )
 from gmlx_plan.pace import Paces, paces_from_rates
@@ -94,7 +99,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=("auto", "metal", "cpu"), default="auto",
                    help="where the model runs (auto: metal on macOS): Metal fuses prefill attention")
     p.add_argument("--kv-dtype", choices=("auto", "f16", "f32"), default="auto",
-                   help="activation/KV dtype (auto: f32, what the engine runs in both layouts today)")
+                   help="the unquantized KV caches' dtype (auto: the config's kv_dtype, else f16 where gmlx's CPU "
+                        "kernels run the attention and f32 elsewhere, as the server decides)")
     p.add_argument("--decode-batch", type=int, help=f"decode width (default {DEFAULT_DECODE_BATCH})")
     p.add_argument("--draft", help="a speculative drafter: a GGUF path, a configured id with --config, or none")
     p.add_argument("--draft-tokens", type=int, help=f"tokens drafted per round (default {DEFAULT_DRAFT_TOKENS})")
@@ -162,14 +168,23 @@ def _layout(flag: str | None, configured: str | None) -> Layout:
     return "packed" if choice == "packed" else "native" if choice == "native" else "dense"
 
 
+def _kv_dtype(flag: str, configured: str | None, metal: bool) -> KVDtype:
+    if flag != "auto":
+        return "float16" if flag == "f16" else "float32"
+    for choice in KV_DTYPE_CHOICES:  # the config's, checked as the server checks it
+        if choice == (configured or "auto"):
+            return resolve_kv_dtype(choice, kernels_attend=not metal and native_kernels_built())
+    raise PlanInputError(f"kv_dtype {configured!r}: expected one of {', '.join(KV_DTYPE_CHOICES)}")
+
+
 def _build(args: argparse.Namespace) -> tuple[MemoryModel, CapacityTable, dict[str, int], int]:
     src = resolve_model(args.model, args.config)
     header = read_header(src.path, strings=False)
     layout = _layout(args.layout, src.layout)
     kvq = parse_kv_quant(args.kv_quant) if args.kv_quant is not None else src.kv_quant
     metal = args.device == "metal" or (args.device == "auto" and platform.system() == "Darwin")
-    act = {"f16": 2, "f32": 4}.get(args.kv_dtype)
-    m = model_from_header(header, layout, kvq, args.prefill_chunk, metal=metal, act_bytes=act)
+    kv = _kv_dtype(args.kv_dtype, src.kv_dtype, metal)
+    m = model_from_header(header, layout, kvq, args.prefill_chunk, metal=metal, kv_dtype_bytes=KV_DTYPE_BYTES[kv])
     draft = _draft(args, src)
     if draft is not None:
         m = model_with_draft(m, read_header(draft.path, strings=False), _layout(None, draft.layout), draft.name,

@@ -12,14 +12,16 @@ KV cache for one stream at depth D (mlx-vlm's KVCache / RotatingKVCache / Quanti
 
   tokens held by a layer   C(D) = min(ceil(D / 256) * 256, window)  (caches grow in steps of 256;
                            a sliding layer never holds more than its window)
-  per token, plain layer   kv_heads * (key_dim + value_dim) * e, e = the activation dtype's bytes
-                           (ACTIVATION_BYTES: 4 in both layouts today, measured: the 1-D F32 norm
-                           weights promote the packed layout's fp16 activations to fp32)
+  per token, plain layer   kv_heads * (key_dim + value_dim) * kv_e, kv_e = the KV cache dtype's bytes
+                           (kv_dtype: 2 for float16, which the CPU kernels read as stored; else e, the
+                           activation dtype's bytes: ACTIVATION_BYTES, 4 in every layout today, measured:
+                           the 1-D F32 norm weights promote the packed layout's fp16 activations to fp32)
   per token, quantized     kv_heads * sum over K and V of dim * bits / 8 + dim / group * 2 * e
-                           (mx.quantize keeps scales and biases in the input dtype)
+                           (mx.quantize keeps scales and biases in the input dtype, the activations')
   kvarn                    keys at `bits`, values at `value_bits`; the newest min(D, tail) tokens stay at
-                           e bytes, and past the tail the quantized store holds C(D) - tail tokens (its
-                           growth keeps the layer's total on the 256-token steps a plain cache takes)
+                           e bytes (the activation dtype, whatever kv_dtype says), and past the tail the
+                           quantized store holds C(D) - tail tokens (its growth keeps the layer's total on
+                           the 256-token steps a plain cache takes)
   which layers quantize    full-attention layers whose head dims the group divides; not sliding ones
                            (RotatingKVCache has no quantized form in mlx-vlm). The last layer quantizes
                            too (mlx-vlm's own generate keeps it fp16 on deep stacks; gmlx builds its caches)
@@ -65,6 +67,10 @@ Layout = Literal["packed", "dense", "native"]  # how weights are held: the one l
 LayoutChoice = Literal["auto", "packed", "dense", "native"]  # what a config or flag may ask for
 LAYOUTS: tuple[Layout, ...] = get_args(Layout)
 LAYOUT_CHOICES: tuple[LayoutChoice, ...] = get_args(LayoutChoice)
+KVDtype = Literal["float32", "float16"]  # what the unquantized KV caches hold
+KVDtypeChoice = Literal["auto", "float32", "float16"]  # a model's kv_dtype
+KV_DTYPE_CHOICES: tuple[KVDtypeChoice, ...] = get_args(KVDtypeChoice)
+KV_DTYPE_BYTES: dict[KVDtype, int] = {"float32": 4, "float16": 2}
 AFFINE_GROUP = 32  # MLX affine group size of every packed weight
 KV_STEP = 256  # mlx-vlm's KV caches grow in steps of this many tokens
 PREFILL_CHUNK = 512  # gmlx_server/engine/request_run.py
@@ -95,6 +101,14 @@ _BLOCK = {name: (qk, size) for name, qk, size in GGML_TYPES.values()}
 
 def kv_element_bytes(layout: Layout) -> int:
     return ACTIVATION_BYTES[layout]
+
+
+def resolve_kv_dtype(choice: KVDtypeChoice, kernels_attend: bool) -> KVDtype:
+    """auto: float16 where gmlx's CPU kernels run the attention (they widen fp16 in registers: a long context
+    reads half the bytes), else float32 (MLX's own attention would promote a float16 cache on every call)."""
+    if choice != "auto":
+        return choice
+    return "float16" if kernels_attend else "float32"
 
 
 def converted_bytes(shape: tuple[int, ...], type_name: str, layout: Layout, name: str = "") -> int:
@@ -194,13 +208,15 @@ def _quant_bytes(dim: int, bits: int, group: int, e: int) -> int:
     return dim * bits // 8 + (dim // group) * 2 * e
 
 
-def layer_costs(g: Geometry, e: int, q: KVQuant | None) -> tuple[LayerCost, ...]:
+def layer_costs(g: Geometry, e: int, q: KVQuant | None, kv_e: int | None = None) -> tuple[LayerCost, ...]:
+    """kv_e: the unquantized caches' element bytes (their kv_dtype), e the activations' (quantized layers)."""
     out = []
     for layer, quantized in zip(g.layers, quantized_layers(g, q), strict=True):
-        plain = layer.kv_elements_per_token * e
         if q is None or not quantized:
-            out.append(LayerCost(layer.window, plain, plain, 0, False))
+            held = layer.kv_elements_per_token * (kv_e or e)
+            out.append(LayerCost(layer.window, held, held, 0, False))
             continue
+        plain = layer.kv_elements_per_token * e  # a kvarn tail keeps the activation dtype
         per = layer.kv_heads * (_quant_bytes(layer.key_dim, q.key_bits, q.group_size, e)
                                 + _quant_bytes(layer.value_dim, q.val_bits, q.group_size, e))
         out.append(LayerCost(layer.window, plain, per, q.tail, True))
@@ -232,16 +248,21 @@ class MemoryModel:
     prefill_chunk: int = PREFILL_CHUNK
     kv_step: int = KV_STEP
     fused_attention: bool = False  # True on Metal when fused_prefill_supported(geometry)
-    act_bytes: int | None = None  # activation/KV element bytes; None = ACTIVATION_BYTES[layout]
+    act_bytes: int | None = None  # activation element bytes; None = ACTIVATION_BYTES[layout]
     draft: DraftCost | None = None  # a speculative model's drafter (weights_bytes then counts both models)
+    kv_dtype_bytes: int | None = None  # unquantized KV element bytes (kv_dtype); None = the activations'
 
     @property
     def element_bytes(self) -> int:
         return self.act_bytes or kv_element_bytes(self.layout)
 
+    @property
+    def kv_element_bytes(self) -> int:
+        return self.kv_dtype_bytes or self.element_bytes
+
     @cached_property
     def costs(self) -> tuple[LayerCost, ...]:
-        return layer_costs(self.geometry, self.element_bytes, self.kv_quant)
+        return layer_costs(self.geometry, self.element_bytes, self.kv_quant, self.kv_dtype_bytes)
 
 
 @dataclass(frozen=True)
@@ -268,26 +289,28 @@ def fused_prefill_supported(g: Geometry) -> bool:
 
 def memory_model(g: Geometry, tensors: Iterable[TensorInfo], layout: Layout, kv_quant: KVQuant | None = None,
                  prefill_chunk: int = PREFILL_CHUNK, weights: int | None = None, metal: bool = False,
-                 act_bytes: int | None = None) -> MemoryModel:
+                 act_bytes: int | None = None, kv_dtype_bytes: int | None = None) -> MemoryModel:
     """`weights` overrides the header formula (the server may pass its load report's total);
     metal: the model runs on the GPU, so prefill attention is fused where MLX supports it;
-    act_bytes: the activation dtype's size when the caller knows it (the server: its KV cache dtype)."""
+    act_bytes: the activation dtype's size when the caller knows it; kv_dtype_bytes: the plain KV caches'."""
     w = weights_bytes(tensors, layout) if weights is None else weights
     return MemoryModel(g, layout, w, kv_quant, prefill_chunk, fused_attention=metal and fused_prefill_supported(g),
-                       act_bytes=act_bytes)
+                       act_bytes=act_bytes, kv_dtype_bytes=kv_dtype_bytes)
 
 
 def model_from_header(h: GGUFHeader, layout: Layout, kv_quant: KVQuant | None = None,
                       prefill_chunk: int = PREFILL_CHUNK, weights: int | None = None,
-                      metal: bool = False, act_bytes: int | None = None) -> MemoryModel:
+                      metal: bool = False, act_bytes: int | None = None,
+                      kv_dtype_bytes: int | None = None) -> MemoryModel:
     return memory_model(geometry_from_header(h), h.tensors, layout, kv_quant, prefill_chunk, weights, metal,
-                        act_bytes)
+                        act_bytes, kv_dtype_bytes)
 
 
 def model_with_draft(m: MemoryModel, header: GGUFHeader, layout: Layout, name: str, tokens: int,
                      metal: bool = False) -> MemoryModel:
-    """`m` with the drafter whose GGUF header is given, in the same activation dtype and prefill chunk."""
-    draft = model_from_header(header, layout, None, m.prefill_chunk, metal=metal, act_bytes=m.act_bytes)
+    """`m` with the drafter whose GGUF header is given, in the same activation and KV dtypes and prefill chunk."""
+    draft = model_from_header(header, layout, None, m.prefill_chunk, metal=metal, act_bytes=m.act_bytes,
+                              kv_dtype_bytes=m.kv_dtype_bytes)
     return with_draft(m, draft, name, tokens)
 
 

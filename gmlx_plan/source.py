@@ -30,6 +30,7 @@ class ModelSource:
     max_kv_size: int | None = None
     kv_quant: KVQuant | None = None
     layout: str | None = None  # models.<id>.weights: auto, packed or dense
+    kv_dtype: str | None = None  # models.<id>.kv_dtype: auto, float32 or float16
     draft: DraftSource | None = None  # models.<id>.draft
     disk_cache_bytes: int = 0  # server.prompt_cache_disk_bytes (0: the disk tier is off)
 
@@ -132,7 +133,8 @@ def resolve_model(model: str | None, config: str | None) -> ModelSource:
         mid, path, decode_batch=server.get("decode_batch"),
         memory_budget=None if budget in (None, "auto") else parse_memory(budget),
         max_kv_size=entry.get("max_kv_size"), kv_quant=_kv_from_config(entry.get("kv_quant")),
-        layout=entry.get("weights"), draft=resolve_draft(entry.get("draft"), entry.get("draft_tokens"), config, data),
+        layout=entry.get("weights"), kv_dtype=entry.get("kv_dtype"),
+        draft=resolve_draft(entry.get("draft"), entry.get("draft_tokens"), config, data),
         disk_cache_bytes=parse_disk_cap(server.get("prompt_cache_disk_bytes") or 0, "server.prompt_cache_disk_bytes"),
     )
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from gmlx_plan.memory import LAYOUT_CHOICES
+from gmlx_plan.memory import KV_DTYPE_CHOICES, LAYOUT_CHOICES
 from gmlx_server.config.assistants import check_assistant_refs, parse_assistants, parse_mcp_servers
 from gmlx_server.config.checker import KINDS, Checker
 from gmlx_server.config.draft import DRAFT_KEYS, RawDrafts, raw_draft, resolve_drafts
@@ -48,7 +48,7 @@ _SERVER_KINDS = {
 _MODEL_KINDS = {
     "path": "str", "profile": "str", "max_kv_size": "int", "pinned": "bool", "chat_template": "str",
     "weights": "str", "clamp_max_tokens": "bool", "backend": "str", "tool_format": "str", "mmproj": "str",
-    "reasoning_format": "str", "default_max_tokens": "int", "tool_prompt_budget": "number",
+    "reasoning_format": "str", "default_max_tokens": "int", "tool_prompt_budget": "number", "kv_dtype": "str",
 }
 _KV_QUANT_KINDS = {"scheme": "str", "bits": "int", "group_size": "int", "value_bits": "int", "tail_tokens": "int"}
 _CHECKER_KINDS = {"number": "number", "integer": "int", "boolean": "bool"}  # a knob's JSON kind, as Checker says it
@@ -134,6 +134,9 @@ def _model(c: Checker, mid: str, raw: Any, base: Path, drafts: RawDrafts) -> Mod
     kw["weights"] = kw["weights"] or "auto"
     if kw["weights"] not in LAYOUT_CHOICES:
         raise c.fail(f"{key}.weights", f"expected one of {', '.join(LAYOUT_CHOICES)}, got {kw['weights']!r}")
+    kw["kv_dtype"] = kw["kv_dtype"] or "auto"
+    if kw["kv_dtype"] not in KV_DTYPE_CHOICES:
+        raise c.fail(f"{key}.kv_dtype", f"expected one of {', '.join(KV_DTYPE_CHOICES)}, got {kw['kv_dtype']!r}")
     kw["tool_format"] = kw["tool_format"] or "auto"
     if kw["tool_format"] not in TOOL_FORMATS:
         raise c.fail(f"{key}.tool_format", f"expected {', '.join(TOOL_FORMATS)}, got {kw['tool_format']!r}")
@@ -164,7 +167,7 @@ def _reasoning_budgets(c: Checker, raw: Any, key: str) -> Mapping[str, int | Non
 def _refuse_for_dir(c: Checker, key: str, kw: Mapping[str, Any]) -> None:
     """A model directory loads through mlx-vlm's loader, which takes none of the GGUF path's options."""
     given = {"mmproj": kw["mmproj"] is not None, "kv_quant": kw["kv_quant"] is not None,
-             "weights": kw["weights"] not in (None, "auto")}
+             "weights": kw["weights"] not in (None, "auto"), "kv_dtype": kw["kv_dtype"] not in (None, "auto")}
     for name, present in given.items():
         if present:
             raise c.fail(f"{key}.{name}", "not for a model directory (mlx-vlm's loader brings its own weights and "

@@ -16,9 +16,9 @@ from typing import Any, Literal
 
 from gmlx_plan.memory import DEFAULT_DRAFT_TOKENS as DEFAULT_DRAFT_TOKENS  # models.<id>.draft_tokens
 from gmlx_plan.memory import MAX_DRAFT_TOKENS as MAX_DRAFT_TOKENS
+from gmlx_plan.memory import KVDtypeChoice, LayoutChoice
 from gmlx_plan.memory import KVQuant as KVQuant  # one definition: the planner budgets what the engine builds
 from gmlx_plan.memory import KVQuantError as KVQuantError
-from gmlx_plan.memory import LayoutChoice
 from gmlx_server.config.assistant_entries import Assistant, McpServer
 
 BUILTIN_INTENTS = ("chat", "coding", "creative", "precise")
@@ -113,6 +113,7 @@ class ModelEntry:
     pinned: bool = False
     mmproj: str | None = None  # a vision projector GGUF (llama.cpp's mmproj format): image input
     kv_quant: KVQuant | None = None
+    kv_dtype: KVDtypeChoice = "auto"  # the unquantized KV caches' dtype (auto: float16 where the CPU kernels attend)
     draft: Draft | None = None
     chat_template: str | None = None
     weights: WeightsLayout = "auto"
@@ -129,7 +130,7 @@ class ModelEntry:
     def load_key(self) -> tuple[object, ...]:
         """What the engine is built from: a reload keeps a loaded engine while this is unchanged."""
         return (self.backend, self.path, self.weights, self.max_kv_size, self.chat_template, self.kv_quant,
-                self.mmproj, self.draft)
+                self.kv_dtype, self.mmproj, self.draft)
 
 
 @dataclass(frozen=True)

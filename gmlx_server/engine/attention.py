@@ -24,15 +24,17 @@ from gmlx_server.engine.kv_quant import is_kvarn, kvarn_attention
 _LOG2E = math.log2(math.e)
 FEW_ROWS = 8  # up to this many queries (decode, speculative verification) one kernel call beats a dozen ops
 FLASH_WIDTH = 16  # beyond FEW_ROWS the kernels' blockwise path takes value rows of a multiple of this width
+KV_DTYPES = (mx.float32, mx.float16)  # what the caches hold (kv_dtype): the kernels read either as stored
 
 
 def cpu_attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float, mask: Any,
                   prims: Primitives = MLX_OPS) -> mx.array:
     """softmax(scale * q k^T + mask) v for q (B, H, L, D), k/v (B, Hk, S, D); mask None, "causal" or an array.
-    The kernels' one-op attention where `prims` has the extension, else MLX's ops."""
+    The kernels' one-op attention where `prims` has the extension, else MLX's ops (whose matmuls promote a float16
+    cache to the queries' float32)."""
     B, H, L, D = queries.shape
     Hk, S = keys.shape[1], keys.shape[2]
-    ours = queries.dtype == keys.dtype == values.dtype == mx.float32
+    ours = queries.dtype == mx.float32 and keys.dtype == values.dtype and keys.dtype in KV_DTYPES
     ext = prims.ext if ours and (L <= FEW_ROWS or values.shape[-1] % FLASH_WIDTH == 0) else None
     if ext is not None:  # the CPU kernels' one-op attention: row by row, or blockwise (flash) for prefill
         out: mx.array = ext.sdpa(queries, keys, values, scale, None if isinstance(mask, str) else mask,
@@ -65,11 +67,12 @@ def _apply_mask(s: mx.array, mask: Any, L: int, S: int) -> mx.array:
 
 
 def supported(queries: mx.array, keys: Any, cache: Any, mask: Any, sinks: Any) -> bool:
-    """fp32 plain arrays with a mask we can place; quantized caches, sinks and other dtypes keep mlx-vlm's path."""
+    """fp32 queries over fp32 or float16 plain arrays with a mask we can place; quantized caches, sinks and other
+    dtypes keep mlx-vlm's path."""
     quantized = vlm_adapter.quantized_cache(cache) or is_kvarn(cache)
     if sinks is not None or quantized or not isinstance(keys, mx.array):
         return False
-    if queries.dtype != mx.float32 or keys.dtype != mx.float32 or queries.shape[1] % keys.shape[1]:
+    if queries.dtype != mx.float32 or keys.dtype not in KV_DTYPES or queries.shape[1] % keys.shape[1]:
         return False
     if mask is None or isinstance(mask, str):
         return mask in (None, "causal")
@@ -93,6 +96,8 @@ class _RoutedAttention:
             return kvarn_attention(queries, keys, values, cache, scale, mask)
         if self.cpu and supported(queries, keys, cache, mask, sinks):
             return cpu_attention(queries, keys, values, scale, mask, self.prims)
+        if isinstance(keys, mx.array) and keys.dtype != queries.dtype:  # a float16 cache under fp32 queries (Metal)
+            keys, values = keys.astype(queries.dtype), values.astype(queries.dtype)
         out: mx.array = self.original(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
         return out
 

@@ -15,6 +15,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_vlm.models.cache import BatchKVCache, BatchRotatingKVCache, KVCache, RotatingKVCache
 
+from gmlx_server.engine.kv_half import batch_half
 from gmlx_server.engine.kv_quant import as_batch_quantized
 from gmlx_server.engine.request_run import RequestRun, describe
 from gmlx_server.engine.sampling import Draw
@@ -28,6 +29,9 @@ def _as_batch(cache: Any) -> Any:
     quantized = as_batch_quantized(cache)
     if quantized is not None:  # quantized KV stays quantized in the batch
         return quantized
+    half = batch_half(cache)
+    if half is not None:  # and float16 KV float16
+        return half
     if isinstance(cache, RotatingKVCache):
         return BatchRotatingKVCache.merge([cache])
     if isinstance(cache, KVCache):

@@ -45,9 +45,11 @@ class Stored:
 
 
 def kv_layout(kv_quant: object, weights: str, max_kv_size: int | None, mmproj: str | None,
-              native_kernels: bool) -> str:
-    """All that shapes a model's KV besides its file: an entry written under other settings never matches."""
-    return repr((kv_quant, weights, max_kv_size, mmproj, native_kernels))
+              native_kernels: bool, kv_dtype: str = "float32") -> str:
+    """All that shapes a model's KV besides its file: an entry written under other settings never matches (a
+    float16 cache's arrays are not a float32 one's). kv_dtype float32 keys as before it existed."""
+    key: tuple[object, ...] = (kv_quant, weights, max_kv_size, mmproj, native_kernels)
+    return repr(key if kv_dtype == "float32" else (*key, kv_dtype))
 
 
 def usable(stored: Stored, prompt: Sequence[int]) -> int:

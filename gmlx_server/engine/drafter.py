@@ -3,8 +3,9 @@ proposes `tokens` (k) tokens per round for the target to verify in one forward p
 
 The drafter must share the target's token list (serving/model_files.py checks it at start and reload; the load checks
 it again, since the file may have changed). Its KV caches stay unquantized whatever the target's kv_quant:
-they are small, and gmlx_plan.memory budgets them so (with_draft). Its weights run in the layout its entry
-names (a configured id's `weights`, else auto), which is how a packed model drafts for its dense self.
+they are small, and gmlx_plan.memory budgets them so (with_draft); they hold the target's kv_dtype. Its weights
+run in the layout its entry names (a configured id's `weights`, else auto), which is how a packed model drafts
+for its dense self.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def load_drafter(target: LoadedModel, draft: Draft, native_kernels: bool = True)
         raise DrafterMismatch(f"drafter {draft.path} cannot draft for {target.info.path}: the token lists "
                               f"differ: {problem}")
     loaded = load_gguf_model(draft.path, model_id=draft.model_id, layout=draft.weights,
-                             native_kernels=native_kernels)
+                             native_kernels=native_kernels, kv_dtype=target.info.kv_dtype)  # as the planner counts
     return Drafter(loaded, draft.model_id, draft.tokens)
 
 

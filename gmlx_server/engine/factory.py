@@ -12,6 +12,7 @@ from gmlx_server.engine.dir_files import is_model_dir
 from gmlx_server.engine.disk_cache import DiskCache
 from gmlx_server.engine.disk_files import kv_layout, model_identity
 from gmlx_server.engine.drafter import Drafter, load_drafter
+from gmlx_server.engine.layout import kv_dtype
 from gmlx_server.engine.loader import LoadedModel, load_gguf_model
 from gmlx_server.engine.mlx_engine import MLXEngine
 from gmlx_server.engine.model_dir import load_model_dir
@@ -38,7 +39,8 @@ def create_mlx_engine(entry: ModelEntry, env: RuntimeEnv) -> MLXEngine:
             return load_model_dir(entry.path, entry.id, entry.max_kv_size, entry.chat_template)
         text = functools.partial(load_gguf_model, model_id=entry.id, layout=entry.weights,
                                  max_kv_size=entry.max_kv_size, chat_template=entry.chat_template,
-                                 kv_quant=entry.kv_quant, native_kernels=env.native_kernels)
+                                 kv_quant=entry.kv_quant, kv_dtype=entry.kv_dtype,
+                                 native_kernels=env.native_kernels)
         if entry.mmproj is not None:  # the projector's tower beside the text model
             return load_vision_model(entry.path, entry.mmproj, text)
         return text(entry.path)
@@ -59,7 +61,8 @@ def disk_tier(entry: ModelEntry, env: RuntimeEnv) -> DiskCache | None:
     """The model's disk tier when server.prompt_cache_disk_bytes turns it on."""
     if not env.prompt_cache_disk_bytes or env.prompt_cache_dir is None:
         return None
-    layout = kv_layout(entry.kv_quant, entry.weights, entry.max_kv_size, entry.mmproj, env.native_kernels)
+    layout = kv_layout(entry.kv_quant, entry.weights, entry.max_kv_size, entry.mmproj, env.native_kernels,
+                       kv_dtype(entry.kv_dtype, env.native_kernels))
     try:
         return DiskCache(env.prompt_cache_dir, env.prompt_cache_disk_bytes, entry.id, model_identity(entry.path),
                          layout)

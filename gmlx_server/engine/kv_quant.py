@@ -23,6 +23,7 @@ from mlx_vlm.models.cache import BatchQuantizedKVCache, KVCache, QuantizedKVCach
 
 from gmlx_plan.capacity import KVQuantReport
 from gmlx_plan.memory import KV_STEP, KVQuant
+from gmlx_server.engine.kv_half import as_half
 
 Parts = tuple[mx.array, ...]  # mx.quantize's (packed, scales, biases)
 
@@ -361,19 +362,21 @@ def is_quantized(c: Any) -> bool:
 
 @dataclass(frozen=True)
 class CacheFactory:
-    """A request's fresh per-layer caches: the model's own, with the planner's layers quantized."""
+    """A request's fresh per-layer caches: the model's own, with the planner's layers quantized and, when `half`,
+    the others float16 (kv_dtype)."""
 
     base: Callable[[], list[Any]]
     quant: KVQuant | None = None
     layers: tuple[bool, ...] = ()  # gmlx_plan.memory.quantized_layers: which layers the planner quantizes
+    half: bool = False
 
     def __call__(self) -> list[Any]:
         caches = self.base()
-        if self.quant is None:
-            return caches
-        # A layer quantizes only where the planner counted it and the model built a plain KVCache there.
-        return [quantized_cache(self.quant) if i < len(self.layers) and self.layers[i] and type(c) is KVCache
-                else c for i, c in enumerate(caches)]
+        if self.quant is not None:
+            # A layer quantizes only where the planner counted it and the model built a plain KVCache there.
+            caches = [quantized_cache(self.quant) if i < len(self.layers) and self.layers[i] and type(c) is KVCache
+                      else c for i, c in enumerate(caches)]
+        return [as_half(c) for c in caches] if self.half else caches
 
     def report(self, batched_fp16: bool = False) -> KVQuantReport | None:
         """What was really built: the caches of one fresh request, counted by type."""

@@ -2,7 +2,8 @@
 
 Runs on the engine thread only. MLX arrays are values: a snapshot holds its own array objects, and a
 restore hands each cache new slices, so a cache's in-place slice assignment never reaches a snapshot.
-A layer is (kind, arrays, meta): "kv" keys and values, "rot" a sliding window's, "q" the packed parts of
+A layer is (kind, arrays, meta): "kv" keys and values (fp32 or float16, as the model's kv_dtype builds its
+caches: a restore's fresh caches are of the same kind), "rot" a sliding window's, "q" the packed parts of
 a uniform quantized cache, "kvarn" its quantized parts then its unquantized tail (engine/kv_quant.py).
 Quantized layers are stored packed: a restore never re-quantizes, so it is exact.
 """
@@ -15,6 +16,7 @@ from typing import Any, Literal
 import mlx.core as mx
 from mlx_vlm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache
 
+from gmlx_server.engine.kv_half import F16KVCache, F16RotatingKVCache
 from gmlx_server.engine.kv_quant import KVarnCache
 from gmlx_server.engine.prompt_cache import Entry
 
@@ -36,16 +38,19 @@ def take(cache: Sequence[Any], tokens: Sequence[int], kind: Literal["prompt", "c
             return None
         layers.append(layer)
     # Below the window nothing has rotated out yet: the keys are in order and can be cut back.
-    trimmable = all(c.offset < c.max_size for c in cache if type(c) is RotatingKVCache)
+    trimmable = all(c.offset < c.max_size for c in cache if type(c) in _ROTATING)
     mx.eval([a for layer in layers for a in layer[1]])
     nbytes = sum(a.nbytes for layer in layers for a in layer[1])
     return Entry(tuple(tokens), tuple(layers), nbytes, trimmable, kind, tail, pinned)
 
 
+_PLAIN, _ROTATING = (KVCache, F16KVCache), (RotatingKVCache, F16RotatingKVCache)  # fp32 or float16 (kv_dtype)
+
+
 def _layer(c: Any) -> Layer | None:
-    if type(c) is KVCache:
+    if type(c) in _PLAIN:
         return "kv", _copy(c.state), ()
-    if type(c) is RotatingKVCache:
+    if type(c) in _ROTATING:
         return "rot", _copy(c.state), tuple(c.meta_state)
     if type(c) is QuantizedKVCache:
         keys, values = c.state

@@ -1,4 +1,5 @@
-"""Which weight layout a model runs in, decidable without importing MLX (the capacity table needs it at boot)."""
+"""Which weight layout and KV dtype a model runs in, decidable without importing MLX (the capacity table needs
+them at boot)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import platform
 
 from gmlx_plan.budget import available_memory
 from gmlx_plan.gguf_header import GGUFHeader
-from gmlx_plan.memory import Layout, LayoutChoice, kv_bytes, model_from_header
+from gmlx_plan.memory import KVDtype, KVDtypeChoice, Layout, LayoutChoice, kv_bytes, model_from_header, resolve_kv_dtype
 from gmlx_server.engine import kernels
 from gmlx_server.engine.blas import current_blas
 
@@ -31,6 +32,13 @@ def choose_layout(requested: LayoutChoice, on_gpu: bool | None = None, native: b
             return "packed", f"CPU with OpenBLAS, but {too_big}: packed weights use a quarter of that"
         return "dense", "CPU with OpenBLAS: dense fp32 sgemm beats MLX's CPU quantized matmul"
     return "packed", f"CPU without OpenBLAS ({blas.note}): packed weights use less memory"
+
+
+def kv_dtype(choice: KVDtypeChoice, native: bool = True, on_gpu: bool | None = None) -> KVDtype:
+    """What the unquantized KV caches will hold: auto is float16 where gmlx's CPU kernels run the attention (built,
+    `native`, not on Metal), as the loader decides from the kernels it got."""
+    gpu = on_gpu if on_gpu is not None else platform.system() == "Darwin"
+    return resolve_kv_dtype(choice, kernels_attend=not gpu and native and kernels.built())
 
 
 def _dense_too_big(header: GGUFHeader | None) -> str | None:

@@ -12,7 +12,7 @@ import mlx.core as mx
 
 from gmlx_plan.geometry import DEFAULT_CONTEXT, geometry_from_header
 from gmlx_plan.gguf_header import GGUFHeader, SkippedArray, read_header
-from gmlx_plan.memory import KVQuant, Layout, LayoutChoice, quantized_layers
+from gmlx_plan.memory import KVDtypeChoice, KVQuant, Layout, LayoutChoice, quantized_layers, resolve_kv_dtype
 from gmlx_server.engine.arch import ArchSpec, arch_spec, make_cache, vocab_size
 from gmlx_server.engine.attention import use_gmlx_attention
 from gmlx_server.engine.blas import current_blas
@@ -47,9 +47,11 @@ class LoadedModel:
 
 def load_gguf_model(path: str | Path, model_id: str | None = None, layout: LayoutChoice = "auto",
                     max_kv_size: int | None = None, chat_template: str | None = None,
-                    native_kernels: bool = True, kv_quant: KVQuant | None = None) -> LoadedModel:
+                    native_kernels: bool = True, kv_quant: KVQuant | None = None,
+                    kv_dtype: KVDtypeChoice = "auto") -> LoadedModel:
     """`native_kernels=False` keeps "auto" off the native layout (the dense/packed paths stay testable);
-    kv_quant: quantized KV caches on the layers gmlx_plan.memory.quantized_layers picks."""
+    kv_quant: quantized KV caches on the layers gmlx_plan.memory.quantized_layers picks; kv_dtype: the other
+    layers' (auto: float16 when the kernels run this model's attention)."""
     start = time.perf_counter()
     header = read_header(path)
     spec = arch_spec(header)
@@ -72,8 +74,9 @@ def load_gguf_model(path: str | Path, model_id: str | None = None, layout: Layou
     template = JinjaChatTemplate.from_metadata(header.metadata, spec.family, chat_template)
     header = without_vocabulary_arrays(header)
     trained = int(header.arch_value("context_length", DEFAULT_CONTEXT))
+    held = resolve_kv_dtype(kv_dtype, kernels_attend=kernels is not None)
     caches = CacheFactory(lambda: make_cache(model), kv_quant,
-                          quantized_layers(geometry_from_header(header), kv_quant))
+                          quantized_layers(geometry_from_header(header), kv_quant), held == "float16")
     info = ModelInfo(
         model_id=model_id or Path(path).stem, path=str(path), architecture=header.architecture,
         family=spec.family, context_length=min(trained, max_kv_size) if max_kv_size else trained,
@@ -83,6 +86,7 @@ def load_gguf_model(path: str | Path, model_id: str | None = None, layout: Layou
         sliding_window=params.get("sliding_window"), weights_layout=chosen,
         weights_bytes=report.total_bytes, load_s=time.perf_counter() - start,
         tensor_types={src: became for (src, became) in report.by_type}, kv_quant=caches.report(),
+        kv_dtype=held,
     )
     _log_load(info, report, why, template.source, "mx.fast" if on_gpu else "gmlx CPU (folded GQA, exp2 softmax)")
     return LoadedModel(model, header, spec, info, tokenizer, template, report, caches, kernels=kernels)
@@ -134,6 +138,7 @@ def _log_load(info: ModelInfo, report: LoadReport, why: str, template_source: st
     for line in report.lines():
         log.info("  tensors: %s", line)
     log.info("  chat template: %s", template_source)
+    log.info("  KV cache dtype: %s", info.kv_dtype)
     q = info.kv_quant
     if q is not None:
         log.info("  KV cache: %s %d-bit, group %d: %d layers quantized, %d not (%s)", q.scheme, q.bits, q.group_size,

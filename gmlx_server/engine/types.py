@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from gmlx_plan.capacity import KVQuantReport
-from gmlx_plan.memory import Layout
+from gmlx_plan.memory import KVDtype, Layout
 
 if TYPE_CHECKING:  # vision imports MLX; these types stay pure
     from gmlx_server.engine.vision.processor import ImageProcessor
@@ -344,4 +344,5 @@ class ModelInfo:
     tensor_types: Mapping[str, str] = field(default_factory=dict)  # GGUF type -> what it became
     drafts: bool = False  # a speculative drafter verifies tokens in bulk: no per-request logits processors
     kv_quant: KVQuantReport | None = None  # the quantized KV caches really built, per layer (None: not configured)
+    kv_dtype: KVDtype = "float32"  # what the unquantized KV caches hold (kv_dtype resolved at load)
     vision: ImageProcessor | None = None  # a vision model's image preprocessing (None: text only)

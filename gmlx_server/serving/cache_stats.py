@@ -12,6 +12,7 @@ from typing import Any
 
 from gmlx_server.config import ModelEntry, ServerConfig, ServerSettings
 from gmlx_server.engine.disk_files import clear, kv_layout, model_identity, peek, usage
+from gmlx_server.engine.layout import kv_dtype
 from gmlx_server.engine.types import Engine
 
 TOTALS = ("bytes", "entries", "tokens_reused", "evictions", "misses")
@@ -93,5 +94,6 @@ def disk_peek(config: ServerConfig, entry: ModelEntry, prompt: list[int]) -> int
     root = disk_dir(config.server)
     if root is None or not os.path.exists(entry.path):
         return 0
-    layout = kv_layout(entry.kv_quant, entry.weights, entry.max_kv_size, entry.mmproj, config.env.native_kernels)
+    layout = kv_layout(entry.kv_quant, entry.weights, entry.max_kv_size, entry.mmproj, config.env.native_kernels,
+                       kv_dtype(entry.kv_dtype, config.env.native_kernels))
     return peek(root, entry.id, model_identity(entry.path), layout, prompt)

@@ -13,9 +13,9 @@ from typing import Any
 from gmlx_plan.budget import default_budget
 from gmlx_plan.capacity import CapacityTable, build_table, plan, table_to_json
 from gmlx_plan.gguf_header import GGUFFormatError, read_header
-from gmlx_plan.memory import KVQuant, MemoryModel, model_from_header, model_with_draft, need_bytes
+from gmlx_plan.memory import KV_DTYPE_BYTES, KVQuant, MemoryModel, model_from_header, model_with_draft, need_bytes
 from gmlx_server.config import ModelEntry, ServerConfig
-from gmlx_server.engine.layout import choose_layout
+from gmlx_server.engine.layout import choose_layout, kv_dtype
 from gmlx_server.engine.vision.mmproj import tower_bytes
 from gmlx_server.errors import GmlxError
 
@@ -47,12 +47,13 @@ def _kv_quant(entry: ModelEntry) -> KVQuant | None:
     return entry.kv_quant
 
 
-def memory_model(entry: ModelEntry) -> MemoryModel:
-    """The planner's model of one GGUF entry, from its header; the layout the engine will choose. A speculative
-    model's drafter (its weights, its unquantized KV) is part of it."""
+def memory_model(entry: ModelEntry, native_kernels: bool = True) -> MemoryModel:
+    """The planner's model of one GGUF entry, from its header; the layout and KV dtype the engine will choose. A
+    speculative model's drafter (its weights, its unquantized KV) is part of it."""
     header = read_header(entry.path, strings=False)
     layout, _ = choose_layout(entry.weights, header=header)
-    m = model_from_header(header, layout, _kv_quant(entry))
+    kv = KV_DTYPE_BYTES[kv_dtype(entry.kv_dtype, native_kernels)]
+    m = model_from_header(header, layout, _kv_quant(entry), kv_dtype_bytes=kv)
     if entry.mmproj is not None:  # a vision model's tower loads beside its text weights
         m = replace(m, weights_bytes=m.weights_bytes + tower_bytes(entry.mmproj))
     d = entry.draft
@@ -94,7 +95,8 @@ class CapacityService:
         if model_id not in self._models:
             entry = self.config.models.get(model_id)
             try:
-                self._models[model_id] = memory_model(entry) if entry and entry.path.endswith(".gguf") else None
+                native = self.config.env.native_kernels
+                self._models[model_id] = memory_model(entry, native) if entry and entry.path.endswith(".gguf") else None
             except (GGUFFormatError, OSError, ValueError) as e:
                 log.warning("no capacity model for %s: %s", model_id, e)
                 self._models[model_id] = None

@@ -88,8 +88,11 @@ class ModelList:
     def _model_row(self, entry: ModelEntry, default: str | None) -> dict[str, Any]:
         host = self.host
         engine = host.resident.get(entry.id)
-        # What the engine really built (per layer), so only a resident model with kv_quant configured has it.
-        kv = {"kv_quant": kv_quant_json(engine.info.kv_quant)} if engine and engine.info.kv_quant else {}
+        # What the engine really built (per layer), so only a resident model with kv_quant configured has it; a
+        # resident model says what its unquantized caches hold (kv_dtype resolved at load).
+        kv: dict[str, Any] = {"kv_dtype": engine.info.kv_dtype} if engine else {}
+        if engine and engine.info.kv_quant:
+            kv["kv_quant"] = kv_quant_json(engine.info.kv_quant)
         return {
             "id": entry.id, "object": "model", "created": 0, "owned_by": "gmlx", "kind": "chat",
             "resident": entry.id in host.resident, "pinned": entry.pinned, "lifetime": host.lifetime(entry.id),

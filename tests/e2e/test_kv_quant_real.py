@@ -47,6 +47,19 @@ def test_kv_bytes_equal_the_planner_and_8_bit_keeps_the_logits(loaded: LoadedMod
     assert runs[KVQuant("uniform", 4, 64)].measured < q8.measured < fp.measured
 
 
+def test_float16_kv_bytes_equal_the_planner_and_keep_the_logits(loaded: LoadedModel) -> None:
+    """kv_dtype float16: MLX holds the planner's bytes (half of fp32's on every unquantized layer, Gemma 3's
+    sliding ones included), and the logits stay within float16 rounding of fp32 KV's: every top token kept."""
+    ids = loaded.tokenizer.encode(TEXT * 3)[:800]
+    fp, half = run(loaded, None, ids, 3), run(loaded, None, ids, 3, half=True)
+    assert 0.95 <= half.measured / half.planned <= 1.05, (half.measured, half.planned)
+    assert 0.45 <= half.measured / fp.measured <= 0.55
+    assert (fp.logits.argmax(-1) == half.logits.argmax(-1)).all()
+    assert float(np.abs(fp.logits - half.logits).max()) < 0.5
+    mixed = run(loaded, KVQuant("uniform", 8, 64), ids, 3, half=True)  # quantized layers, the rest float16
+    assert 0.95 <= mixed.measured / mixed.planned <= 1.05, (mixed.measured, mixed.planned)
+
+
 @pytest.mark.parametrize("q", [KVQuant("uniform", 8, 64), KVQuant("kvarn", 8, 64, value_bits=4, tail_tokens=16)])
 def test_quantized_streams_batch_as_they_run_alone(q: KVQuant) -> None:
     engine = MLXEngine(lambda: load_gguf_model(smollm2_path(), kv_quant=q), decode_batch=3)
@@ -89,7 +102,8 @@ def _config(tmp_path: Path) -> Path:
         "    kv_quant: {scheme: kvarn, bits: 4, value_bits: 2, tail_tokens: 64}\n"
         f"  dropped:\n    path: {smollm2_path()}\n    kv_quant: {{scheme: uniform, bits: 8, group_size: 128}}\n"
         f"  partial:\n    path: {gemma_path()}\n    kv_quant: {{scheme: uniform, bits: 8}}\n"
-        f"  plain:\n    path: {smollm2_path()}\n")
+        f"  plain:\n    path: {smollm2_path()}\n"
+        f"  plain32:\n    path: {smollm2_path()}\n    kv_dtype: float32\n")
     return cfg
 
 
@@ -101,7 +115,7 @@ def test_a_server_reports_each_verdict_and_plans_as_gmlx_plan(tmp_path: Path) ->
     assert plan.returncode in (0, 1), plan.stderr
     with gmlx_serve(["--config", str(cfg)], tmp_path) as s:
         client = openai.OpenAI(base_url=s.v1, api_key="unused", max_retries=0, timeout=120)
-        for model in ("full", "dropped", "partial", "plain"):
+        for model in ("full", "dropped", "partial", "plain", "plain32"):
             out = client.chat.completions.create(model=model, max_tokens=3, temperature=0,
                                                  messages=[{"role": "user", "content": "Hi"}])
             assert out.choices[0].message.content
@@ -116,6 +130,11 @@ def test_a_server_reports_each_verdict_and_plans_as_gmlx_plan(tmp_path: Path) ->
     assert partial is not None and (partial["verdict"], partial["layers_quantized"], partial["layers_fp16"]) == (
         "partial", 3, 15)
     assert kv["plain"] is None
+    dtypes = {mid: rows[mid]["kv_dtype"] for mid in rows}  # the kernels attend here: auto is float16 (even
+    # where kv_quant leaves no layer unquantized, as the capacity table's kv_dtype_bytes says)
+    assert dtypes == {"full": "float16", "dropped": "float16", "partial": "float16", "plain": "float16",
+                      "plain32": "float32"}
+    assert server_cap["kv_dtype_bytes"] == 2
     assert json.loads(plan.stdout)["capacity"] == server_cap  # field for field, the kv_quant object included
     assert server_cap["kv_quant"] == {k: v for k, v in kv["full"].items()}
 

@@ -81,7 +81,9 @@ def test_self_drafting_greedy_equals_plain(plain: MLXEngine, self_draft: MLXEngi
     for a, b in zip(got, want, strict=True):  # the target's own logprobs, whichever path made the token
         assert (a.logprob is None) == (b.logprob is None)
         if a.logprob is not None and b.logprob is not None:
-            assert abs(a.logprob - b.logprob) < 1e-3
+            # 2e-3: a k + 1-row pass's projections may differ from one row's in the last bit, and a float16
+            # KV cache (kv_dtype auto) can round such a key a float16 step (1/2048) apart (measured 1.05e-3)
+            assert abs(a.logprob - b.logprob) < 2e-3
     spec = got[-1].timings.speculative if got[-1].timings else None
     assert spec is not None
     if max_tokens > 1:

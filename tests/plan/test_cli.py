@@ -26,7 +26,7 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
 
 def test_plan_json_has_the_capacity_section(capsys: pytest.CaptureFixture[str]) -> None:
     rc, out = _run(capsys, "--model", smollm2_path(), "--width", "4", "--depth", "4096", "--memory", "2GiB",
-                   "--layout", "packed", "--json")
+                   "--layout", "packed", "--kv-dtype", "f32", "--json")
     data = json.loads(out)
     assert rc == 0 and data["plan"]["ok"] is True and data["plan"]["width_read"] == 4
     cap = data["capacity"]
@@ -37,6 +37,19 @@ def test_plan_json_has_the_capacity_section(capsys: pytest.CaptureFixture[str]) 
     assert cap["budget_bytes"] == 2 << 30 and cap["layout"] == "packed" and cap["kv_dtype_bytes"] == 4
     assert cap["max_ctx"]["1"] == 8192 and list(cap["max_ctx"]) == ["1", "2", "4", "8", "16"]
     assert data["plan"]["largest_width"] >= cap["max_width_at_depth"]["4096"] >= 4
+
+
+def test_kv_dtype_comes_from_the_flag_then_the_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "gmlx.yaml"
+    cfg.write_text(f"models:\n  smol:\n    path: {smollm2_path()}\n    kv_dtype: float32\n")
+    base = ("--model", "smol", "--config", str(cfg), "--width", "1", "--depth", "1000", "--memory", "2GiB", "--json")
+    configured = json.loads(_run(capsys, *base)[1])["capacity"]
+    half = json.loads(_run(capsys, *base, "--kv-dtype", "f16")[1])["capacity"]
+    assert (configured["kv_dtype_bytes"], half["kv_dtype_bytes"]) == (4, 2)
+    assert 2 * half["kv_bytes_per_token"] == configured["kv_bytes_per_token"]  # every SmolLM2 layer is plain
+    cfg.write_text(f"models:\n  smol:\n    path: {smollm2_path()}\n    kv_dtype: int8\n")
+    rc = main(["plan", *base])
+    assert rc == 2 and "kv_dtype 'int8'" in capsys.readouterr().err
 
 
 def test_plan_text_says_why_not_and_exits_1(capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,6 +13,7 @@ import pytest
 from gmlx_plan.cli import main
 from gmlx_plan.gguf_header import read_header
 from gmlx_plan.memory import (
+    KV_DTYPE_BYTES,
     KVQuant,
     kv_bytes,
     kv_bytes_per_token,
@@ -22,6 +23,7 @@ from gmlx_plan.memory import (
     transient_bytes,
 )
 from gmlx_server.config import load_config
+from gmlx_server.engine.layout import kv_dtype
 from gmlx_server.serving.capacity import CapacityService
 from tests.conftest import smollm2_path
 
@@ -83,8 +85,9 @@ def test_the_config_draft_plans_as_the_server_budgets(tmp_path: Path, capsys: py
     cfg.write_text(CONFIG.format(path=smollm2_path()))
     planned = _plan(capsys, "--config", str(cfg), "--model", "coder")
     packed = model_from_header(read_header(smollm2_path(), strings=False), "packed")
+    e = KV_DTYPE_BYTES[kv_dtype("auto")]  # the server's auto: float16 where the CPU kernels attend
     assert planned["draft"] == {"model": "smol", "draft_tokens": 3, "weights_bytes": packed.weights_bytes,
-                                "kv_bytes_per_token": 30 * 3 * (64 + 64) * 4}  # unquantized fp32, 30 layers
+                                "kv_bytes_per_token": 30 * 3 * (64 + 64) * e}  # unquantized, 30 layers
     served = CapacityService(load_config(str(cfg))).section()
     assert served == planned  # field for field, the drafter included
     assert _plan(capsys, "--config", str(cfg), "--model", "coder", "--draft", "none")["draft"] is None

@@ -16,6 +16,7 @@ from gmlx_plan.memory import (
     layer_costs,
     model_from_header,
     need_bytes,
+    resolve_kv_dtype,
     transient_bytes,
     weights_by_type,
     weights_bytes,
@@ -112,6 +113,22 @@ def test_kvarn_keeps_the_tail_unquantized() -> None:
     assert kv_bytes(m, 100) == 2 * 100 * plain  # within the tail: nothing quantized yet
     assert kv_bytes(m, 129) == 2 * (128 * plain + 128 * quant)  # 256 held: the newest 128 plain
     assert kv_bytes(m, 1024) == 2 * (128 * plain + (1024 - 128) * quant)
+
+
+def test_float16_kv_halves_the_unquantized_layers_only() -> None:
+    """kv_dtype float16: plain and sliding layers at 2 bytes an element; a quantized layer's scales and a kvarn
+    tail keep the activations' dtype (mx.quantize and the tail take the fp32 keys as they come)."""
+    g = _geo((LayerKV(2, 64, 64, None), LayerKV(2, 64, 64, 300)))
+    fp32, half = MemoryModel(g, "native", 0), MemoryModel(g, "native", 0, kv_dtype_bytes=2)
+    assert 2 * kv_bytes(half, 1000) == kv_bytes(fp32, 1000) and (half.kv_element_bytes, half.element_bytes) == (2, 4)
+    assert 2 * kv_bytes_per_token(half) == kv_bytes_per_token(fp32)
+    q8, kvarn = KVQuant("uniform", 8, 64), KVQuant("kvarn", 4, 64, value_bits=2, tail_tokens=16)
+    assert layer_costs(g, 4, q8, 2)[0] == layer_costs(g, 4, q8)[0]
+    assert layer_costs(g, 4, q8, 2)[1].quant_per_token == 2 * 128 * 2  # the sliding layer stays plain: float16
+    assert layer_costs(g, 4, kvarn, 2)[0].plain_per_token == 2 * 128 * 4
+    assert resolve_kv_dtype("auto", kernels_attend=True) == "float16"
+    assert resolve_kv_dtype("auto", kernels_attend=False) == "float32"
+    assert resolve_kv_dtype("float32", kernels_attend=True) == "float32"
 
 
 def test_transient_formula_by_hand() -> None:

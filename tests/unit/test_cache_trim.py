@@ -16,6 +16,7 @@ from mlx_vlm.models.cache import BatchKVCache, BatchRotatingKVCache, KVCache, Qu
 from gmlx_server.engine.arch import ARCHS, make_cache
 from gmlx_server.engine.attention import use_gmlx_attention
 from gmlx_server.engine.cache_trim import can_trim, trim, trim_room
+from gmlx_server.engine.kv_half import as_half, batch_half
 from gmlx_server.engine.kv_quant import BatchKVarnCache, KVarnCache, as_batch_quantized, kvarn_attention
 
 VOCAB, WINDOW = 97, 8
@@ -48,6 +49,8 @@ def models() -> dict[str, Any]:
 def _quantize(kind: str) -> Callable[[Any], Any]:
     """Full-attention layers as the cache factory builds them for `kind` (sliding ones stay rotating)."""
     def build(c: Any) -> Any:
+        if kind == "half":  # kv_dtype float16: plain and sliding layers alike
+            return as_half(c)
         if type(c) is not KVCache or kind == "plain":
             return c
         return QuantizedKVCache(group_size=64, bits=8) if kind == "uniform" else KVarnCache(4, 8, 64, int(kind[5:]))
@@ -59,6 +62,9 @@ def _batch(c: Any) -> Any:
     quantized = as_batch_quantized(c)
     if quantized is not None:
         return quantized
+    half = batch_half(c)
+    if half is not None:
+        return half
     return BatchRotatingKVCache.merge([c]) if isinstance(c, RotatingKVCache) else BatchKVCache.merge([c])
 
 
@@ -76,7 +82,7 @@ def _forward(model: Any, caches: list[Any], tokens: list[int]) -> mx.array:
 
 # kvarn with a tail shorter than a pass moves tokens into its quantized store mid-pass, so a pass's attention
 # depends on how many tokens it writes (test_kvarn_trim_restores_the_state checks its trim on the state).
-KINDS = ["plain", "uniform", "kvarn0", "kvarn64"]
+KINDS = ["plain", "half", "uniform", "kvarn0", "kvarn64"]
 
 
 @pytest.mark.parametrize("batched", [False, True], ids=["one-stream", "batch-form"])

@@ -12,9 +12,10 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 from mlx_vlm.models.cache import KVCache, QuantizedKVCache
 
-from gmlx_plan.memory import KVQuant, kv_bytes, model_from_header, model_with_draft
+from gmlx_plan.memory import KV_DTYPE_BYTES, KVQuant, kv_bytes, model_from_header, model_with_draft
 from gmlx_server.config import Draft
 from gmlx_server.engine.drafter import Drafter, DrafterMismatch, load_drafter, with_drafter
+from gmlx_server.engine.kv_half import F16KVCache
 from gmlx_server.engine.loader import LoadedModel, load_gguf_model
 from tests.conftest import smollm2_path
 from tests.gguf_factory import FakeTensor, write_gguf
@@ -37,7 +38,9 @@ def test_a_model_drafts_for_itself_in_another_layout(target: LoadedModel, drafte
     assert (drafter.model_id, drafter.tokens, drafter.loaded.info.weights_layout) == ("smol-packed", 3, "packed")
     assert target.info.weights_layout == "dense" and drafter.context_length == target.info.context_length
     assert drafter.vocab == 49152 and drafter.weights_bytes < target.info.weights_bytes
-    assert all(type(c) is KVCache for c in drafter.make_cache())  # the target's uniform KV is its own
+    plain = F16KVCache if target.info.kv_dtype == "float16" else KVCache  # unquantized, in the target's kv_dtype
+    assert drafter.loaded.info.kv_dtype == target.info.kv_dtype
+    assert all(type(c) is plain for c in drafter.make_cache())  # the target's uniform KV is its own
     assert all(type(c) is QuantizedKVCache for c in target.make_cache())
 
 
@@ -66,7 +69,8 @@ def test_mlx_allocates_what_the_planner_budgets_for_the_pair(target: LoadedModel
     base = mx.get_active_memory()
     drafter = load_drafter(target, Draft(smollm2_path(), "smol-packed", 3, "packed"))
     loaded_bytes = mx.get_active_memory() - base
-    planned = model_with_draft(model_from_header(target.header, "dense", KVQuant("uniform", 8, 64)),
+    kv = KV_DTYPE_BYTES[target.info.kv_dtype]  # as the server's capacity table counts it
+    planned = model_with_draft(model_from_header(target.header, "dense", KVQuant("uniform", 8, 64), kv_dtype_bytes=kv),
                                drafter.loaded.header, "packed", "smol-packed", 3)
     assert planned.draft is not None and 0.95 <= loaded_bytes / planned.draft.model.weights_bytes <= 1.05
     ids = mx.array([list(range(100, 100 + DEPTH))])

@@ -131,19 +131,22 @@ def sdpa_ref(q: F64, k: F64, v: F64, scale: float, mask: F64 | None, causal: boo
 @given(b=st.integers(1, 3), hk=st.sampled_from([1, 2, 3]), r=st.sampled_from([1, 3, 4]), lq=st.integers(1, 8),
        extra=st.integers(0, 40), d=st.sampled_from([16, 64, 72]), kind=st.sampled_from(["none", "causal", "bool",
                                                                                           "add", "bool2d"]),
-       seed=st.integers(0, 2**16))
+       seed=st.integers(0, 2**16), half=st.booleans())
 def test_sdpa_matches_float64(ext: ModuleType, b: int, hk: int, r: int, lq: int, extra: int, d: int, kind: str,
-                              seed: int) -> None:
-    check_sdpa(ext, b, hk, r, lq, extra, d, kind, seed)
+                              seed: int, half: bool) -> None:
+    check_sdpa(ext, b, hk, r, lq, extra, d, kind, seed, half)
 
 
-def check_sdpa(ext: ModuleType, b: int, hk: int, r: int, lq: int, extra: int, d: int, kind: str, seed: int) -> None:
-    """ext.sdpa on random q/k/v (keys sliced from a longer cache buffer) and a mask of `kind` vs float64."""
+def check_sdpa(ext: ModuleType, b: int, hk: int, r: int, lq: int, extra: int, d: int, kind: str, seed: int,
+               half: bool = False) -> None:
+    """ext.sdpa on random q/k/v (keys sliced from a longer cache buffer) and a mask of `kind` vs float64; `half`:
+    keys and values held as float16 (a float16 KV cache), the reference taking the same rounded values."""
     rng = np.random.default_rng(seed)
     h, s = hk * r, lq + extra
+    kv = np.float16 if half else np.float32
     q = rng.normal(size=(b, lq, h, d)).astype(np.float32) * 2
-    k = rng.normal(size=(b, hk, s + 5, d)).astype(np.float32)  # a cache buffer longer than what is used
-    v = rng.normal(size=(b, hk, s + 5, d)).astype(np.float32)
+    k = (rng.normal(size=(b, hk, s + 5, d)) * 3).astype(kv)  # a cache buffer longer than what is used
+    v = rng.normal(size=(b, hk, s + 5, d)).astype(kv)
     mask: np.ndarray | None = None
     if kind == "bool":
         mask = rng.random(size=(b, 1, lq, s)) > 0.3
@@ -167,3 +170,27 @@ def test_cpu_attention_takes_the_primitive_for_few_rows(ext: ModuleType) -> None
     q, k, v = mx.random.normal((1, 4, 2, 32)), mx.random.normal((1, 2, 9, 32)), mx.random.normal((1, 2, 9, 32))
     got = cpu_attention(q, k, v, 0.2, "causal", Primitives(ext))
     assert mx.array_equal(got, ext.sdpa(q, k, v, 0.2, None, causal=True))
+    kh, vh = k.astype(mx.float16), v.astype(mx.float16)  # a float16 KV cache: read as stored, not promoted
+    assert mx.array_equal(cpu_attention(q, kh, vh, 0.2, "causal", Primitives(ext)),
+                          ext.sdpa(q, kh, vh, 0.2, None, causal=True))
+    off = cpu_attention(q, kh, vh, 0.2, "causal", Primitives(None))  # MLX's ops promote it to float32
+    assert off.dtype == mx.float32 and mx.abs(off - ext.sdpa(q, kh, vh, 0.2, None, causal=True)).max() < 1e-5
+
+
+@pytest.mark.parametrize("rows", [1, 5, 40])
+def test_sdpa_reads_strided_float16_keys(ext: ModuleType, rows: int) -> None:
+    """Keys whose last dimension is not contiguous are gathered (element size 2) before the kernels read them."""
+    q = mx.random.normal((1, 4, rows, 32))
+    kt = mx.random.normal((1, 2, 32, 300)).astype(mx.float16)  # (B, Hk, D, S): swapped below, stride 300
+    v = mx.random.normal((1, 2, 300, 32)).astype(mx.float16)
+    k = kt.swapaxes(-1, -2)
+    got = ext.sdpa(q, k, v, 0.2, None, causal=True)
+    assert mx.abs(got - ext.sdpa(q, mx.contiguous(k), v, 0.2, None, causal=True)).max() < 1e-6
+
+
+def test_sdpa_refuses_mixed_kv_dtypes(ext: ModuleType) -> None:
+    q, k = mx.random.normal((1, 2, 1, 16)), mx.random.normal((1, 1, 8, 16))
+    with pytest.raises(ValueError, match="both float32 or both float16"):
+        ext.sdpa(q, k.astype(mx.float16), k, 0.2, None, causal=False)
+    with pytest.raises(ValueError, match="float32 queries"):
+        ext.sdpa(q.astype(mx.float16), k, k, 0.2, None, causal=False)

@@ -21,13 +21,15 @@ from tests.unit.test_fast_ops import check_sdpa
 @given(b=st.integers(1, 2), hk=st.sampled_from([1, 3]), r=st.sampled_from([1, 3, 4]),
        lq=st.one_of(st.integers(16, 150), st.integers(1, 8)),
        extra=st.one_of(st.integers(0, 70), st.integers(250, 700)), d=st.sampled_from([16, 64, 80, 256]),
-       kind=st.sampled_from(["none", "causal", "bool", "add", "bool2d"]), seed=st.integers(0, 2**16))
+       kind=st.sampled_from(["none", "causal", "bool", "add", "bool2d"]), seed=st.integers(0, 2**16),
+       half=st.booleans())
 def test_flash_attention_matches_float64(ext: ModuleType, b: int, hk: int, r: int, lq: int, extra: int, d: int,
-                                         kind: str, seed: int) -> None:
+                                         kind: str, seed: int, half: bool) -> None:
     """From 16 query rows, or 256 keys, the primitive runs blockwise: every key block, the causal diagonal, a
     chunk's keys beyond its queries (extra), ragged ends, masks of each kind, a row masked throughout, and
-    (few tasks over many keys: decode at a long context) keys split across tasks and merged."""
-    check_sdpa(ext, b, hk, r, lq, extra, d, kind, seed)
+    (few tasks over many keys: decode at a long context) keys split across tasks and merged; over fp32 or
+    float16 keys and values (half: a float16 KV cache, widened in registers)."""
+    check_sdpa(ext, b, hk, r, lq, extra, d, kind, seed, half)
 
 
 def test_cpu_attention_takes_the_primitive_for_prefill_rows(ext: ModuleType) -> None:
@@ -71,8 +73,9 @@ def test_attention_and_activations_run_on_every_isa(ext: ModuleType) -> None:
         for isa in ext.isas():
             ext.set_isa(isa)
             assert ext.isa() == isa
-            check_sdpa(ext, 1, 3, 3, 4, 30, 64, "bool", seed=1)  # few rows: one row at a time
-            check_sdpa(ext, 2, 1, 4, 40, 300, 80, "causal", seed=2)  # flash, keys split across tasks
+            for half in (False, True):  # fp32 and float16 KV (F16C's vcvtph2ps, or the generic table's bits)
+                check_sdpa(ext, 1, 3, 3, 4, 30, 72, "bool", seed=1, half=half)  # few rows: one row at a time
+                check_sdpa(ext, 2, 1, 4, 40, 300, 80, "causal", seed=2, half=half)  # flash, keys split across tasks
             for kind in (0, 1):
                 want = _act_ref(g.astype(np.float64), kind) * u
                 np.testing.assert_allclose(np.array(ext.gated(mx.array(g), mx.array(u), kind)), want,

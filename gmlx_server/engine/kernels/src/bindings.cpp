@@ -41,6 +41,7 @@ int64_t categorical_at(uint32_t k0, uint32_t k1, int64_t n, Positions idx, Value
 NB_MODULE(_gguf_kernels, m) {
   m.doc() = "GGUF-native quantized matmul kernels for MLX's CPU device";
   m.attr("mlx_version") = GK_MLX_VERSION;  // the MLX this was compiled against
+  m.attr("sdpa_float16") = true;           // sdpa reads float16 keys and values (a float16 KV cache)
   m.def("matmul", &gk::gguf_matmul, "x"_a, "w"_a, "type"_a, "k"_a, nb::kw_only(), "stream"_a = nb::none(),
         "x (..., k) @ W^T for W (n, row_bytes) uint8 GGUF blocks of ggml `type`");
   m.def("dequantize", &gk::gguf_dequantize, "w"_a, "type"_a, "k"_a, nb::kw_only(), "stream"_a = nb::none(),
@@ -50,7 +51,8 @@ NB_MODULE(_gguf_kernels, m) {
   m.def("rope", &gk::rope, "a"_a, "dims"_a, nb::kw_only(), "traditional"_a, "base"_a.none(), "scale"_a, "offset"_a,
         "freqs"_a = nb::none(), "stream"_a = nb::none(), "mx.fast.rope as one CPU primitive (float32)");
   m.def("sdpa", &gk::sdpa, "q"_a, "k"_a, "v"_a, "scale"_a, "mask"_a.none(), "causal"_a, nb::kw_only(),
-        "stream"_a = nb::none(), "attention for a few query rows as one CPU primitive (float32)");
+        "stream"_a = nb::none(),
+        "attention as one CPU primitive (float32 queries; float32 or float16 keys and values)");
   m.def("gated", &gk::gated, "gate"_a, "up"_a.none(), "kind"_a, nb::kw_only(), "stream"_a = nb::none(),
         "silu(gate) * up (kind 0) or gelu_tanh(gate) * up (kind 1), up optional, as one CPU primitive (float32)");
   m.def("split_key", &gk::split_key, "k0"_a, "k1"_a, "mx.random.split of the key (k0, k1): (next k0, k1, sub k0, k1)");

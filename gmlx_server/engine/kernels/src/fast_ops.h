@@ -21,9 +21,10 @@ mx::array rope(const mx::array& x, int dims, bool traditional, std::optional<flo
                const std::variant<int, mx::array>& offset, const std::optional<mx::array>& freqs,
                mx::StreamOrDevice s = {});
 
-// softmax(scale * q k^T + mask) v for few query rows: q (B, H, L, D), k (B, Hk, S, D), v (B, Hk, S, Dv),
-// float32; mask (bool, or additive float) broadcastable to (B, H, L, S); causal: the L queries are the last
-// L of the S positions. Query heads share KV heads in groups of H / Hk.
+// softmax(scale * q k^T + mask) v: q (B, H, L, D) float32, k (B, Hk, S, D) and v (B, Hk, S, Dv) both float32
+// or both float16 (a float16 KV cache, read as it is stored); the output float32; mask (bool, or additive
+// float) broadcastable to (B, H, L, S); causal: the L queries are the last L of the S positions. Query heads
+// share KV heads in groups of H / Hk.
 mx::array sdpa(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
                const std::optional<mx::array>& mask, bool causal, mx::StreamOrDevice s = {});
 

@@ -19,29 +19,28 @@ namespace {
 constexpr int64_t W = kFlashWidth;
 constexpr float kLowest = std::numeric_limits<float>::lowest();
 
-// K rows [s0, s0 + W) as D vectors of W keys (past the end: zeros, masked by the row limits).
-void transpose_keys(const FlashArgs& a, int64_t s0, float* kt) {
-  const int64_t n = a.S - s0 < W ? a.S - s0 : W;
-  if (n < W) std::memset(kt, 0, sizeof(float) * a.D * W);
-  for (int64_t j = 0; j < n; ++j) {
-    const float* kr = a.k + (s0 + j) * a.ks;
-    for (int64_t d = 0; d < a.D; ++d) kt[d * W + j] = kr[d];
-  }
-}
+// Floats of a task's scratch: a key block transposed, then (a float16 cache) its value rows widened.
+int64_t scratch_floats(const FlashArgs& a) { return a.D * W + (a.half ? W * a.Dv : 0); }
 
 // One task: query positions [l0, l1) of the r heads that share KV head g, over the keys [s_begin, s_end)
 // (s_begin a multiple of W). Leaves each row's running max and sum in st and its unnormalized output in acc.
+// kt: scratch_floats(a). A float16 block is widened once here for all the task's rows (r in decode, r * 64 in
+// prefill), not by each row.
 void run_task(const FlashArgs& a, int64_t b, int64_t g, int64_t l0, int64_t l1, int64_t s_begin, int64_t s_end,
               RowState* st, float* acc, float* kt) {
   const int64_t n = l1 - l0;
   for (int64_t row = 0; row < a.r * n; ++row) st[row] = RowState{kLowest, 0.0f};
   std::memset(acc, 0, sizeof(float) * a.r * n * a.Dv);
-  const auto block_row = active_isa().block_row;  // the key-block kernel of the chosen instruction set
+  const Isa& isa = active_isa();  // the key-block kernels of the chosen instruction set
   FlashArgs at = a;
-  at.k = a.k + b * a.kb + g * a.kh;
-  at.v = a.v + b * a.vb + g * a.vh;
+  at.k = kv_at(a.k, b * a.kb + g * a.kh, a.half);
+  at.v = kv_at(a.v, b * a.vb + g * a.vh, a.half);
+  float* vt = kt + a.D * W;
+  const int64_t vs = a.half ? a.Dv : a.vs;  // the value rows block_row reads: widened, or the cache's own
   for (int64_t s0 = s_begin; s0 < s_end; s0 += W) {
-    transpose_keys(at, s0, kt);
+    isa.transpose_keys(at, s0, kt);
+    if (a.half) isa.widen_values(at, s0, vt);
+    const float* vb = a.half ? vt : static_cast<const float*>(at.v) + s0 * a.vs;
     for (int64_t i = 0; i < a.r; ++i) {
       const int64_t h = g * a.r + i;
       for (int64_t l = l0; l < l1; ++l) {
@@ -49,7 +48,8 @@ void run_task(const FlashArgs& a, int64_t b, int64_t g, int64_t l0, int64_t l1, 
         if (s0 > limit) continue;
         const int64_t row = i * n + (l - l0);
         const uint8_t* mrow = a.kind ? a.mask + (b * a.mb + h * a.mh + l * a.ml) * a.esize : nullptr;
-        block_row(at, a.q + b * a.qb + h * a.qh + l * a.ql, kt, s0, limit, mrow, st[row], acc + row * a.Dv);
+        isa.block_row(at, a.q + b * a.qb + h * a.qh + l * a.ql, kt, vb, vs, s0, limit, mrow, st[row],
+                      acc + row * a.Dv);
       }
     }
   }
@@ -76,7 +76,7 @@ void whole(const FlashArgs& a, const Tasks& tasks) {
     const int64_t rows = a.r * (l1 - l0);
     thread_local std::vector<float> kt, acc;
     thread_local std::vector<RowState> st;
-    kt.resize(static_cast<size_t>(a.D * W)), acc.resize(static_cast<size_t>(rows * a.Dv)), st.resize(rows);
+    kt.resize(static_cast<size_t>(scratch_floats(a))), acc.resize(static_cast<size_t>(rows * a.Dv)), st.resize(rows);
     run_task(a, b, g, l0, l1, 0, tasks.top(a, l1) + 1, st.data(), acc.data(), kt.data());
     for (int64_t i = 0; i < a.r; ++i)
       for (int64_t l = l0; l < l1; ++l) {
@@ -100,7 +100,7 @@ void split_keys(const FlashArgs& a, const Tasks& tasks, int64_t splits) {
     tasks.at(a, t, b, g, l0, l1);
     const int64_t keys = tasks.top(a, l1) + 1, chunk = ((keys + splits - 1) / splits + W - 1) / W * W;
     thread_local std::vector<float> kt;
-    kt.resize(static_cast<size_t>(a.D * W));
+    kt.resize(static_cast<size_t>(scratch_floats(a)));
     run_task(a, b, g, l0, l1, k * chunk, std::min((k + 1) * chunk, keys), st.data() + job * rows_max,
              acc.data() + job * slot, kt.data());
   });

@@ -13,9 +13,11 @@ constexpr int64_t kFlashBlock = 64;  // query positions per task (times the head
                                      // transposed key block serves them all
 
 // Element strides; the last dimension of q, k, v, out is contiguous. mask: bytes of the (B, H, L, S) mask
-// (kind 1 bool, 2 additive float in natural-log units, 0 none), strides in elements.
+// (kind 1 bool, 2 additive float in natural-log units, 0 none), strides in elements. k and v are float, or
+// IEEE fp16 bits when `half` (a float16 KV cache: half the bytes a long context reads, widened in registers).
 struct FlashArgs {
-  const float *q, *k, *v;
+  const float* q;
+  const void *k, *v;
   float* out;  // (B, H, L, Dv) row-major
   int64_t qb, qh, ql, kb, kh, ks, vb, vh, vs;
   const uint8_t* mask;
@@ -24,7 +26,13 @@ struct FlashArgs {
   int64_t B, H, Hk, r, L, S, D, Dv;
   float scale;  // in log2 units
   bool causal;
+  bool half;
 };
+
+// The KV element `elems` elements past p: float, or fp16 when `half`.
+inline const void* kv_at(const void* p, int64_t elems, bool half) {
+  return static_cast<const char*>(p) + elems * (half ? 2 : 4);
+}
 
 // One query row's online softmax: running max (log2 units) and sum of weights.
 struct RowState {
@@ -34,15 +42,16 @@ struct RowState {
 // One query row against keys 0..limit for the few-row path (sdpa.cpp): softmax(scale * q.k + mask) v.
 struct AttendRow {
   const float* q;
-  const float* k;
+  const void* k;  // float, or fp16 when half (as FlashArgs)
   int64_t ks;
-  const float* v;
+  const void* v;
   int64_t vs;
   int64_t limit, D, Dv;
   float scale;  // in log2 units
   const uint8_t* mask;  // bool (kind 1) or float (kind 2) mask row, element stride ms
   int kind;
   int64_t ms;
+  bool half;
 };
 
 bool flash_fits(int64_t D, int64_t Dv);

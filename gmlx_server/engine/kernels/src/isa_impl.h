@@ -10,7 +10,7 @@ namespace gk {
 namespace GK_ISA {
 
 inline const Isa table = {GK_ISA_NAME, &rows, &rows_q16, &rows_f, &quantize_row, &quantize_q16, &dequant_row,
-                          &block_row, &attend, &gate_span};
+                          &transpose_keys, &widen_values, &block_row, &attend, &gate_span};
 
 }  // namespace GK_ISA
 }  // namespace gk

@@ -1,5 +1,5 @@
 // The kernels' instruction-set tables and the drivers' entry points (dispatch.cpp): the quantized matmul over
-// GGUF blocks as stored, and the fp32 attention and activation kernels, each compiled once per ISA (isa_*.cpp).
+// GGUF blocks as stored, and the attention and activation kernels, each compiled once per ISA (isa_*.cpp).
 #pragma once
 
 #include <cstdint>
@@ -40,9 +40,14 @@ struct Isa {
   void (*quantize_row)(const float* x, int64_t k, XBlock* out);
   void (*quantize_q16)(const float* x, int64_t k, int group, int64_t row, const XRows& out);
   void (*dequant_row)(int type, const uint8_t* w, int64_t k, float* out);
-  // key block [s0, s0 + kFlashWidth) against one query row, kt the block's keys transposed (flash.cpp)
-  void (*block_row)(const FlashArgs& a, const float* q, const float* kt, int64_t s0, int64_t limit,
-                    const uint8_t* mrow, RowState& st, float* acc);
+  // K rows [s0, s0 + kFlashWidth) of a.k (fp32 or fp16) as D vectors of kFlashWidth floats (flash.cpp)
+  void (*transpose_keys)(const FlashArgs& a, int64_t s0, float* kt);
+  // V rows [s0, s0 + kFlashWidth) of a float16 a.v widened to floats, Dv apart (flash.cpp)
+  void (*widen_values)(const FlashArgs& a, int64_t s0, float* vt);
+  // key block [s0, s0 + kFlashWidth) against one query row: kt the block's keys transposed, vb its value rows
+  // (float, vs apart) (flash.cpp)
+  void (*block_row)(const FlashArgs& a, const float* q, const float* kt, const float* vb, int64_t vs, int64_t s0,
+                    int64_t limit, const uint8_t* mrow, RowState& st, float* acc);
   void (*attend)(const AttendRow& r, float* scores, float* out);  // one row of the few-row path (sdpa.cpp)
   // act(g) * u (u may be null) over n floats: kind 0 SiLU, 1 GELU's tanh form (glu.cpp)
   void (*gate_span)(int kind, const float* g, const float* u, float* y, int64_t n);

@@ -1,7 +1,9 @@
 // Attention as one CPU primitive: MLX's CPU path spends a dozen ops (and their dispatch) per layer on it. A few
 // query rows (decode, speculative verification) run row by row (vec_kernels.h's attend, from the chosen Isa
 // table); from kFlashRows rows, flash.cpp.
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <vector>
@@ -15,30 +17,35 @@ namespace gk {
 
 namespace {
 
-// A 4-D float view: its buffer when the last stride is 1, else a gathered row-major copy.
+// A 4-D view of float32 or float16 elements (strides in elements): its buffer when the last stride is 1, else
+// a gathered row-major copy.
 struct View4 {
-  const float* p;
+  const void* p;
   int64_t s0, s1, s2;
-  std::vector<float> copy;
+  bool half;
+  std::vector<uint8_t> copy;
 
-  explicit View4(const mx::array& a) {
+  explicit View4(const mx::array& a) : half(a.dtype() == mx::float16) {
     if (a.strides()[3] == 1) {
-      p = a.data<float>();
+      p = a.data<void>();
       s0 = a.strides()[0], s1 = a.strides()[1], s2 = a.strides()[2];
       return;
     }
-    copy.resize(a.size());
-    const float* src = a.data<float>();
-    int64_t i = 0;
+    const size_t es = a.itemsize();
+    copy.resize(a.size() * es);
+    const uint8_t* src = static_cast<const uint8_t*>(a.data<void>());
+    size_t i = 0;
     for (int64_t a0 = 0; a0 < a.shape(0); ++a0)
       for (int64_t a1 = 0; a1 < a.shape(1); ++a1)
         for (int64_t a2 = 0; a2 < a.shape(2); ++a2)
-          for (int64_t a3 = 0; a3 < a.shape(3); ++a3)
-            copy[i++] = src[a0 * a.strides()[0] + a1 * a.strides()[1] + a2 * a.strides()[2] + a3 * a.strides()[3]];
+          for (int64_t a3 = 0; a3 < a.shape(3); ++a3, i += es)
+            std::memcpy(copy.data() + i, src + es * (a0 * a.strides()[0] + a1 * a.strides()[1] +
+                                                     a2 * a.strides()[2] + a3 * a.strides()[3]), es);
     p = copy.data();
     s2 = a.shape(3), s1 = s2 * a.shape(2), s0 = s1 * a.shape(1);
   }
-  const float* at(int64_t i0, int64_t i1, int64_t i2) const { return p + i0 * s0 + i1 * s1 + i2 * s2; }
+  const void* at(int64_t i0, int64_t i1, int64_t i2) const { return kv_at(p, i0 * s0 + i1 * s1 + i2 * s2, half); }
+  const float* fat(int64_t i0, int64_t i1, int64_t i2) const { return static_cast<const float*>(at(i0, i1, i2)); }
 };
 
 }  // namespace
@@ -46,8 +53,11 @@ struct View4 {
 mx::array sdpa(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
                const std::optional<mx::array>& mask, bool causal, mx::StreamOrDevice s) {
   for (const auto* a : {&q, &k, &v}) {
-    if (a->dtype() != mx::float32 || a->ndim() != 4) throw std::invalid_argument("sdpa: float32 (B, H, L, D) only");
+    if (a->ndim() != 4) throw std::invalid_argument("sdpa: (B, H, L, D) arrays only");
   }
+  const bool kv_ok = k.dtype() == v.dtype() && (k.dtype() == mx::float32 || k.dtype() == mx::float16);
+  if (q.dtype() != mx::float32 || !kv_ok)
+    throw std::invalid_argument("sdpa: float32 queries; keys and values both float32 or both float16");
   const int64_t B = q.shape(0), H = q.shape(1), L = q.shape(2), S = k.shape(2);
   if (k.shape(0) != B || v.shape(0) != B || k.shape(1) != v.shape(1) || H % k.shape(1) || v.shape(2) != S ||
       k.shape(3) != q.shape(3))
@@ -79,9 +89,9 @@ void SDPA::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>
     const int64_t esize = kind == 1 ? 1 : 4;
     float* y = out.data<float>();
     if ((L >= kFlashRows || S >= kFlashKeys) && flash_fits(q.shape(3), Dv)) {
-      FlashArgs fa{qv.p, kv.p, vv.p, y, qv.s0, qv.s1, qv.s2, kv.s0, kv.s1, kv.s2, vv.s0, vv.s1, vv.s2,
+      FlashArgs fa{qv.fat(0, 0, 0), kv.p, vv.p, y, qv.s0, qv.s1, qv.s2, kv.s0, kv.s1, kv.s2, vv.s0, vv.s1, vv.s2,
                    mbase, 0, 0, 0, 0, esize, kind, B, H, k.shape(1), r, L, S, q.shape(3), Dv, scale * kLog2e,
-                   causal};
+                   causal, kv.half};
       if (kind) {
         const auto& st = inputs[3].strides();
         fa.mb = st[0], fa.mh = st[1], fa.ml = st[2], fa.ms = st[3];
@@ -91,11 +101,11 @@ void SDPA::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>
     }
     const auto attend = active_isa().attend;
     parallel_for(B * H * L, [&](int64_t task) {
-      thread_local std::vector<float> scores;
-      scores.resize(static_cast<size_t>(S));
+      thread_local std::vector<float> scores;  // S scores, then a widened fp16 row (vec_kernels.h attend)
+      scores.resize(static_cast<size_t>(S + std::max<int64_t>(q.shape(3), Dv)));
       const int64_t b = task / (H * L), h = (task / L) % H, l = task % L;
-      AttendRow row{qv.at(b, h, l), kv.at(b, h / r, 0), kv.s2, vv.at(b, h / r, 0), vv.s2,
-              causal ? S - L + l : S - 1, q.shape(3), Dv, scale * kLog2e, nullptr, kind, 0};
+      AttendRow row{qv.fat(b, h, l), kv.at(b, h / r, 0), kv.s2, vv.at(b, h / r, 0), vv.s2,
+              causal ? S - L + l : S - 1, q.shape(3), Dv, scale * kLog2e, nullptr, kind, 0, kv.half};
       if (kind) {
         const mx::array& m = inputs[3];
         const auto& st = m.strides();

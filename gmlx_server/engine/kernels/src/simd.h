@@ -285,6 +285,24 @@ inline v16 exp2v(v16 x) {
   return p * scale;
 }
 
+// 16 fp16 values (a float16 KV cache's row) widened to a v16: one vcvtph2ps on AVX-512, two with F16C,
+// h2f's per-value conversion elsewhere (arm64's __fp16; the bits on a baseline x86 build).
+inline v16 h2f16(const uint16_t* p) {
+  v16 out;
+#if defined(GK_AVX512)
+  const __m512 f = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  std::memcpy(&out, &f, sizeof out);
+#elif defined(GK_F16C)
+  const __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m256 hi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
+  std::memcpy(&out, &lo, sizeof lo);
+  std::memcpy(reinterpret_cast<char*>(&out) + sizeof lo, &hi, sizeof hi);
+#else
+  for (int i = 0; i < W; ++i) out[i] = h2f(p[i]);
+#endif
+  return out;
+}
+
 }  // namespace vm
 }  // namespace GK_ISA
 }  // namespace gk

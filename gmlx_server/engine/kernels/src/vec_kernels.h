@@ -1,11 +1,12 @@
-// The fp32 kernels of attention and the gated activations, compiled once per instruction set with the
-// matmuls (isa_impl.h): flash.cpp's key blocks, sdpa.cpp's few-row path and glu.cpp's spans call them
-// through the chosen Isa table. Written in simd.h's v16 kit.
+// The kernels of attention (fp32 queries over an fp32 or fp16 KV cache) and the gated activations, compiled
+// once per instruction set with the matmuls (isa_impl.h): flash.cpp's key blocks, sdpa.cpp's few-row path and
+// glu.cpp's spans call them through the chosen Isa table. Written in simd.h's v16 kit.
 #pragma once
 
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 #include "flash.h"
 #include "kernels.h"
@@ -17,9 +18,87 @@ namespace GK_ISA {
 using namespace vm;
 static_assert(W == kFlashWidth, "flash.cpp transposes keys in blocks of the v16 width");
 
-// Key block [s0, s0 + W) against one query row: scores, mask, online softmax, and the weighted V rows.
-inline void block_row(const FlashArgs& a, const float* q, const float* kt, int64_t s0, int64_t limit,
-                         const uint8_t* mrow, RowState& st, float* acc) {
+// KV elements as floats: T is float, or uint16_t for a float16 cache's fp16 bits (widened in registers).
+inline v16 widen16(const float* p) {
+  v16 x;
+  std::memcpy(&x, p, sizeof x);
+  return x;
+}
+inline v16 widen16(const uint16_t* p) { return h2f16(p); }
+inline float widen1(const float* p) { return *p; }
+inline float widen1(const uint16_t* p) { return h2f(*p); }
+
+// n elements of p as floats: p itself when T is float, else widened into buf (n floats).
+inline const float* widen_row(const float* p, int64_t, float*) { return p; }
+inline const float* widen_row(const uint16_t* p, int64_t n, float* buf) {
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    const v16 x = h2f16(p + i);
+    std::memcpy(buf + i, &x, sizeof x);
+  }
+  for (; i < n; ++i) buf[i] = h2f(p[i]);
+  return buf;
+}
+
+// One butterfly stage of a 16 x 16 transpose on rows x, y (S apart): lane l of x takes x's lane l where bit S
+// of l is clear, else y's lane l - S; y takes x's lane l + S, else y's lane l. Two-input shuffles (one
+// vpermt2ps each on AVX-512), their indices expanded from the lane numbers at compile time.
+template <int S, int... L>
+inline void stage(v16& x, v16& y, std::integer_sequence<int, L...>) {
+  const v16 a = x, b = y;
+  x = __builtin_shufflevector(a, b, ((L & S) ? W + L - S : L)...);
+  y = __builtin_shufflevector(a, b, ((L & S) ? W + L : L + S)...);
+}
+template <int S>
+inline void stage(v16& x, v16& y) {
+  stage<S>(x, y, std::make_integer_sequence<int, W>{});
+}
+
+// r[i][j] -> r[j][i] in registers: 64 shuffles where a scalar transpose stores each of the 256 floats alone
+inline void transpose16(v16 (&r)[W]) {
+  for (int i = 0; i < 8; ++i) stage<8>(r[i], r[i + 8]);
+  for (const int i : {0, 1, 2, 3, 8, 9, 10, 11}) stage<4>(r[i], r[i + 4]);
+  for (const int i : {0, 1, 4, 5, 8, 9, 12, 13}) stage<2>(r[i], r[i + 2]);
+  for (int i = 0; i < W; i += 2) stage<1>(r[i], r[i + 1]);
+}
+
+// K rows [s0, s0 + W) as D vectors of W keys (past the end: zeros, masked by the row limits). A whole block's
+// dims go 16 at a time through registers (decode reads each block for only a few query rows, so the
+// transpose is much of its attention); a ragged block and the dims past the last 16 go one by one.
+template <typename T>
+inline void transpose_keys_t(const FlashArgs& a, int64_t s0, float* kt) {
+  const int64_t n = a.S - s0 < W ? a.S - s0 : W;
+  const T* k = static_cast<const T*>(a.k) + s0 * a.ks;
+  int64_t d = 0;
+  if (n == W) {
+    for (; d + W <= a.D; d += W) {
+      v16 r[W];
+      for (int j = 0; j < W; ++j) r[j] = widen16(k + j * a.ks + d);
+      transpose16(r);
+      std::memcpy(kt + d * W, r, sizeof r);
+    }
+  } else {
+    std::memset(kt, 0, sizeof(float) * a.D * W);
+  }
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t e = d; e < a.D; ++e) kt[e * W + j] = widen1(k + j * a.ks + e);
+}
+
+inline void transpose_keys(const FlashArgs& a, int64_t s0, float* kt) {
+  a.half ? transpose_keys_t<uint16_t>(a, s0, kt) : transpose_keys_t<float>(a, s0, kt);
+}
+
+// V rows [s0, s0 + W) of a float16 cache as floats, Dv apart: once per key block for every row of a task.
+inline void widen_values(const FlashArgs& a, int64_t s0, float* vt) {
+  const int64_t n = a.S - s0 < W ? a.S - s0 : W;
+  const uint16_t* v = static_cast<const uint16_t*>(a.v) + s0 * a.vs;
+  for (int64_t j = 0; j < n; ++j) widen_row(v + j * a.vs, a.Dv, vt + j * a.Dv);
+}
+
+// Key block [s0, s0 + W) against one query row: scores, mask, online softmax, and the weighted V rows (vb, vs
+// floats apart: the cache's fp32 rows or a float16 block widened).
+inline void block_row(const FlashArgs& a, const float* q, const float* kt, const float* vb, int64_t vs, int64_t s0,
+                      int64_t limit, const uint8_t* mrow, RowState& st, float* acc) {
   const float lowest = std::numeric_limits<float>::lowest();
   const v16* k = reinterpret_cast<const v16*>(kt);
   v16 c[4] = {};  // four chains: one accumulator would wait on each FMA's latency
@@ -54,18 +133,22 @@ inline void block_row(const FlashArgs& a, const float* q, const float* kt, int64
     for (int64_t u = 0; u < n; ++u) o[u] = out[i + u] * fix;
     for (int64_t j = 0; j <= last; ++j) {
       const float pj = p[j];
-      const v16* vr = reinterpret_cast<const v16*>(a.v + (s0 + j) * a.vs) + i;
+      const v16* vr = reinterpret_cast<const v16*>(vb + j * vs) + i;
       for (int64_t u = 0; u < n; ++u) o[u] += pj * vr[u];
     }
     for (int64_t u = 0; u < n; ++u) out[i + u] = o[u];
   }
 }
 
-inline void attend(const AttendRow& r, float* scores, float* out) {
+// row: a float16 cache's key or value row widened once (it is read D or Dv times), unused for float
+template <typename T>
+inline void attend_t(const AttendRow& r, float* scores, float* out, float* row) {
   const float lowest = std::numeric_limits<float>::lowest();
+  const T* K = static_cast<const T*>(r.k);
+  const T* V = static_cast<const T*>(r.v);
   float mx_ = lowest;
   for (int64_t s = 0; s <= r.limit; ++s) {
-    const float* k = r.k + s * r.ks;
+    const float* k = widen_row(K + s * r.ks, r.D, row);
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     int64_t i = 0;
     for (; i + 8 <= r.D; i += 8)
@@ -83,11 +166,17 @@ inline void attend(const AttendRow& r, float* scores, float* out) {
   for (int64_t s = 0; s <= r.limit; ++s) {
     const float p = std::exp2(scores[s] - mx_);
     sum += p;
-    const float* v = r.v + s * r.vs;
+    const float* v = widen_row(V + s * r.vs, r.Dv, row);
     for (int64_t i = 0; i < r.Dv; ++i) out[i] += p * v[i];
   }
   const float inv = 1.0f / sum;
   for (int64_t i = 0; i < r.Dv; ++i) out[i] *= inv;
+}
+
+// scores: limit + 1 floats, then max(D, Dv) for a float16 cache's widened rows (sdpa.cpp sizes it)
+inline void attend(const AttendRow& r, float* scores, float* out) {
+  float* row = scores + r.limit + 1;
+  r.half ? attend_t<uint16_t>(r, scores, out, row) : attend_t<float>(r, scores, out, row);
 }
 
 
