@@ -9,6 +9,7 @@
 #include "formats.h"
 #include "kernels.h"
 #include "simd.h"
+#include "v16.h"
 
 namespace gk {
 namespace GK_ISA {
@@ -199,13 +200,11 @@ inline float amax_step(float amax, float v) {
 
 // max |x[i]| over n (a multiple of 16) elements, 16 lanes at a time (one scalar chain would wait on each)
 inline float amax_of(const float* x, int64_t n) {
-  typedef float f16v __attribute__((vector_size(64)));
-  f16v m = {};
+  vm::v16 m = vm::splat(0.0f);
   for (int64_t i = 0; i < n; i += 16) {
-    f16v v;
+    vm::v16 v;
     std::memcpy(&v, x + i, sizeof(v));
-    v = v < 0.0f ? -v : v;
-    m = v > m ? v : m;
+    m = vm::vmax(vm::vmax(v, 0.0f - v), m);  // |v| first: a NaN lane keeps m, as the scalar step does
   }
   float amax = 0.0f;
   for (int j = 0; j < 16; ++j) amax = amax_step(amax, m[j]);

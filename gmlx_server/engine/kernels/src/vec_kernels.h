@@ -1,16 +1,15 @@
 // The kernels of attention (fp32 queries over an fp32 or fp16 KV cache) and the gated activations, compiled
 // once per instruction set with the matmuls (isa_impl.h): flash.cpp's key blocks, sdpa.cpp's few-row path and
-// glu.cpp's spans call them through the chosen Isa table. Written in simd.h's v16 kit.
+// glu.cpp's spans call them through the chosen Isa table. Written in v16.h's kit.
 #pragma once
 
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <utility>
 
 #include "flash.h"
 #include "kernels.h"
-#include "simd.h"
+#include "v16.h"
 
 namespace gk {
 namespace GK_ISA {
@@ -38,28 +37,6 @@ inline const float* widen_row(const uint16_t* p, int64_t n, float* buf) {
   }
   for (; i < n; ++i) buf[i] = h2f(p[i]);
   return buf;
-}
-
-// One butterfly stage of a 16 x 16 transpose on rows x, y (S apart): lane l of x takes x's lane l where bit S
-// of l is clear, else y's lane l - S; y takes x's lane l + S, else y's lane l. Two-input shuffles (one
-// vpermt2ps each on AVX-512), their indices expanded from the lane numbers at compile time.
-template <int S, int... L>
-inline void stage(v16& x, v16& y, std::integer_sequence<int, L...>) {
-  const v16 a = x, b = y;
-  x = __builtin_shufflevector(a, b, ((L & S) ? W + L - S : L)...);
-  y = __builtin_shufflevector(a, b, ((L & S) ? W + L : L + S)...);
-}
-template <int S>
-inline void stage(v16& x, v16& y) {
-  stage<S>(x, y, std::make_integer_sequence<int, W>{});
-}
-
-// r[i][j] -> r[j][i] in registers: 64 shuffles where a scalar transpose stores each of the 256 floats alone
-inline void transpose16(v16 (&r)[W]) {
-  for (int i = 0; i < 8; ++i) stage<8>(r[i], r[i + 8]);
-  for (const int i : {0, 1, 2, 3, 8, 9, 10, 11}) stage<4>(r[i], r[i + 4]);
-  for (const int i : {0, 1, 4, 5, 8, 9, 12, 13}) stage<2>(r[i], r[i + 2]);
-  for (int i = 0; i < W; i += 2) stage<1>(r[i], r[i + 1]);
 }
 
 // K rows [s0, s0 + W) as D vectors of W keys (past the end: zeros, masked by the row limits). A whole block's
