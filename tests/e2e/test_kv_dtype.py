@@ -36,7 +36,7 @@ def test_float16_kv_keeps_fp32_greedy_text(name: str) -> None:
         engine = _engine(path, dt, prompt_cache_bytes=0)
         try:
             assert engine.info.kv_dtype == dt
-            # ~250 tokens and 12 more: the few-row kernel, then the blockwise one from 256 keys
+            # ~250 tokens and 12 more: decode rows take the blockwise kernel (from 64 keys)
             ids = (_chat(engine, TEXT + "Who rose before dawn?") if name == "smollm2"
                    else engine.tokenizer.encode(TEXT + "The Eiffel Tower is in the city of"))
             texts[dt] = _run(engine, ids)[0]

@@ -25,7 +25,7 @@ from tests.unit.test_fast_ops import check_sdpa
        half=st.booleans())
 def test_flash_attention_matches_float64(ext: ModuleType, b: int, hk: int, r: int, lq: int, extra: int, d: int,
                                          kind: str, seed: int, half: bool) -> None:
-    """From 16 query rows, or 256 keys, the primitive runs blockwise: every key block, the causal diagonal, a
+    """From 16 query rows, or 64 keys, the primitive runs blockwise: every key block, the causal diagonal, a
     chunk's keys beyond its queries (extra), ragged ends, masks of each kind, a row masked throughout, and
     (few tasks over many keys: decode at a long context) keys split across tasks and merged; over fp32 or
     float16 keys and values (half: a float16 KV cache, widened in registers)."""
