@@ -202,8 +202,7 @@ inline float amax_step(float amax, float v) {
 inline float amax_of(const float* x, int64_t n) {
   vm::v16 m = vm::splat(0.0f);
   for (int64_t i = 0; i < n; i += 16) {
-    vm::v16 v;
-    std::memcpy(&v, x + i, sizeof(v));
+    const vm::v16 v = vm::load16(x + i);
     m = vm::vmax(vm::vmax(v, 0.0f - v), m);  // |v| first: a NaN lane keeps m, as the scalar step does
   }
   float amax = 0.0f;

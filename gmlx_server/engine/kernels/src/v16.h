@@ -32,9 +32,7 @@ inline V exp2_lanes(V x) {
   V p = V{} + 1.0f / 5040.0f;
   for (const float c : {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f}) p = p * y + c;
   const I bits = (__builtin_convertvector(n, I) + 127) << 23;  // n = -127: 0.0
-  V scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
+  return p * (V)bits;  // the bits as floats: a cast between vector types of one size (a memcpy went to memory)
 }
 
 // One butterfly stage of a transpose over N-lane rows x, y (S apart): lane l of x takes x's lane l where bit S
@@ -85,6 +83,13 @@ inline float reduce8(V v, Op op) {
   return v[0];
 }
 
+// 16 floats from and to plain buffers, a vmovups a half (a memcpy of the struct went through the stack)
+inline v16 load16(const float* p) { return {*reinterpret_cast<const v8*>(p), *reinterpret_cast<const v8*>(p + 8)}; }
+inline void store16(float* p, v16 v) {
+  *reinterpret_cast<v8*>(p) = v.lo;
+  *reinterpret_cast<v8*>(p + 8) = v.hi;
+}
+
 inline v16 splat(float x) { return {v8{} + x, v8{} + x}; }
 inline v16 vmax(v16 a, v16 b) { return {a.lo > b.lo ? a.lo : b.lo, a.hi > b.hi ? a.hi : b.hi}; }
 inline v16 vmin(v16 a, v16 b) { return {a.lo < b.lo ? a.lo : b.lo, a.hi < b.hi ? a.hi : b.hi}; }
@@ -96,36 +101,51 @@ inline float hsum(v16 v) {
 }
 inline v16 exp2v(v16 x) { return {exp2_lanes<v8, i32v8>(x.lo), exp2_lanes<v8, i32v8>(x.hi)}; }
 
-template <int S>
-inline void stage_halves(v16& x, v16& y) {
-  stage<S, 8>(x.lo, y.lo);
-  stage<S, 8>(x.hi, y.hi);
-}
-
-// r[i][j] -> r[j][i]: the 8-apart stage trades halves (no instruction), the others run within each half
-inline void transpose16(v16 (&r)[W]) {
-  for (int i = 0; i < 8; ++i) std::swap(r[i].hi, r[i + 8].lo);
-  for (const int i : {0, 1, 2, 3, 8, 9, 10, 11}) stage_halves<4>(r[i], r[i + 4]);
-  for (const int i : {0, 1, 4, 5, 8, 9, 12, 13}) stage_halves<2>(r[i], r[i + 2]);
-  for (int i = 0; i < W; i += 2) stage_halves<1>(r[i], r[i + 1]);
-}
-
 inline v16 h2f16(const uint16_t* p) {  // F16C: one vcvtph2ps a half
   v16 out;
 #if defined(GK_F16C)
   const __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   const __m256 hi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
-  std::memcpy(&out.lo, &lo, sizeof lo);
-  std::memcpy(&out.hi, &hi, sizeof hi);
+  out.lo = (v8)lo;  // a register's bits as they are (a memcpy went through memory)
+  out.hi = (v8)hi;
 #else
   for (int i = 0; i < W; ++i) out[i] = h2f(p[i]);
 #endif
   return out;
 }
+
+inline v8 load8(const float* p) { return *reinterpret_cast<const v8*>(p); }
+inline v8 load8(const uint16_t* p) {
+#if defined(GK_F16C)
+  return (v8)_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#else
+  v8 out;
+  for (int i = 0; i < 8; ++i) out[i] = h2f(p[i]);
+  return out;
+#endif
+}
+
+// The 16 x 16 block whose row j starts at p + j * stride (float, or fp16 bits), transposed into dst (rows of
+// W floats), as four 8 x 8 transposes in registers: a whole 16 x 16 needs 32 ymm registers, AVX2 has 16.
+template <typename T>
+inline void transpose_block(const T* p, int64_t stride, float* dst) {
+  for (int h = 0; h < 4; ++h) {
+    const int rows = 8 * (h & 1), cols = 8 * (h >> 1);
+    v8 r[8];
+    for (int j = 0; j < 8; ++j) r[j] = load8(p + (rows + j) * stride + cols);
+    for (const int i : {0, 1, 2, 3}) stage<4, 8>(r[i], r[i + 4]);
+    for (const int i : {0, 1, 4, 5}) stage<2, 8>(r[i], r[i + 2]);
+    for (int i = 0; i < 8; i += 2) stage<1, 8>(r[i], r[i + 1]);
+    for (int i = 0; i < 8; ++i) *reinterpret_cast<v8*>(dst + (cols + i) * W + rows) = r[i];
+  }
+}
 #else
 // aligned(4): loads from plain float buffers need no 64-byte alignment
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
 typedef int32_t i32v16 __attribute__((vector_size(64), aligned(4)));
+
+inline v16 load16(const float* p) { return *reinterpret_cast<const v16*>(p); }
+inline void store16(float* p, v16 v) { *reinterpret_cast<v16*>(p) = v; }
 
 inline v16 splat(float x) { return v16{} + x; }
 inline v16 vmax(v16 a, v16 b) { return a > b ? a : b; }
@@ -161,11 +181,24 @@ inline v16 h2f16(const uint16_t* p) {
   v16 out;
 #if defined(GK_AVX512)
   const __m512 f = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  std::memcpy(&out, &f, sizeof out);
+  out = (v16)f;
 #else
   for (int i = 0; i < W; ++i) out[i] = h2f(p[i]);
 #endif
   return out;
+}
+
+inline v16 row16(const float* p) { return load16(p); }
+inline v16 row16(const uint16_t* p) { return h2f16(p); }
+
+// The 16 x 16 block whose row j starts at p + j * stride (float, or fp16 bits), transposed into dst (rows of
+// W floats) through registers.
+template <typename T>
+inline void transpose_block(const T* p, int64_t stride, float* dst) {
+  v16 r[W];
+  for (int j = 0; j < W; ++j) r[j] = row16(p + j * stride);
+  transpose16(r);
+  for (int i = 0; i < W; ++i) store16(dst + i * W, r[i]);
 }
 #endif
 

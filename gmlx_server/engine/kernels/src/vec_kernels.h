@@ -17,13 +17,8 @@ namespace GK_ISA {
 using namespace vm;
 static_assert(W == kFlashWidth, "flash.cpp transposes keys in blocks of the v16 width");
 
-// KV elements as floats: T is float, or uint16_t for a float16 cache's fp16 bits (widened in registers).
-inline v16 widen16(const float* p) {
-  v16 x;
-  std::memcpy(&x, p, sizeof x);
-  return x;
-}
-inline v16 widen16(const uint16_t* p) { return h2f16(p); }
+// KV elements as floats: T is float, or uint16_t for a float16 cache's fp16 bits (widened in registers;
+// 16 at a time: v16.h's row16).
 inline float widen1(const float* p) { return *p; }
 inline float widen1(const uint16_t* p) { return h2f(*p); }
 
@@ -31,10 +26,7 @@ inline float widen1(const uint16_t* p) { return h2f(*p); }
 inline const float* widen_row(const float* p, int64_t, float*) { return p; }
 inline const float* widen_row(const uint16_t* p, int64_t n, float* buf) {
   int64_t i = 0;
-  for (; i + W <= n; i += W) {
-    const v16 x = h2f16(p + i);
-    std::memcpy(buf + i, &x, sizeof x);
-  }
+  for (; i + W <= n; i += W) store16(buf + i, h2f16(p + i));
   for (; i < n; ++i) buf[i] = h2f(p[i]);
   return buf;
 }
@@ -48,12 +40,7 @@ inline void transpose_keys_t(const FlashArgs& a, int64_t s0, float* kt) {
   const T* k = static_cast<const T*>(a.k) + s0 * a.ks;
   int64_t d = 0;
   if (n == W) {
-    for (; d + W <= a.D; d += W) {
-      v16 r[W];
-      for (int j = 0; j < W; ++j) r[j] = widen16(k + j * a.ks + d);
-      transpose16(r);
-      std::memcpy(kt + d * W, r, sizeof r);
-    }
+    for (; d + W <= a.D; d += W) transpose_block(k + d, a.ks, kt + d * W);
   } else {
     std::memset(kt, 0, sizeof(float) * a.D * W);
   }
@@ -160,8 +147,7 @@ inline void attend(const AttendRow& r, float* scores, float* out) {
 inline void gate_span(int kind, const float* g, const float* u, float* y, int64_t n) {
   int64_t i = 0;
   for (; i + W <= n; i += W) {
-    v16 x;
-    std::memcpy(&x, g + i, sizeof x);
+    const v16 x = load16(g + i);
     v16 a;
     if (kind == 0) {  // x * sigmoid(x)
       a = x / (1.0f + exp2v(x * -kLog2e));
@@ -169,12 +155,8 @@ inline void gate_span(int kind, const float* g, const float* u, float* y, int64_
       const v16 t = 0.7978845608028654f * (x + 0.044715f * x * x * x);
       a = 0.5f * x * (2.0f - 2.0f / (1.0f + exp2v(t * (2.0f * kLog2e))));
     }
-    if (u != nullptr) {
-      v16 b;
-      std::memcpy(&b, u + i, sizeof b);
-      a *= b;
-    }
-    std::memcpy(y + i, &a, sizeof a);
+    if (u != nullptr) a *= load16(u + i);
+    store16(y + i, a);
   }
   for (; i < n; ++i) {  // the tail through the same vector code, one lane used
     float g1[W] = {}, u1[W] = {}, y1[W];
