@@ -26,8 +26,10 @@ class FixedPrompt:
 
 
 # Claude Code: 3,196 tokens without its 24 tools, 17,027 for them in full, 2,140 compactly (its captured first
-# request, tests/data/agents/claude-session.json, counted by count_tokens on SmolLM2).
-FIXED_PROMPT = {"pi": FixedPrompt(1_500), "codex": FixedPrompt(6_200), "opencode": FixedPrompt(7_620),
+# request, tests/data/agents/claude-session.json, counted by count_tokens on SmolLM2). opencode: 2,213 without
+# its 10 tools, 5,406 for them in full, 3,062 in all compactly (its captured first request, /v1/estimate).
+# Codex's and pi's tools are under half of SmolLM2's window, so the server renders them in full.
+FIXED_PROMPT = {"pi": FixedPrompt(1_500), "codex": FixedPrompt(6_200), "opencode": FixedPrompt(7_620, 5_406, 3_062),
                 "claude": FixedPrompt(20_223, 17_027, 5_336)}
 MAX_OUTPUT_CEILING = 32_000  # no more than frontier APIs allow
 MIN_OUTPUT = 128  # less than this is not an answer: launch refuses instead
