@@ -25,6 +25,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_
 from tokenizers.models import BPE
 
 from gmlx_plan.families import family_of
+from gmlx_plan.gguf_types import is_base_model
 from gmlx_server.engine.merges import NORMAL, USER_DEFINED, derive_merges
 
 __all__ = ["GGUFTokenizer", "bytes_to_unicode", "derive_merges"]
@@ -68,7 +69,6 @@ _GPT2_PRES = frozenset({"gpt2", "gpt-2", "default", "mpt", "olmo", "jais", "tril
 _EOG_NAMES = ("<end_of_turn>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<|return|>", "<|call|>")
 # A base model never learned to end a turn, but one that opens the next has ended its own.
 _TURN_OPENERS = ("<start_of_turn>", "<|im_start|>", "<|start_header_id|>")
-_BASE_FINETUNES = frozenset({"base", "pt", "pretrained", "pretrain"})
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 _GIL_FREE_CHARS = 1024  # longer texts go through encode_batch, which releases the GIL while it works
 
@@ -243,13 +243,6 @@ def _eos_ids(metadata: Mapping[str, Any], vocab: _Vocab) -> frozenset[int]:
     found = (vocab.ids.get(name) for name in names)
     ids.update(i for i in found if i is not None and vocab.types[i] == CONTROL)
     return frozenset(ids)
-
-
-def is_base_model(metadata: Mapping[str, Any]) -> bool:
-    """A GGUF without a chat template of its own, or one its converter marked a base (pretrained) model."""
-    template = metadata.get("tokenizer.chat_template")
-    finetune = str(metadata.get("general.finetune") or "").strip().lower()
-    return not (isinstance(template, str) and template.strip()) or finetune in _BASE_FINETUNES
 
 
 def _unbyte(piece: str) -> bytes:

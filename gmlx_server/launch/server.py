@@ -7,7 +7,14 @@ from typing import Any
 
 import httpx
 
-from gmlx_server.launch.sizing import FixedPrompt, context_window, fitting_max_output, models_that_fit, needed_window
+from gmlx_server.launch.sizing import (
+    FixedPrompt,
+    context_window,
+    ends_no_turn,
+    fitting_max_output,
+    models_that_fit,
+    needed_window,
+)
 
 
 class LaunchError(Exception):
@@ -54,6 +61,9 @@ class ServerClient:
         row = next((r for r in rows if r["id"] == model_id), None)
         if row is None:
             raise LaunchError(f"the server kept '{model_id}' but does not list it in /v1/models")
+        named = next((r for r in rows if r["id"] == model), row)  # an alias's row has its own profile's stops
+        if ends_no_turn(named) and "@" not in model.removeprefix(model_id):  # an explicit @profile is a choice
+            raise LaunchError(base_refusal(client, model_id, models_that_fit(rows, prompt)), 2)
         window = context_window(row)
         fixed = prompt.at(window)
         out = max_output if max_output is not None else fitting_max_output(window, fixed)
@@ -63,6 +73,14 @@ class ServerClient:
         if not 0 < out < window:
             raise LaunchError(f"--max-output {out} does not fit the {window}-token window of '{model_id}'", 2)
         return ModelTarget(model, model_id, window, out, row.get("default_max_tokens"))
+
+
+def base_refusal(client: str, model_id: str, fit: list[str]) -> str:
+    where = f"served models that fit: {', '.join(fit)}" if fit else "no served instruct model fits"
+    return (f"'{model_id}' is a base model (its GGUF has no chat template of its own) with no stop strings: it never "
+            f"ends a turn, so {client}'s would run to its output cap, and a client that asks it to continue on "
+            f"again; give it a profile with stop strings (profiles.NAME.stop) and launch '{model_id}@NAME', or "
+            f"serve an instruct model; {where}")
 
 
 def too_small(client: str, fixed: int, model_id: str, window: int, fit: list[str], needed: int) -> str:

@@ -49,10 +49,16 @@ def context_window(row: Mapping[str, Any]) -> int:
     return min(length, int(at_width_1)) if at_width_1 else length
 
 
+def ends_no_turn(row: Mapping[str, Any]) -> bool:
+    """A base model (/v1/models `base`) whose profile adds no stop strings: nothing but the cap ends its reply."""
+    return bool(row.get("base")) and not row.get("stop")
+
+
 def models_that_fit(rows: Iterable[Mapping[str, Any]], fixed: FixedPrompt) -> list[str]:
-    """The served chat models (and aliases) whose window leaves a client with this fixed prompt an answer."""
+    """The served chat models (and aliases) whose window leaves a client with this fixed prompt an answer, and
+    which end their turns."""
     return [str(r["id"]) for r in rows if r.get("kind", "chat") == "chat" and r.get("context_length")
-            and fitting_max_output(context_window(r), fixed.at(context_window(r))) is not None]
+            and not ends_no_turn(r) and fitting_max_output(context_window(r), fixed.at(context_window(r))) is not None]
 
 
 def needed_window(fixed: FixedPrompt) -> int:

@@ -183,6 +183,9 @@ def test_window_and_output_rules() -> None:
     rows = [{"id": "tiny", "kind": "chat", "context_length": 4096}, {"id": "e", "kind": "embeddings"},
             {"id": "gemma", "kind": "chat", "context_length": 32768, "max_context_at_width_1": 30000}]
     assert models_that_fit(rows, FIXED_PROMPT["claude"]) == ["gemma"]
+    base = {"kind": "chat", "context_length": 32768, "base": True}  # never ends a turn unless its profile stops it
+    assert models_that_fit([{**base, "id": "b", "stop": []}, {**base, "id": "s", "stop": ["\n"]}],
+                           FIXED_PROMPT["claude"]) == ["s"]
     assert needed_window(FIXED_PROMPT["claude"]) == 5336 + 256
     assert "no served model fits: serve one with a window of at least 5592" in too_small(
         "Claude Code", 5336, "tiny", 4096, models_that_fit(rows[:1], FIXED_PROMPT["claude"]), 5592)
