@@ -55,15 +55,17 @@ class ServerClient:
 
     def target(self, model: str, max_output: int | None, client: str, prompt: FixedPrompt) -> ModelTarget:
         """POST /v1/keep (load and warm the model), then size the client from GET /v1/models: its output beside
-        its own `fixed` prompt, or a refusal naming the served models that fit."""
-        model_id = str(self._call("POST", "/v1/keep", json={"model": model})["model"])
+        its own `fixed` prompt, or a refusal naming the served models that fit. A base model nothing stops is
+        refused before it loads (an id or alias; MODEL@PROFILE is not listed, and names the profile on purpose)."""
         rows = self._call("GET", "/v1/models")["data"]
+        named = next((r for r in rows if r["id"] == model), None)
+        if named is not None and ends_no_turn(named):
+            raise LaunchError(base_refusal(client, model, models_that_fit(rows, prompt)), 2)
+        model_id = str(self._call("POST", "/v1/keep", json={"model": model})["model"])
+        rows = self._call("GET", "/v1/models")["data"]  # the resident model's own window
         row = next((r for r in rows if r["id"] == model_id), None)
         if row is None:
             raise LaunchError(f"the server kept '{model_id}' but does not list it in /v1/models")
-        named = next((r for r in rows if r["id"] == model), row)  # an alias's row has its own profile's stops
-        if ends_no_turn(named) and "@" not in model.removeprefix(model_id):  # an explicit @profile is a choice
-            raise LaunchError(base_refusal(client, model_id, models_that_fit(rows, prompt)), 2)
         window = context_window(row)
         fixed = prompt.at(window)
         out = max_output if max_output is not None else fitting_max_output(window, fixed)

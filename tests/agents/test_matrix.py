@@ -65,6 +65,17 @@ def test_one_turn_ends_with_an_answer(agents_server: LiveServer, tmp_path: Path,
         assert (REPAIRED in cell.log) == ((client, model) in REPAIRS)
 
 
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_base_model_nothing_stops_is_refused_up_front(agents_server: LiveServer, tmp_path: Path,
+                                                        client: str) -> None:
+    client_bin(client)
+    cell = run_cell(agents_server, tmp_path, client, "gemma-base")
+    assert cell.returncode == 2 and cell.refusal is not None, cell.stderr
+    assert cell.refusal.startswith("'gemma-base' is a base model") and "served models that fit: " in cell.refusal
+    assert "gemma-base" not in cell.refusal.partition("served models that fit: ")[2].split(", ")
+    assert not cell.requests and not (tmp_path / "home").exists()  # refused before it wrote or ran anything
+
+
 def assert_no_turn_runs_to_the_window(cell: Cell, window: int) -> None:
     assert cell.cap is not None
     requests = cell.requests
