@@ -32,6 +32,7 @@ class ModelTarget:
     context_window: int
     max_output: int
     default_max_tokens: int | None = None  # the server's cap for a request that names none (/v1/models)
+    fixed_prompt: int = 0  # the client's own prompt as the server will render it on this model
 
 
 class ServerClient:
@@ -67,14 +68,14 @@ class ServerClient:
         if row is None:
             raise LaunchError(f"the server kept '{model_id}' but does not list it in /v1/models")
         window = context_window(row)
-        fixed = prompt.at(window)
+        fixed = prompt.on(row)
         out = max_output if max_output is not None else fitting_max_output(window, fixed)
         if out is None:
             raise LaunchError(too_small(client, fixed, model_id, window, models_that_fit(rows, prompt),
                                         needed_window(prompt)), 2)
         if not 0 < out < window:
             raise LaunchError(f"--max-output {out} does not fit the {window}-token window of '{model_id}'", 2)
-        return ModelTarget(model, model_id, window, out, row.get("default_max_tokens"))
+        return ModelTarget(model, model_id, window, out, row.get("default_max_tokens"), fixed)
 
 
 def base_refusal(client: str, model_id: str, fit: list[str]) -> str:

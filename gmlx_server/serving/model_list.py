@@ -107,6 +107,7 @@ class ModelList:
             "default_max_tokens": host.config.default_max_tokens(entry.id),  # a cap-less request's output cap
             # a base model never ends a turn: only stop strings (its profile's) or the cap end its reply
             "base": self._base.get(entry.id), "stop": self._stop(entry.profile),
+            "tool_prompt_budget": entry.tool_prompt_budget,  # past this share of the window, tools render compactly
             "max_context_at_width_1": host.capacity.max_context_at_width_1(entry.id),
             "load_error": host.files.problem(entry.id),  # why its file cannot load; null when none is known
         } | kv

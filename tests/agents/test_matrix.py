@@ -18,6 +18,7 @@ per-run setting for it, so launch does not write the user's global one).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -38,9 +39,9 @@ PI_SUMMARY = ("pi", "smollm2")
 PI_NOTE = "pi's compaction.reserveTokens (16384) leaves this window no room"
 
 
-def window_of(server: LiveServer, model: str) -> int:
+def row_of(server: LiveServer, model: str) -> dict[str, Any]:
     rows = httpx.get(server.v1 + "/models", timeout=30).json()["data"]
-    return context_window(next(r for r in rows if r["id"] == model))
+    return next(r for r in rows if r["id"] == model)
 
 
 @pytest.mark.parametrize(("client", "model"), [pytest.param(c, m, id=f"{c}-{m}") for c in CLIENTS for m in MODELS])
@@ -53,12 +54,13 @@ def test_one_turn_ends_with_an_answer(agents_server: LiveServer, tmp_path: Path,
     assert (PI_NOTE in cell.stderr) == ((client, model) == PI_SUMMARY), cell.stderr
     others = [line for line in cell.stderr.splitlines() if PI_NOTE not in line]
     assert not [line for line in others if "clamp" in line]  # no other advice: the clamp cannot help them
-    window = window_of(agents_server, model)
-    assert cell.cap == fitting_max_output(window, FIXED_PROMPT[client].at(window)), cell.stderr
+    row = row_of(agents_server, model)
+    window, fixed = context_window(row), FIXED_PROMPT[client].on(row)
+    assert cell.cap == fitting_max_output(window, fixed), cell.stderr
     assert_no_turn_runs_to_the_window(cell, window)
     if model == "smollm2":  # the table's unit: its figure for this client is the pinned version's prompt
         largest = max(int(r["prompt_tokens"]) for r in cell.requests if r["status"] == "200")
-        assert abs(largest - FIXED_PROMPT[client].at(window)) <= FIXED_PROMPT[client].at(window) // 10, largest
+        assert abs(largest - fixed) <= fixed // 10, largest
     for name in CONFIG_FILES[client]:
         assert (tmp_path / "home" / name).is_file(), name
     if client in ("codex", "opencode"):

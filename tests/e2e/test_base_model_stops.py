@@ -29,7 +29,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     tmp = tmp_path_factory.mktemp("base")
     cfg = tmp / "gmlx.yaml"
     cfg.write_text(f"models:\n  gemma:\n    path: {gemma_path()}\n    default_max_tokens: {CAP}\n"
-                   f"  smollm2:\n    path: {smollm2_path()}\n"
+                   f"  smollm2:\n    path: {smollm2_path()}\n    tool_prompt_budget: 0.25\n"
                    'profiles:\n  oneline: {stop: ["\\n"]}\naliases:\n  gemma-oneline: gemma@oneline\n')
     with gmlx_serve(["--config", str(cfg)], tmp) as s:
         yield s
@@ -54,10 +54,11 @@ def test_a_turn_without_a_cap_ends_at_the_models_default(oai: openai.OpenAI) -> 
     assert r.usage is not None and (r.choices[0].finish_reason, r.usage.completion_tokens) == ("length", CAP)
 
 
-def test_models_say_which_is_a_base_model_and_its_stops(server: LiveServer) -> None:
+def test_models_say_which_is_a_base_model_its_stops_and_tool_budget(server: LiveServer) -> None:
     rows = {r["id"]: r for r in httpx.get(server.v1 + "/models", timeout=30).json()["data"]}
     assert [(rows[m]["base"], rows[m]["stop"]) for m in ("gemma", "smollm2", "gemma-oneline")] == [
         (True, []), (False, []), (True, ["\n"])]
+    assert (rows["gemma"]["tool_prompt_budget"], rows["smollm2"]["tool_prompt_budget"]) == (0.5, 0.25)
 
 
 def launch(server: LiveServer, tmp_path: Path, model: str) -> subprocess.CompletedProcess[str]:

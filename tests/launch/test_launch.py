@@ -179,6 +179,10 @@ def test_window_and_output_rules() -> None:
         2048, 996, 2048, 1428]
     assert fitting_max_output(8192, FIXED_PROMPT["opencode"].full) == 286
     assert FIXED_PROMPT["claude"].at(40_000) == FIXED_PROMPT["claude"].full  # tools under half: in full
+    # the model's own tool_prompt_budget, against its whole window, as the server weighs them
+    row = {"context_length": 40_000, "max_context_at_width_1": 30_000, "tool_prompt_budget": 0.25}
+    assert FIXED_PROMPT["claude"].on(row) == FIXED_PROMPT["claude"].compact
+    assert FIXED_PROMPT["claude"].on({**row, "tool_prompt_budget": 1.0}) == FIXED_PROMPT["claude"].full
     assert fitting_max_output(4096, FIXED_PROMPT["claude"].at(4096)) is None
     rows = [{"id": "tiny", "kind": "chat", "context_length": 4096}, {"id": "e", "kind": "embeddings"},
             {"id": "gemma", "kind": "chat", "context_length": 32768, "max_context_at_width_1": 30000}]
