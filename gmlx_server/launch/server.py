@@ -80,10 +80,10 @@ class ServerClient:
 
 def base_refusal(client: str, model_id: str, fit: list[str]) -> str:
     where = f"served models that fit: {', '.join(fit)}" if fit else "no served instruct model fits"
-    return (f"'{model_id}' is a base model (its GGUF has no chat template of its own) with no stop strings: it never "
-            f"ends a turn, so {client}'s would run to its output cap, and a client that asks it to continue on "
-            f"again; give it a profile with stop strings (profiles.NAME.stop) and launch '{model_id}@NAME', or "
-            f"serve an instruct model; {where}")
+    return (f"'{model_id}' is a base model (no chat template of its own) with no stop strings: it never ends a "
+            f"turn, so each of {client}'s replies would run to its output cap, and on to the window where the client "
+            f"asks it to continue; give it a profile with stop strings (profiles.NAME.stop) and launch "
+            f"'{model_id}@NAME', or serve an instruct model; {where}")
 
 
 def too_small(client: str, fixed: int, model_id: str, window: int, fit: list[str], needed: int) -> str:
