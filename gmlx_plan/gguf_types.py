@@ -6,9 +6,12 @@ no GGUF file (an import-linter contract in pyproject.toml).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+_BASE_FINETUNES = frozenset({"base", "pt", "pretrained", "pretrain"})
 
 
 class GGUFFormatError(ValueError):
@@ -89,3 +92,11 @@ def tensor_nbytes(shape: tuple[int, ...], ggml_type: int, path: str = "") -> int
     for d in shape:
         n *= d
     return (n // block) * size
+
+
+def is_base_model(metadata: Mapping[str, Any]) -> bool:
+    """A GGUF without a chat template of its own, or one its converter marked a base (pretrained) model: it never
+    learned to end a turn."""
+    template = metadata.get("tokenizer.chat_template")
+    finetune = str(metadata.get("general.finetune") or "").strip().lower()
+    return not (isinstance(template, str) and template.strip()) or finetune in _BASE_FINETUNES

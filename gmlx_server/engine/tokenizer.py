@@ -25,6 +25,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_
 from tokenizers.models import BPE
 
 from gmlx_plan.families import family_of
+from gmlx_plan.gguf_types import is_base_model
 from gmlx_server.engine.merges import NORMAL, USER_DEFINED, derive_merges
 
 __all__ = ["GGUFTokenizer", "bytes_to_unicode", "derive_merges"]
@@ -66,6 +67,8 @@ _GPT2_PRES = frozenset({"gpt2", "gpt-2", "default", "mpt", "olmo", "jais", "tril
 
 # End-of-generation tokens llama.cpp recognises by name, when the file marks them control.
 _EOG_NAMES = ("<end_of_turn>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<|return|>", "<|call|>")
+# A base model never learned to end a turn, but one that opens the next has ended its own.
+_TURN_OPENERS = ("<start_of_turn>", "<|im_start|>", "<|start_header_id|>")
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 _GIL_FREE_CHARS = 1024  # longer texts go through encode_batch, which releases the GIL while it works
 
@@ -235,6 +238,8 @@ def _eos_ids(metadata: Mapping[str, Any], vocab: _Vocab) -> frozenset[int]:
     # ChatML ends a turn with <|im_end|>; count it only where the template (or the chatml fallback) does.
     if not isinstance(template, str) or "<|im_end|>" in template:
         names.append("<|im_end|>")
+    if is_base_model(metadata):
+        names += _TURN_OPENERS
     found = (vocab.ids.get(name) for name in names)
     ids.update(i for i in found if i is not None and vocab.types[i] == CONTROL)
     return frozenset(ids)

@@ -63,7 +63,7 @@ def prepare(args: argparse.Namespace, environ: dict[str, str]) -> Invocation:
     prompt = FIXED_PROMPT[args.client]
     target = server.target(args.model, args.max_output, client.name, prompt)
     inv = client.configure(url, key, target, list(args.passthrough_args), environ)
-    fixed = prompt.at(target.context_window)
+    fixed = target.fixed_prompt
     if fixed + target.max_output > target.context_window:  # only an explicit --max-output gets here
         inv.notes.append(f"{client.name}'s own prompt is about {fixed} tokens: with {target.max_output} output "
                          f"tokens its first request is over the {target.context_window}-token window, and the "

@@ -7,7 +7,14 @@ from typing import Any
 
 import httpx
 
-from gmlx_server.launch.sizing import FixedPrompt, context_window, fitting_max_output, models_that_fit, needed_window
+from gmlx_server.launch.sizing import (
+    FixedPrompt,
+    context_window,
+    ends_no_turn,
+    fitting_max_output,
+    models_that_fit,
+    needed_window,
+)
 
 
 class LaunchError(Exception):
@@ -25,6 +32,7 @@ class ModelTarget:
     context_window: int
     max_output: int
     default_max_tokens: int | None = None  # the server's cap for a request that names none (/v1/models)
+    fixed_prompt: int = 0  # the client's own prompt as the server will render it on this model
 
 
 class ServerClient:
@@ -48,21 +56,34 @@ class ServerClient:
 
     def target(self, model: str, max_output: int | None, client: str, prompt: FixedPrompt) -> ModelTarget:
         """POST /v1/keep (load and warm the model), then size the client from GET /v1/models: its output beside
-        its own `fixed` prompt, or a refusal naming the served models that fit."""
-        model_id = str(self._call("POST", "/v1/keep", json={"model": model})["model"])
+        its own `fixed` prompt, or a refusal naming the served models that fit. A base model nothing stops is
+        refused before it loads (an id or alias; MODEL@PROFILE is not listed, and names the profile on purpose)."""
         rows = self._call("GET", "/v1/models")["data"]
+        named = next((r for r in rows if r["id"] == model), None)
+        if named is not None and ends_no_turn(named):
+            raise LaunchError(base_refusal(client, model, models_that_fit(rows, prompt)), 2)
+        model_id = str(self._call("POST", "/v1/keep", json={"model": model})["model"])
+        rows = self._call("GET", "/v1/models")["data"]  # the resident model's own window
         row = next((r for r in rows if r["id"] == model_id), None)
         if row is None:
             raise LaunchError(f"the server kept '{model_id}' but does not list it in /v1/models")
         window = context_window(row)
-        fixed = prompt.at(window)
+        fixed = prompt.on(row)
         out = max_output if max_output is not None else fitting_max_output(window, fixed)
         if out is None:
             raise LaunchError(too_small(client, fixed, model_id, window, models_that_fit(rows, prompt),
                                         needed_window(prompt)), 2)
         if not 0 < out < window:
             raise LaunchError(f"--max-output {out} does not fit the {window}-token window of '{model_id}'", 2)
-        return ModelTarget(model, model_id, window, out, row.get("default_max_tokens"))
+        return ModelTarget(model, model_id, window, out, row.get("default_max_tokens"), fixed)
+
+
+def base_refusal(client: str, model_id: str, fit: list[str]) -> str:
+    where = f"served models that fit: {', '.join(fit)}" if fit else "no served instruct model fits"
+    return (f"'{model_id}' is a base model (no chat template of its own) with no stop strings: it never ends a "
+            f"turn, so each of {client}'s replies would run to its output cap, and on to the window where the client "
+            f"asks it to continue; give it a profile with stop strings (profiles.NAME.stop) and launch "
+            f"'{model_id}@NAME', or serve an instruct model; {where}")
 
 
 def too_small(client: str, fixed: int, model_id: str, window: int, fit: list[str], needed: int) -> str:

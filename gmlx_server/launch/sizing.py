@@ -12,6 +12,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gmlx_server.config.settings import DEFAULT_TOOL_PROMPT_BUDGET
+
 
 @dataclass(frozen=True)
 class FixedPrompt:
@@ -19,15 +21,21 @@ class FixedPrompt:
     tools: int = 0  # of which the tools, in full (0: not measured apart)
     compact: int | None = None  # the whole prompt with the server's compact tool rendering (None: not measured)
 
-    def at(self, window: int) -> int:
-        """What the model gets: past half the window (tool_prompt_budget's default) the server renders the tools
-        compactly, where that was measured; otherwise the full figure (an upper bound)."""
-        return self.compact if self.compact is not None and self.tools > window // 2 else self.full
+    def at(self, window: int, share: float = DEFAULT_TOOL_PROMPT_BUDGET) -> int:
+        """What the model gets: past the model's tool_prompt_budget share of its window the server renders the
+        tools compactly, where that was measured; otherwise the full figure (an upper bound)."""
+        return self.compact if self.compact is not None and self.tools > share * window else self.full
+
+    def on(self, row: Mapping[str, Any]) -> int:
+        """at() for a /v1/models row: the server weighs the tools against the model's whole window."""
+        return self.at(int(row["context_length"]), float(row.get("tool_prompt_budget") or DEFAULT_TOOL_PROMPT_BUDGET))
 
 
 # Claude Code: 3,196 tokens without its 24 tools, 17,027 for them in full, 2,140 compactly (its captured first
-# request, tests/data/agents/claude-session.json, counted by count_tokens on SmolLM2).
-FIXED_PROMPT = {"pi": FixedPrompt(1_500), "codex": FixedPrompt(6_200), "opencode": FixedPrompt(7_620),
+# request, tests/data/agents/claude-session.json, counted by count_tokens on SmolLM2). opencode: 2,213 without
+# its 10 tools, 5,406 for them in full, 3,062 in all compactly (its captured first request, /v1/estimate).
+# Codex's and pi's tools are under half of SmolLM2's window, so the server renders them in full.
+FIXED_PROMPT = {"pi": FixedPrompt(1_500), "codex": FixedPrompt(6_200), "opencode": FixedPrompt(7_620, 5_406, 3_062),
                 "claude": FixedPrompt(20_223, 17_027, 5_336)}
 MAX_OUTPUT_CEILING = 32_000  # no more than frontier APIs allow
 MIN_OUTPUT = 128  # less than this is not an answer: launch refuses instead
@@ -47,10 +55,16 @@ def context_window(row: Mapping[str, Any]) -> int:
     return min(length, int(at_width_1)) if at_width_1 else length
 
 
+def ends_no_turn(row: Mapping[str, Any]) -> bool:
+    """A base model (/v1/models `base`) whose profile adds no stop strings: nothing but the cap ends its reply."""
+    return bool(row.get("base")) and not row.get("stop")
+
+
 def models_that_fit(rows: Iterable[Mapping[str, Any]], fixed: FixedPrompt) -> list[str]:
-    """The served chat models (and aliases) whose window leaves a client with this fixed prompt an answer."""
+    """The served chat models (and aliases) whose window leaves a client with this fixed prompt an answer, and
+    which end their turns."""
     return [str(r["id"]) for r in rows if r.get("kind", "chat") == "chat" and r.get("context_length")
-            and fitting_max_output(context_window(r), fixed.at(context_window(r))) is not None]
+            and not ends_no_turn(r) and fitting_max_output(context_window(r), fixed.on(r)) is not None]
 
 
 def needed_window(fixed: FixedPrompt) -> int:

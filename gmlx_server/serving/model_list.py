@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from gmlx_plan.capacity import kv_quant_json
 from gmlx_plan.gguf_header import GGUFFormatError, read_header
+from gmlx_plan.gguf_types import is_base_model
 from gmlx_server.engine.dir_files import is_model_dir, trained_context
 from gmlx_server.engine.dir_tokenizer import read_json
 from gmlx_server.engine.vision.dir_vision import vision_family
@@ -43,17 +44,18 @@ class ModelList:
     def __init__(self, host: ListHost) -> None:
         self.host = host
         self._context: dict[str, int | None] = {}  # model id -> trained context length (GGUF header)
+        self._base: dict[str, bool] = {}  # GGUF model ids -> whether it is a base model (the same header)
         self._vision: dict[str, bool] = {}  # model directories with a vision tower (their config.json)
 
     def forget(self, model_id: str) -> None:
         """A reload changed or removed the entry: read its header again when next listed."""
         self._context.pop(model_id, None)
+        self._base.pop(model_id, None)
         self._vision.pop(model_id, None)
 
     async def rows(self) -> list[dict[str, Any]]:
         host = self.host
-        known = self._context.keys() | host.resident.keys()
-        missing = [e for e in host.config.models.values() if e.id not in known]
+        missing = [e for e in host.config.models.values() if e.id not in self._context]  # a resident one's too
         if missing:
             await asyncio.to_thread(lambda: [self._trained_context(e) for e in missing])
         await asyncio.to_thread(host.verify_files, list(host.config.models.values()))
@@ -69,8 +71,10 @@ class ModelList:
                 value = trained_context(entry.path)
             elif entry.path.lower().endswith(".gguf"):
                 try:
-                    raw = read_header(entry.path).arch_value("context_length")
+                    header = read_header(entry.path, strings=False)  # the vocabulary is not needed here
+                    raw = header.arch_value("context_length")
                     value = int(raw) if raw is not None else None
+                    self._base[entry.id] = is_base_model(header.metadata)
                 except (GGUFFormatError, ValueError, TypeError):
                     log.warning("cannot read the GGUF header of %s", entry.path)
             self._context[entry.id] = value
@@ -101,6 +105,9 @@ class ModelList:
             "discovered": entry.discovered,
             "context_length": self._context_length(entry),
             "default_max_tokens": host.config.default_max_tokens(entry.id),  # a cap-less request's output cap
+            # a base model never ends a turn: only stop strings (its profile's) or the cap end its reply
+            "base": self._base.get(entry.id), "stop": self._stop(entry.profile),
+            "tool_prompt_budget": entry.tool_prompt_budget,  # past this share of the window, tools render compactly
             "max_context_at_width_1": host.capacity.max_context_at_width_1(entry.id),
             "load_error": host.files.problem(entry.id),  # why its file cannot load; null when none is known
         } | kv
@@ -118,7 +125,12 @@ class ModelList:
         mid, _, prof = target.rpartition("@") if target not in models else (target, "", "")
         row = self._model_row(models[mid], default)
         return {**row, "id": name, "alias_of": target, "profile": prof or row["profile"],
-                "default": name == default, "discovered": False}
+                "stop": self._stop(prof or row["profile"]), "default": name == default, "discovered": False}
+
+    def _stop(self, profile: str | None) -> list[str]:
+        """The stop strings a user profile adds to every request (built-in intents add none)."""
+        user = self.host.config.profiles.get(profile) if profile else None
+        return list(user.stop) if user is not None else []
 
 
 def _speculative(entry: ModelEntry, engine: Engine | None) -> dict[str, Any] | bool:

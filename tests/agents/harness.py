@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.server import LiveServer, gmlx_serve
+from tests.e2e.server import ROOT, LiveServer, gmlx_serve
 
 CLIENTS = Path(__file__).parent / "node_modules" / ".bin"
 RUN_S = 420  # one client run, prefill of the client's prompt on 2 CPU cores included
@@ -38,8 +38,10 @@ def client_env(home: Path, **extra: str) -> dict[str, str]:
     """A clean home, no cloud keys, nothing but loopback for the clients to reach."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("ANTHROPIC_", "OPENAI_", "CLAUDE_", "CODEX_", "OPENCODE_", "XDG_CONFIG_"))}
+    # gmlx launch runs in the client's work directory: ROOT first, so it is this checkout's gmlx, as the server is
+    python_path = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     return {**env, "HOME": str(home), "PATH": f"{CLIENTS}:{Path(sys.executable).parent}:{env['PATH']}",
-            **OFFLINE, **extra}
+            "PYTHONPATH": python_path, **OFFLINE, **extra}
 
 
 def run(cmd: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -36,12 +36,16 @@ def matrix_config(paths: Mapping[str, str]) -> str:
     270M (a base model that never ends a turn) seeded to a line break or a full stop. Qwen renders tools
     compactly past a quarter of its window (default half): Claude Code's 24 tools take 16K Qwen tokens in
     full, an 18.7K-token first request, minutes of prefill on 2 cores. `gemma-clamp` is Gemma with the clamp
-    on (test_agents.py); every other id has it off, as `gmlx serve` does."""
+    on (test_agents.py); every other id has it off, as `gmlx serve` does. `gemma-base` is Gemma as the default
+    set-up serves it, no profile: launch refuses it up front (a base model nothing stops). `smollm2-default` is
+    SmolLM2 with no profile, for `bench/agents.py --matrix --models smollm2-default` (docs/agents.md)."""
     return ("server: {decode_batch: 1}\n"
             "models:\n"
             f"  smollm2: {{path: {paths['smollm2']}, profile: greedy}}\n"
             f"  gemma: {{path: {paths['gemma']}, profile: oneline}}\n"
             f"  gemma-clamp: {{path: {paths['gemma']}, profile: oneline, clamp_max_tokens: true}}\n"
+            f"  gemma-base: {{path: {paths['gemma']}}}\n"
+            f"  smollm2-default: {{path: {paths['smollm2']}}}\n"
             f"  qwen: {{path: {paths['qwen']}, profile: greedy, tool_prompt_budget: 0.25}}\n"
             "profiles:\n"
             '  greedy: {stop: ["\\n"], max_tokens: 96, temperature: 0}\n'

@@ -6,7 +6,8 @@ What each cell's server log must show: every request answered 200 (a client that
 400 loops on it: opencode on SmolLM2 did, with launch's old 2048-token output), on the client's own route,
 and no turn run to the window: each request's generated tokens within the cap launch printed, and its
 prompt plus output inside the window. Launch's cap is the one `gmlx_server/launch/sizing.py` computes
-beside the client's fixed prompt, and launch advises no switch (the clamp) that cannot help.
+beside the client's fixed prompt, and launch advises no switch (the clamp) that cannot help. On SmolLM2 the
+turn's largest prompt is the table's figure for the client, within a tenth, so the table follows the pins.
 
 One 400 is known and counted: pi compacts after every turn once its global compaction.reserveTokens (16384)
 is over half the window, and on SmolLM2's 8K its summary request asks 0.8 x 16384 tokens, which the window
@@ -17,6 +18,7 @@ per-run setting for it, so launch does not write the user's global one).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -37,9 +39,9 @@ PI_SUMMARY = ("pi", "smollm2")
 PI_NOTE = "pi's compaction.reserveTokens (16384) leaves this window no room"
 
 
-def window_of(server: LiveServer, model: str) -> int:
+def row_of(server: LiveServer, model: str) -> dict[str, Any]:
     rows = httpx.get(server.v1 + "/models", timeout=30).json()["data"]
-    return context_window(next(r for r in rows if r["id"] == model))
+    return next(r for r in rows if r["id"] == model)
 
 
 @pytest.mark.parametrize(("client", "model"), [pytest.param(c, m, id=f"{c}-{m}") for c in CLIENTS for m in MODELS])
@@ -52,13 +54,28 @@ def test_one_turn_ends_with_an_answer(agents_server: LiveServer, tmp_path: Path,
     assert (PI_NOTE in cell.stderr) == ((client, model) == PI_SUMMARY), cell.stderr
     others = [line for line in cell.stderr.splitlines() if PI_NOTE not in line]
     assert not [line for line in others if "clamp" in line]  # no other advice: the clamp cannot help them
-    window = window_of(agents_server, model)
-    assert cell.cap == fitting_max_output(window, FIXED_PROMPT[client].at(window)), cell.stderr
+    row = row_of(agents_server, model)
+    window, fixed = context_window(row), FIXED_PROMPT[client].on(row)
+    assert cell.cap == fitting_max_output(window, fixed), cell.stderr
     assert_no_turn_runs_to_the_window(cell, window)
+    if model == "smollm2":  # the table's unit: its figure for this client is the pinned version's prompt
+        largest = max(int(r["prompt_tokens"]) for r in cell.requests if r["status"] == "200")
+        assert abs(largest - fixed) <= fixed // 10, largest
     for name in CONFIG_FILES[client]:
         assert (tmp_path / "home" / name).is_file(), name
     if client in ("codex", "opencode"):
         assert (REPAIRED in cell.log) == ((client, model) in REPAIRS)
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_base_model_nothing_stops_is_refused_up_front(agents_server: LiveServer, tmp_path: Path,
+                                                        client: str) -> None:
+    client_bin(client)
+    cell = run_cell(agents_server, tmp_path, client, "gemma-base")
+    assert cell.returncode == 2 and cell.refusal is not None, cell.stderr
+    assert cell.refusal.startswith("'gemma-base' is a base model") and "served models that fit: " in cell.refusal
+    assert "gemma-base" not in cell.refusal.partition("served models that fit: ")[2].split(", ")
+    assert not cell.requests and not (tmp_path / "home").exists()  # refused before it wrote or ran anything
 
 
 def assert_no_turn_runs_to_the_window(cell: Cell, window: int) -> None:

@@ -1,11 +1,13 @@
 """The default output cap on a real `gmlx serve` with SmolLM2: a request that names no cap (aider's chat
-completions, a Codex Responses turn, a raw completion) ends at the model's `default_max_tokens`, else the
-server's, instead of running to the window; /v1/models shows the cap."""
+completions, a Codex Responses turn, an Anthropic body without max_tokens, a raw completion) ends at the
+model's `default_max_tokens`, else the server's, instead of running to the window; /v1/models shows the cap.
+Greedy counting to five hundred runs past either cap, so each reply ends by the cap, not by the model."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -39,15 +41,25 @@ def test_models_show_each_default_cap(server: LiveServer) -> None:
 
 def test_an_aider_like_chat_without_max_tokens_ends_at_the_cap(oai: openai.OpenAI) -> None:
     r = oai.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": COUNT}], temperature=0)
-    assert r.usage is not None and r.usage.completion_tokens <= SERVER_CAP
+    assert r.usage is not None and (r.choices[0].finish_reason, r.usage.completion_tokens) == ("length", SERVER_CAP)
     short = oai.chat.completions.create(model="smollm2-short", messages=[{"role": "user", "content": COUNT}],
                                         temperature=0)
-    assert short.usage is not None and short.usage.completion_tokens <= MODEL_CAP
+    assert short.usage is not None
+    assert (short.choices[0].finish_reason, short.usage.completion_tokens) == ("length", MODEL_CAP)
 
 
 def test_a_codex_like_responses_turn_without_a_cap_ends_at_it(oai: openai.OpenAI) -> None:
     r = oai.responses.create(model="smollm2", input=COUNT, temperature=0)
-    assert r.usage is not None and r.usage.output_tokens <= SERVER_CAP
+    assert r.usage is not None and r.usage.output_tokens == SERVER_CAP
+    assert r.status == "incomplete" and r.incomplete_details is not None
+    assert r.incomplete_details.reason == "max_output_tokens"
+
+
+def test_an_anthropic_body_without_max_tokens_ends_at_the_models_cap(claude: anthropic.Anthropic) -> None:
+    # messages.create requires max_tokens; the SDK's own post sends the body a looser client would
+    r = claude.post("/v1/messages", cast_to=anthropic.types.Message, body={
+        "model": "smollm2-short", "messages": [{"role": "user", "content": COUNT}], "temperature": 0})
+    assert (r.stop_reason, r.usage.output_tokens) == ("max_tokens", MODEL_CAP)
 
 
 def test_a_raw_completion_that_would_run_on_stops_at_the_cap(server: LiveServer) -> None:

@@ -1,6 +1,7 @@
 """Prefill progress on a real `gmlx serve` with SmolLM2: while a long prompt prefills (chunks of 512 tokens), its
 /v1/metrics row's `position` counts the prompt tokens done, refreshed per chunk, with an ETA from the
-measured pace, Prometheus shows the tokens still to prefill, and a stream's keep-alive comments say how far."""
+measured pace that gmlx top draws as a bar, Prometheus shows the tokens still to prefill, and a stream's
+keep-alive comments say how far."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from gmlx_top.view import request_cells
 from tests.e2e.server import LiveServer, gmlx_serve
 
 pytestmark = pytest.mark.slow
@@ -52,6 +54,9 @@ def test_a_long_prefill_shows_its_progress_eta_and_tokens_in_flight(server: Live
     assert all(0 <= p <= total for p in positions), positions
     assert positions == sorted(positions)
     assert any(r["prefill_eta_s"] is not None and r["prefill_eta_s"] > 0 for r in rows), rows
+    # gmlx top's pos column for these live rows: a bar, the share done and the ETA from the measured pace
+    drawn = [request_cells(r)[4] for r in rows if r["prefill_eta_s"]]
+    assert drawn and all(re.fullmatch(r"[█░]+ \d+% [\d.]+s", cell) for cell in drawn), drawn
     assert 0 < max(gauges) <= total  # the tokens still to prefill, while it prefilled
 
 

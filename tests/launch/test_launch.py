@@ -173,15 +173,23 @@ def test_window_and_output_rules() -> None:
     assert context_window({"context_length": 32768, "max_context_at_width_1": 9000}) == 9000
     assert (fitting_max_output(8192), fitting_max_output(32768), fitting_max_output(1 << 20)) == (2048, 8192, 32000)
     assert fitting_max_output(300) is None  # a quarter of it is no answer
-    # SmolLM2's 8K window: opencode's 7.6K prompt leaves 286 (launch gave 2048, a loop of 400s); Claude Code's
-    # 20K fits only because the server renders its tools compactly past half the window (5.3K in all)
+    # SmolLM2's 8K window: opencode's 7.6K and Claude Code's 20K fit only because the server renders their tools
+    # compactly past half the window (3.1K and 5.3K in all); counted in full, opencode would get 286
     assert [fitting_max_output(8192, FIXED_PROMPT[c].at(8192)) for c in ("opencode", "codex", "pi", "claude")] == [
-        286, 996, 2048, 1428]
+        2048, 996, 2048, 1428]
+    assert fitting_max_output(8192, FIXED_PROMPT["opencode"].full) == 286
     assert FIXED_PROMPT["claude"].at(40_000) == FIXED_PROMPT["claude"].full  # tools under half: in full
+    # the model's own tool_prompt_budget, against its whole window, as the server weighs them
+    row = {"context_length": 40_000, "max_context_at_width_1": 30_000, "tool_prompt_budget": 0.25}
+    assert FIXED_PROMPT["claude"].on(row) == FIXED_PROMPT["claude"].compact
+    assert FIXED_PROMPT["claude"].on({**row, "tool_prompt_budget": 1.0}) == FIXED_PROMPT["claude"].full
     assert fitting_max_output(4096, FIXED_PROMPT["claude"].at(4096)) is None
     rows = [{"id": "tiny", "kind": "chat", "context_length": 4096}, {"id": "e", "kind": "embeddings"},
             {"id": "gemma", "kind": "chat", "context_length": 32768, "max_context_at_width_1": 30000}]
     assert models_that_fit(rows, FIXED_PROMPT["claude"]) == ["gemma"]
+    base = {"kind": "chat", "context_length": 32768, "base": True}  # never ends a turn unless its profile stops it
+    assert models_that_fit([{**base, "id": "b", "stop": []}, {**base, "id": "s", "stop": ["\n"]}],
+                           FIXED_PROMPT["claude"]) == ["s"]
     assert needed_window(FIXED_PROMPT["claude"]) == 5336 + 256
     assert "no served model fits: serve one with a window of at least 5592" in too_small(
         "Claude Code", 5336, "tiny", 4096, models_that_fit(rows[:1], FIXED_PROMPT["claude"]), 5592)

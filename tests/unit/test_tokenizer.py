@@ -111,6 +111,15 @@ def test_gemma_basics(gemma: GGUFTokenizer) -> None:
     assert gemma.token_bytes(138) == b"  "
 
 
+def test_a_base_model_ends_its_turn_where_it_opens_the_next() -> None:
+    # The test Gemma 3 270M is a base model (no chat template in its GGUF): <start_of_turn> (105) ends a turn.
+    assert 105 in _load("gemma")[1].eos_ids
+    metadata = _load("smollm")[0]  # an instruct model with its ChatML template: <|im_start|> (1) is a prompt token
+    assert 1 not in _load("smollm")[1].eos_ids
+    assert 1 in GGUFTokenizer.from_metadata({**metadata, "general.finetune": "Base"}).eos_ids
+    assert 1 in GGUFTokenizer.from_metadata({**metadata, "tokenizer.chat_template": " "}).eos_ids
+
+
 def test_gemma_byte_fallback(gemma: GGUFTokenizer) -> None:
     byte_ids = [gemma.token_to_id(f"<0x{b:02X}>") for b in "\U000e0100".encode()]
     assert None not in byte_ids
