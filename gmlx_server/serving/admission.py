@@ -52,7 +52,7 @@ def backlog_of(stats: EngineStats, rates: ModelRates | None,
     decoding = [r for r in stats.rows if r.state == "decode"]
     return Backlog([float(left(r)) for r in decoding],
                    (prefill.prompt_tokens, prefill.prefilled, left(prefill) - 1) if prefill else None,
-                   [*((r.prompt_tokens, r.warm_tokens, left(r) - 1) for r in stats.rows if r.state == "queued"),
+                   [*((r.prompt_tokens, r.expected_warm, left(r) - 1) for r in stats.rows if r.state == "queued"),
                     *also], [r.prompt_tokens + r.generated for r in decoding])
 
 

@@ -159,6 +159,8 @@ class Estimator:
         # Off the loop: with the disk tier on, a peek lists its directory and reads new files' headers.
         tier, warm = (await asyncio.to_thread(_warm, engine, ids) if engine is not None
                       else await self._disk_warm(model_id, ids))
+        # What est_ttft_s times: a prefix shared with a live request is cached by the time this one starts.
+        timed = max(warm, await asyncio.to_thread(engine.expected_warm, ids)) if engine is not None else warm
         need = host.capacity.need(model_id, prompt, cap, warm)
         drained = host.capacity.drained_bytes(model_id)
         free = host.governor.read().available_bytes
@@ -168,7 +170,8 @@ class Estimator:
             "fits_now": need <= free if need is not None and free is not None else None,
             "fits_drained": need <= drained if need is not None and drained is not None else None,
             "context_ok": prompt + (cap or 0) <= tools.context_length, "context_limit": tools.context_length,
-            "est_ttft_s": self._ttft(model_id, engine, prompt, warm, cap, tier), "resident": engine is not None,
+            "est_ttft_s": self._ttft(model_id, engine, prompt, timed, cap, tier == "disk" and timed == warm),
+            "resident": engine is not None,
         }
 
     async def _disk_warm(self, model_id: str, ids: list[int]) -> tuple[str, int]:
@@ -178,14 +181,13 @@ class Estimator:
         return ("disk", warm) if warm else ("miss", 0)
 
     def _ttft(self, model_id: str, engine: Engine | None, prompt: int, warm: int, cap: int | None,
-              tier: str) -> float | None:
+              disk: bool) -> float | None:
         """The queue ahead, the warm tokens at the restore pace (the disk tier's for a disk hit), the cold ones at
         the prefill pace of their depth; None before any prefill was measured. A model that is not resident has
         no queue and only its disk tier: the prompt is all cold until a disk read was timed."""
         rates = self.host.telemetry.models.get(model_id)
         if rates is None or rates.prefill_pace is None:
             return None
-        disk = tier == "disk"
         if engine is None:
             warm = warm if disk and rates.disk_restore_tok_s_recent else 0
             return round(paces_of(None, rates).prompt_s(prompt, warm) + disk_extra_s(rates, warm), 3)
