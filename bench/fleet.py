@@ -10,7 +10,8 @@ to the last end) and TTFT p50/p99 as clients saw it through the proxy, and besid
 --hosts N` predicts for the same load (gmlx_plan.fleet.simulate_fleet: the requests spread over the same
 seconds, split over N hosts, on the paces the first host's /v1/metrics published after that run, so measured
 under the same sharing of the cores). Then measured/predicted per size for queue wait p50 (TTFT less the
-server's own prompt time, timings.prompt_ms), TTFT p50 and max, drain (first send to last end) and tok/s.
+server's own prompt time, timings.prompt_ms), TTFT p50 and max, drain (first send to last end) and tok/s,
+with the load average as each run ended.
 All hosts share this machine's cores, so here more hosts add queue room and isolation, not compute: see
 docs/operations.md "Running several hosts".
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import tempfile
 import time
@@ -130,9 +132,11 @@ def main() -> None:
             rows = []
             predicted: list[tuple[float, float | None, float | None]] = []
             ratios: list[list[float | None]] = []  # queue wait p50, TTFT p50, TTFT max, drain, tok/s
+            loads: list[float] = []  # the 1-minute load average as each fleet's run ended (a shared machine)
             for n in (1, 2, 3):
                 with haproxy(hosts_of([h.url for h in hs[:n]]), Path(tmp)) as proxy:
                     results, wall = offered(proxy.url, args.rate, args.seconds, args.output)
+                loads.append(os.getloadavg()[0])
                 ok = [r for r in results if r.status == 200 and r.tokens]
                 ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
                 rows.append((n, len(results), len(ok), sum(r.status == 503 for r in results),
@@ -152,11 +156,12 @@ def main() -> None:
     for (n, reqs, completed, refused, tok_s, p50, p99), (p_tok, p_p50, p_p99) in zip(rows, predicted, strict=True):
         print(f"{n:>5} {reqs:>8} {completed:>5} {refused:>4} {tok_s:>7.1f} {_s(p50):>9} {_s(p99):>9}"
               f"   | {'':18s} {p_tok:>7.1f} {_s(p_p50):>9} {_s(p_p99):>9}  {tok_s / p_tok:.2f}x")
-    print(f"measured/predicted {'queue wait p50':>15} {'TTFT p50':>9} {'TTFT max':>9} {'drain':>6} {'tok/s':>6}")
-    for n, figures in zip((1, 2, 3), ratios, strict=True):
+    print(f"measured/predicted {'queue wait p50':>15} {'TTFT p50':>9} {'TTFT max':>9} {'drain':>6} {'tok/s':>6}"
+          "  load average")
+    for n, figures, load in zip((1, 2, 3), ratios, loads, strict=True):
         cells = " ".join(f"{'-' if r is None else f'{r:.2f}x':>{w}}" for r, w in zip(figures, (15, 9, 9, 6, 6),
                                                                                        strict=True))
-        print(f"{n:>5} hosts{'':12s} {cells}")
+        print(f"{n:>5} hosts{'':12s} {cells}  {load:.2f}")
 
 
 def _ratios(ok: list[Result], ttfts: list[float], wall: float, done: list[Outcome], p_ttft: list[float],

@@ -12,13 +12,16 @@ shape: its prompt length (/v1/estimate) and how many leading tokens its prompts 
 its requests reported as cached: a property of the prompts; the simulator decides itself which requests find
 them cached). Measured per request: TTFT as the client saw it, queue wait = TTFT less the server's own
 prompt time (timings.prompt_ms: prefill start to first token), and the wave's drain (first send to last end).
-Prints predicted, measured and measured/predicted for queue wait p50, TTFT p50 and max, and drain.
+Prints predicted, measured and measured/predicted for queue wait p50, TTFT p50 and max, and drain, the load
+average as each wave ended (the paces and the wave share the machine with whatever else runs), and how many
+ratios are within issue 35's 0.8-1.25x.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import sys
@@ -139,7 +142,7 @@ def one_wave(v1: str, base: str, mix: str, width: int, args: argparse.Namespace,
                ("TTFT p50", statistics.median(p_ttft), statistics.median(m_ttft)),
                ("TTFT max", max(p_ttft), max(m_ttft)),
                ("drain", sim.drain_s, drain)]
-    assumed = {"prompt_tokens": prompt, "shared_prefix": shared, **cache_mix(sim),
+    assumed = {"prompt_tokens": prompt, "shared_prefix": shared, **cache_mix(sim), "load": os.getloadavg()[0],
                "measured_warm": sum(s.cached >= 64 for s in seen), "paces": paces.as_json()}
     return Row(mix, width, figures, assumed)
 
@@ -183,12 +186,14 @@ def main() -> None:
     for r in rows:
         a = r.assumed
         print(f"{r.mix} x{r.width}: {a['prompt_tokens']}-token prompts, shared prefix {a['shared_prefix']}; "
-              f"assumed {a['cold']} cold + {a['warm']} warm (measured {a['measured_warm']} warm)")
+              f"assumed {a['cold']} cold + {a['warm']} warm (measured {a['measured_warm']} warm); "
+              f"load average {a['load']:.2f}")
         print("    " + paces_text(a["paces"]))
         for name, pred, meas in r.figures:
             print(f"{'':12s} {name:15s} {pred:9.2f}s {meas:9.2f}s {_ratio(pred, meas)}")
     ratios = [m / p for r in rows for _, p, m in r.figures if p >= 0.05]
-    print(f"ratios: min {min(ratios):.2f}x, max {max(ratios):.2f}x over {len(ratios)} figures")
+    held = sum(0.8 <= x <= 1.25 for x in ratios)
+    print(f"ratios: min {min(ratios):.2f}x, max {max(ratios):.2f}x; {held} of {len(ratios)} within 0.8-1.25x")
 
 
 if __name__ == "__main__":
