@@ -31,7 +31,7 @@ class EngineBase:
         return ("miss", 0)
 
     def expected_warm(self, prompt_tokens: Sequence[int]) -> int:
-        return self.cache_peek(prompt_tokens)[1]
+        return 0
 
     def reset_cache(self) -> bool:
         return False
