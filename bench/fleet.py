@@ -8,10 +8,11 @@ the first N of them and sends the same open-loop load: one short streamed chat e
 completed, refused (503), aggregate generated tokens/s (all tokens over the wall time from the first send
 to the last end) and TTFT p50/p99 as clients saw it through the proxy, and beside them what `gmlx plan simulate
 --hosts N` predicts for the same load (gmlx_plan.fleet.simulate_fleet: the requests spread over the same
-seconds, split over N hosts, on the paces the first host's /v1/metrics published after that run, so measured
-under the same sharing of the cores). Then measured/predicted per size for queue wait p50 (TTFT less the
-server's own prompt time, timings.prompt_ms), TTFT p50 and max, drain (first send to last end) and tok/s,
-with the load average as each run ended.
+seconds, split over N hosts, on the paces host N's /v1/metrics published after that run: host N served only
+that run and its one warm-up request, so its paces were measured under that run's sharing of the cores,
+where host 1's would still hold the smaller fleets' spans and steps). Then measured/predicted per size for
+queue wait p50 (TTFT less the server's own prompt time, timings.prompt_ms), TTFT p50 and max, drain (first
+send to last end) and tok/s, with the load average as each run ended.
 All hosts share this machine's cores, so here more hosts add queue room and isolation, not compute: see
 docs/operations.md "Running several hosts".
 """
@@ -103,7 +104,7 @@ def warm(hs: list[Host], output: int) -> None:
 
 
 def predict(host: Host, n: int, hosts: int, args: argparse.Namespace) -> SimResult:
-    """The same open-loop load in the simulator, on the paces host 1 measured meanwhile."""
+    """The same open-loop load in the simulator, on the paces `host` (the fleet's newest) measured meanwhile."""
     v1 = host.url + "/v1"
     rates = httpx.get(v1 + "/metrics", timeout=10).json()["server"]["rates"]
     paces = paces_from_json(rates["by_model"]["smollm2"], host.url)
@@ -141,7 +142,7 @@ def main() -> None:
                 ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
                 rows.append((n, len(results), len(ok), sum(r.status == 503 for r in results),
                              sum(r.tokens for r in ok) / wall, rank(ttfts, 0.5), rank(ttfts, 0.99)))
-                sim = predict(hs[0], len(results), n, args)
+                sim = predict(hs[n - 1], len(results), n, args)
                 done = [o for o in sim.outcomes if o.status == "completed"]
                 p_ttft = [t for o in done if (t := o.ttft) is not None]
                 predicted.append((len(done) * args.output / sim.drain_s, rank(p_ttft, 0.5), rank(p_ttft, 0.99)))
