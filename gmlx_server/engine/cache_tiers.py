@@ -45,7 +45,7 @@ class CacheTiers:
     def expected(self, prompt: Sequence[int], ahead: Iterable[Sequence[int]]) -> int:
         """The warm tokens a queued prompt should restore when its prefill starts: what the RAM tier holds for it
         now, or the prefix it shares with a prompt ahead of it (stored once that one's prefill ends), as gmlx
-        plan's simulator reuses a shared prefix. The disk tier is not read: this runs on the event loop."""
+        plan's simulator reuses a shared prefix. The disk tier is not read: stats() calls this on the event loop."""
         hit = self.ram.peek(prompt)
         shared = max((common_prefix(prompt, other) for other in ahead), default=0)
         return max(hit.tokens if hit is not None else 0, reusable(shared, len(prompt)))
