@@ -8,9 +8,11 @@ the first N of them and sends the same open-loop load: one short streamed chat e
 completed, refused (503), aggregate generated tokens/s (all tokens over the wall time from the first send
 to the last end) and TTFT p50/p99 as clients saw it through the proxy, and beside them what `gmlx plan simulate
 --hosts N` predicts for the same load (gmlx_plan.fleet.simulate_fleet: the requests spread over the same
-seconds, split over N hosts, on the paces the first host's /v1/metrics published after that run, so measured
-under the same sharing of the cores). Then measured/predicted per size for queue wait p50 (TTFT less the
-server's own prompt time, timings.prompt_ms), TTFT p50 and max, drain (first send to last end) and tok/s.
+seconds, split over N hosts, on the paces host N's /v1/metrics published after that run: host N served only
+that run and its one warm-up request, so its paces were measured under that run's sharing of the cores,
+where host 1's would still hold the smaller fleets' spans and steps). Then measured/predicted per size for
+queue wait p50 (TTFT less the server's own prompt time, timings.prompt_ms), TTFT p50 and max, drain (first
+send to last end) and tok/s, with the load average as each run ended.
 All hosts share this machine's cores, so here more hosts add queue room and isolation, not compute: see
 docs/operations.md "Running several hosts".
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import tempfile
 import time
@@ -101,7 +104,7 @@ def warm(hs: list[Host], output: int) -> None:
 
 
 def predict(host: Host, n: int, hosts: int, args: argparse.Namespace) -> SimResult:
-    """The same open-loop load in the simulator, on the paces host 1 measured meanwhile."""
+    """The same open-loop load in the simulator, on the paces `host` (the fleet's newest) measured meanwhile."""
     v1 = host.url + "/v1"
     rates = httpx.get(v1 + "/metrics", timeout=10).json()["server"]["rates"]
     paces = paces_from_json(rates["by_model"]["smollm2"], host.url)
@@ -130,14 +133,16 @@ def main() -> None:
             rows = []
             predicted: list[tuple[float, float | None, float | None]] = []
             ratios: list[list[float | None]] = []  # queue wait p50, TTFT p50, TTFT max, drain, tok/s
+            loads: list[float] = []  # the 1-minute load average as each fleet's run ended (a shared machine)
             for n in (1, 2, 3):
                 with haproxy(hosts_of([h.url for h in hs[:n]]), Path(tmp)) as proxy:
                     results, wall = offered(proxy.url, args.rate, args.seconds, args.output)
+                loads.append(os.getloadavg()[0])
                 ok = [r for r in results if r.status == 200 and r.tokens]
                 ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
                 rows.append((n, len(results), len(ok), sum(r.status == 503 for r in results),
                              sum(r.tokens for r in ok) / wall, rank(ttfts, 0.5), rank(ttfts, 0.99)))
-                sim = predict(hs[0], len(results), n, args)
+                sim = predict(hs[n - 1], len(results), n, args)
                 done = [o for o in sim.outcomes if o.status == "completed"]
                 p_ttft = [t for o in done if (t := o.ttft) is not None]
                 predicted.append((len(done) * args.output / sim.drain_s, rank(p_ttft, 0.5), rank(p_ttft, 0.99)))
@@ -152,11 +157,12 @@ def main() -> None:
     for (n, reqs, completed, refused, tok_s, p50, p99), (p_tok, p_p50, p_p99) in zip(rows, predicted, strict=True):
         print(f"{n:>5} {reqs:>8} {completed:>5} {refused:>4} {tok_s:>7.1f} {_s(p50):>9} {_s(p99):>9}"
               f"   | {'':18s} {p_tok:>7.1f} {_s(p_p50):>9} {_s(p_p99):>9}  {tok_s / p_tok:.2f}x")
-    print(f"measured/predicted {'queue wait p50':>15} {'TTFT p50':>9} {'TTFT max':>9} {'drain':>6} {'tok/s':>6}")
-    for n, figures in zip((1, 2, 3), ratios, strict=True):
+    print(f"measured/predicted {'queue wait p50':>15} {'TTFT p50':>9} {'TTFT max':>9} {'drain':>6} {'tok/s':>6}"
+          "  load average")
+    for n, figures, load in zip((1, 2, 3), ratios, loads, strict=True):
         cells = " ".join(f"{'-' if r is None else f'{r:.2f}x':>{w}}" for r, w in zip(figures, (15, 9, 9, 6, 6),
                                                                                        strict=True))
-        print(f"{n:>5} hosts{'':12s} {cells}")
+        print(f"{n:>5} hosts{'':12s} {cells}  {load:.2f}")
 
 
 def _ratios(ok: list[Result], ttfts: list[float], wall: float, done: list[Outcome], p_ttft: list[float],

@@ -27,6 +27,13 @@ CACHE_BLOCK = 64  # the prompt cache's block: a partial reuse shares at least on
 Span = tuple[int, int, float]  # computed prompt tokens [start, end) and the seconds they took
 
 
+def reusable(shared: int, prompt: int) -> int:
+    """The warm tokens of a prompt whose first `shared` tokens another prompt already in the cache holds: at least
+    one cache block is reused, and one prompt token is always prefilled (the server's prompt cache)."""
+    n = min(shared, prompt - 1)
+    return n if n >= CACHE_BLOCK else 0
+
+
 @dataclass(frozen=True)
 class PrefillPace:
     s_per_token: float  # a: a token's cost at depth 0

@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gmlx_plan.memory import PREFILL_CHUNK
-from gmlx_plan.pace import CACHE_BLOCK, Paces, paces_from_rates
+from gmlx_plan.pace import Paces, paces_from_rates, reusable
 from gmlx_plan.queueing import Rates, retry_after_s
 
 
@@ -181,9 +181,12 @@ class _Sim:
         return len(self.batch) + (self.prefilling is not None)
 
     def backlog(self) -> Backlog:
+        """What the server's stats would show now; a waiting row behind another prompt (prefilling or queued)
+        expects the shared prefix warm, as the server's queued rows do (CacheTiers.expected)."""
         p = self.prefilling
+        ahead = self.cached or p is not None
         return Backlog([float(r.decode_left) for r in self.batch], (p.prompt, p.pos, p.decode_left) if p else None,
-                       [(r.prompt, self._warm(), r.decode_left) for r in self.waiting],
+                       [(r.prompt, self._warm(ahead or i > 0), r.decode_left) for i, r in enumerate(self.waiting)],
                        [r.prompt + r.decoded for r in self.batch])
 
     def _eta(self) -> float:
@@ -214,10 +217,10 @@ class _Sim:
             self.timeline.append((at, self._in_engine(), len(self.waiting)))
 
     # the engine loop ---------------------------------------------------------------------
-    def _warm(self) -> int:
+    def _warm(self, cached: bool | None = None) -> int:
         """What a request starting its prefill now restores: the shared prefix once one prompt is cached."""
-        shared = min(self.work.shared_prefix, self.work.depth - 1)
-        return shared if self.server.prompt_cache and self.cached and shared >= CACHE_BLOCK else 0
+        cached = self.server.prompt_cache and (self.cached if cached is None else cached)
+        return reusable(self.work.shared_prefix, self.work.depth) if cached else 0
 
     def _iteration(self) -> None:
         if self.prefilling is None and self.waiting and len(self.batch) < self.server.width:

@@ -30,6 +30,9 @@ class EngineBase:
     def cache_peek(self, prompt_tokens: Sequence[int]) -> tuple[str, int]:
         return ("miss", 0)
 
+    def expected_warm(self, prompt_tokens: Sequence[int]) -> int:
+        return 0
+
     def reset_cache(self) -> bool:
         return False
 

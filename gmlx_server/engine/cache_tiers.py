@@ -8,12 +8,12 @@ it then also goes into RAM. Runs on the engine thread, as the RAM cache's mutati
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from gmlx_plan.pace import PrefillPace
+from gmlx_plan.pace import PrefillPace, reusable
 from gmlx_server.engine.disk_cache import DiskCache, DiskHit
-from gmlx_server.engine.prompt_cache import Entry, Hit, PromptCache
+from gmlx_server.engine.prompt_cache import Entry, Hit, PromptCache, common_prefix
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,14 @@ class CacheTiers:
         if found is not None:
             return "disk", found.tokens
         return (hit.tier, hit.tokens) if hit is not None else ("miss", 0)
+
+    def expected(self, prompt: Sequence[int], ahead: Iterable[Sequence[int]]) -> int:
+        """The warm tokens a queued prompt should restore when its prefill starts: what the RAM tier holds for it
+        now, or the prefix it shares with a prompt ahead of it (stored once that one's prefill ends), as gmlx
+        plan's simulator reuses a shared prefix. The disk tier is not read: stats() calls this on the event loop."""
+        hit = self.ram.peek(prompt)
+        shared = max((common_prefix(prompt, other) for other in ahead), default=0)
+        return max(hit.tokens if hit is not None else 0, reusable(shared, len(prompt)))
 
     def restored(self, hit: Hit, seconds: float) -> None:
         """A hit's restore finished; a disk hit's seconds are the disk tier's restore time."""

@@ -192,13 +192,31 @@ class MLXEngine(EngineBase):
         now = time.perf_counter()
         with self._lock:
             jobs = list(self._live.values())
-        rows = tuple(_row(j, now) for j in jobs if j.progress.state != "done")
+        rows = tuple(_row(j, now, self._expected_warm(j, jobs[:i])) for i, j in enumerate(jobs)
+                     if j.progress.state != "done")
         # Queued rows first, as the metrics snapshot lists them.
         rows = tuple(sorted(rows, key=lambda r: r.state != "queued"))
         # A queued request with a free slot holds it (it is next to prefill): in flight, not waiting for a slot.
         in_flight = min(len(rows), self._decode_batch)
         return EngineStats(self._decode_batch, in_flight, len(rows) - in_flight, rows, self.pace.step_s,
                            self.pace.join_s, self.pace.step_ctx, self.pace.step_s_per_ctx, self.pace.leave_s)
+
+    def expected_warm(self, prompt_tokens: Sequence[int]) -> int:
+        """The cache's RAM tier now, or a prefix shared with a live request (every one is ahead of a new one)."""
+        if self._prompt_cache is None:
+            return 0
+        with self._lock:
+            jobs = list(self._live.values())
+        return self._prompt_cache.expected(prompt_tokens, (j.request.prompt_tokens for j in jobs))
+
+    def _expected_warm(self, job: _Job, ahead: Sequence[_Job]) -> int:
+        """A queued job's warm tokens to come, worked out once (the jobs submitted before it are ahead of it)."""
+        if job.progress.state != "queued" or self._prompt_cache is None:
+            return 0
+        if job.expected_warm is None:
+            job.expected_warm = self._prompt_cache.expected(job.request.prompt_tokens,
+                                                            (a.request.prompt_tokens for a in ahead))
+        return job.expected_warm
 
     def cache_stats(self) -> PromptCacheStats:
         """The prompt cache's counters as the engine thread last published them."""
@@ -238,7 +256,7 @@ class MLXEngine(EngineBase):
             self._disk.close()  # the queued snapshots reach the disk before the engine is gone
 
 
-def _row(job: _Job, now: float) -> RequestRow:
+def _row(job: _Job, now: float, expected_warm: int) -> RequestRow:
     p, r = job.progress, job.request
     ttft = p.first_token - p.submitted if p.first_token else None
     rate = None
@@ -246,4 +264,4 @@ def _row(job: _Job, now: float) -> RequestRow:
         rate = (p.generated - 1) / max(now - p.first_token, 1e-9)
     return RequestRow(r.request_id, p.state, len(r.prompt_tokens), p.generated, r.max_tokens,
                       now - p.submitted, ttft, rate, p.cache_tier, p.warm_tokens, p.speculative, r.priority,
-                      p.prefilled)
+                      p.prefilled, expected_warm)

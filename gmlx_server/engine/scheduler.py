@@ -38,6 +38,7 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
     progress: Progress = field(default_factory=Progress)
     shed_reason: str | None = None  # set by another thread; the engine thread ends the request with "shed"
+    expected_warm: int | None = None  # while queued: the warm tokens its prefill should start from (stats())
 
 
 class Pace:

@@ -179,6 +179,7 @@ class RequestRow:
     speculative: SpeculativeStats | None = None  # its drafting so far; None without a drafter
     priority: int = 0
     prefilled: int = 0  # prompt tokens already in its cache (restored or computed): its prefill's progress
+    expected_warm: int = 0  # queued: the warm tokens it should restore once it starts (the drain replay's)
 
 
 @dataclass(frozen=True)
@@ -257,6 +258,10 @@ class Engine(Protocol):
 
     def cache_peek(self, prompt_tokens: Sequence[int]) -> tuple[str, int]:
         """The tier and warm tokens a request with this prompt would get now, without counting a hit."""
+
+    def expected_warm(self, prompt_tokens: Sequence[int]) -> int:
+        """The warm tokens a request with this prompt sent now should restore when its prefill starts: the cache's
+        now, or the prefix it shares with a live request (cached by then): the time estimates' warm split."""
 
     def reset_cache(self) -> bool:
         """Empty the prompt cache (between steps); False when there is none."""

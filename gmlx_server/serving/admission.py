@@ -41,8 +41,10 @@ def paces_of(stats: EngineStats | None, rates: ModelRates | None) -> Paces:
 
 
 def backlog_of(stats: EngineStats, rates: ModelRates | None,
-               also: Sequence[tuple[int, int, int]] = ()) -> Backlog:
-    """What runs and waits now, each row's output at most the recent mean length; `also` joins the queue."""
+               also: Sequence[tuple[int, int, int]] = (), priority: int = 0) -> Backlog:
+    """What runs and waits now, each row's output at most the recent mean length. The queue is in the engine's
+    order (by priority, lower sooner; then by arrival), and `also` joins it at `priority`: behind every row of
+    the same or a sooner priority, ahead of later ones."""
     expected = (rates.mean_generated if rates else None) or FALLBACK_OUTPUT_TOKENS
 
     def left(row: RequestRow) -> int:
@@ -50,10 +52,12 @@ def backlog_of(stats: EngineStats, rates: ModelRates | None,
 
     prefill = next((r for r in stats.rows if r.state == "prefill"), None)
     decoding = [r for r in stats.rows if r.state == "decode"]
+    queued = sorted((r for r in stats.rows if r.state == "queued"), key=lambda r: r.priority)
+    rows = [(r.priority, (r.prompt_tokens, r.expected_warm, left(r) - 1)) for r in queued]
     return Backlog([float(left(r)) for r in decoding],
                    (prefill.prompt_tokens, prefill.prefilled, left(prefill) - 1) if prefill else None,
-                   [*((r.prompt_tokens, r.warm_tokens, left(r) - 1) for r in stats.rows if r.state == "queued"),
-                    *also], [r.prompt_tokens + r.generated for r in decoding])
+                   [*(row for p, row in rows if p <= priority), *also, *(row for p, row in rows if p > priority)],
+                   [r.prompt_tokens + r.generated for r in decoding])
 
 
 def _server(stats: EngineStats) -> ServerSide:
@@ -65,11 +69,15 @@ def drain_eta_s(stats: EngineStats, rates: ModelRates | None) -> float:
     return replay(backlog_of(stats, rates), _server(stats), paces_of(stats, rates)).drain_s
 
 
-def replay_with(stats: EngineStats, rates: ModelRates | None, new: Sequence[tuple[int, int, int]]) -> Replay:
-    """The engine's schedule from now with `new` requests (prompt, warm, max_tokens) queued behind the rest."""
+def replay_with(stats: EngineStats, rates: ModelRates | None, new: Sequence[tuple[int, int, int]],
+                priority: int = 0) -> Replay:
+    """The engine's schedule from now with `new` requests (prompt, warm, max_tokens) queued at `priority`: the
+    drain, and the first token of each new request."""
     expected = (rates.mean_generated if rates else None) or FALLBACK_OUTPUT_TOKENS
     rows = [(p, min(w, p - 1), max(0, int(min(cap, expected)) - 1)) for p, w, cap in new]
-    return replay(backlog_of(stats, rates, rows), _server(stats), paces_of(stats, rates))
+    ahead = sum(r.state == "queued" and r.priority <= priority for r in stats.rows)
+    r = replay(backlog_of(stats, rates, rows, priority), _server(stats), paces_of(stats, rates))
+    return Replay(r.drain_s, r.first_token_s[ahead: ahead + len(rows)])
 
 
 def disk_extra_s(rates: ModelRates | None, warm: int) -> float:
@@ -83,10 +91,11 @@ def disk_extra_s(rates: ModelRates | None, warm: int) -> float:
 
 
 def ttft_s(stats: EngineStats, rates: ModelRates | None, prompt: int, warm: int, max_tokens: int,
-           disk: bool = False) -> float:
-    """When a request sent now gets its first token: the queue ahead of it, then its warm tokens restored (read
-    from the disk tier when `disk`) and its cold ones prefilled at their depth, between the running rows' steps."""
-    first = replay_with(stats, rates, [(prompt, warm, max_tokens)]).first_token_s[-1]
+           disk: bool = False, priority: int = 0) -> float:
+    """When a request sent now gets its first token: the queue ahead of it (at its priority), then its warm tokens
+    restored (read from the disk tier when `disk`) and its cold ones prefilled at their depth, between the
+    running rows' steps."""
+    (first,) = replay_with(stats, rates, [(prompt, warm, max_tokens)], priority).first_token_s
     return first + (disk_extra_s(rates, min(warm, prompt - 1)) if disk else 0.0)
 
 
@@ -98,9 +107,9 @@ class Admission:
         return drain_eta_s(stats, self.telemetry.models.get(model_id))
 
     def ttft_s(self, model_id: str, stats: EngineStats, prompt: int, warm: int, max_tokens: int | None,
-               disk: bool = False) -> float:
+               disk: bool = False, priority: int = 0) -> float:
         return ttft_s(stats, self.telemetry.models.get(model_id), prompt, warm, max_tokens or FALLBACK_OUTPUT_TOKENS,
-                      disk)
+                      disk, priority)
 
     def wave(self, model_id: str, stats: EngineStats, width: int, depth: int) -> Replay:
         """`width` cold requests of `depth` prompt tokens sent now, behind what runs and waits."""

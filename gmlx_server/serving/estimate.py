@@ -28,7 +28,7 @@ from gmlx_server.generation_params import GenerationParams
 from gmlx_server.serving.addressing import Settings, resolve_address, resolve_settings
 from gmlx_server.serving.admission import disk_extra_s, paces_of
 from gmlx_server.serving.cache_stats import disk_peek
-from gmlx_server.serving.generation import check_message_count, fit_tools, render_chat, tool_plan
+from gmlx_server.serving.generation import check_message_count, fit_tools, render_chat, request_priority, tool_plan
 from gmlx_server.serving.hf_policy import local_entry
 from gmlx_server.serving.image_fetch import ImagePolicy
 from gmlx_server.serving.model_host import ModelHost
@@ -159,6 +159,8 @@ class Estimator:
         # Off the loop: with the disk tier on, a peek lists its directory and reads new files' headers.
         tier, warm = (await asyncio.to_thread(_warm, engine, ids) if engine is not None
                       else await self._disk_warm(model_id, ids))
+        # What est_ttft_s times: a prefix shared with a live request is cached by the time this one starts.
+        timed = max(warm, await asyncio.to_thread(engine.expected_warm, ids)) if engine is not None else warm
         need = host.capacity.need(model_id, prompt, cap, warm)
         drained = host.capacity.drained_bytes(model_id)
         free = host.governor.read().available_bytes
@@ -168,7 +170,9 @@ class Estimator:
             "fits_now": need <= free if need is not None and free is not None else None,
             "fits_drained": need <= drained if need is not None and drained is not None else None,
             "context_ok": prompt + (cap or 0) <= tools.context_length, "context_limit": tools.context_length,
-            "est_ttft_s": self._ttft(model_id, engine, prompt, warm, cap, tier), "resident": engine is not None,
+            "est_ttft_s": self._ttft(model_id, engine, (prompt, timed, cap), tier == "disk" and timed == warm,
+                                     request_priority(inp, r.settings)),
+            "resident": engine is not None,
         }
 
     async def _disk_warm(self, model_id: str, ids: list[int]) -> tuple[str, int]:
@@ -177,19 +181,20 @@ class Estimator:
         warm = await asyncio.to_thread(disk_peek, self.host.config, entry, ids) if entry is not None else 0
         return ("disk", warm) if warm else ("miss", 0)
 
-    def _ttft(self, model_id: str, engine: Engine | None, prompt: int, warm: int, cap: int | None,
-              tier: str) -> float | None:
-        """The queue ahead, the warm tokens at the restore pace (the disk tier's for a disk hit), the cold ones at
-        the prefill pace of their depth; None before any prefill was measured. A model that is not resident has
-        no queue and only its disk tier: the prompt is all cold until a disk read was timed."""
+    def _ttft(self, model_id: str, engine: Engine | None, request: tuple[int, int, int | None], disk: bool,
+              priority: int) -> float | None:
+        """The queue ahead at the request's priority, its (prompt, warm, cap): the warm tokens at the restore pace
+        (the disk tier's for a disk hit), the cold ones at the prefill pace of their depth; None before any
+        prefill was measured. A model that is not resident has no queue and only its disk tier: the prompt is
+        all cold until a disk read was timed."""
+        prompt, warm, cap = request
         rates = self.host.telemetry.models.get(model_id)
         if rates is None or rates.prefill_pace is None:
             return None
-        disk = tier == "disk"
         if engine is None:
             warm = warm if disk and rates.disk_restore_tok_s_recent else 0
             return round(paces_of(None, rates).prompt_s(prompt, warm) + disk_extra_s(rates, warm), 3)
-        return round(self.host.admission.ttft_s(model_id, engine.stats(), prompt, warm, cap, disk), 3)
+        return round(self.host.admission.ttft_s(model_id, engine.stats(), prompt, warm, cap, disk, priority), 3)
 
     def plan(self, width: int, depth: int) -> dict[str, Any]:
         """ok from the capacity table; admit_now from the live state; reason = the first failing condition."""

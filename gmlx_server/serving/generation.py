@@ -292,8 +292,13 @@ def build_request(prompt: Prompt, inp: GenerationParams, request_id: str, cap: O
         stop=add_stops(add_stops(inp.stop, tool_stops), settings.stop),
         logprobs=inp.logprobs, top_logprobs=min(inp.top_logprobs, top_logprobs_k),
         thinking=thinking, starts_in_thinking=opened, grammar=prompt.grammar or tool_grammar, vision=prompt.vision,
-        priority=inp.priority if inp.priority is not None else settings.priority or 0,
+        priority=request_priority(inp, settings),
     )
+
+
+def request_priority(inp: GenerationParams, settings: Settings) -> int:
+    """The engine queue's order (lower goes sooner): the request's own priority, else its profile's."""
+    return inp.priority if inp.priority is not None else settings.priority or 0
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """The prefill pace counts computed tokens only, on a real `gmlx serve` (SmolLM2): a prompt-cache hit leaves it
 where the cold prefill put it and shows up as a restore pace of its own, and est_ttft_s for a fresh cold prompt
 right after the hit is the cold prompt at the cold pace (before, the hit's reused tokens read as 7,000 tok/s of
-prefill and the estimate came out 9x optimistic). Structure is asserted; the one timing check is a loose ratio."""
+prefill and the estimate came out 9x optimistic). Structure is asserted; the one timing check is a ratio loose
+enough for a loaded machine."""
 
 from __future__ import annotations
 
@@ -59,4 +60,5 @@ def test_a_cache_hit_leaves_the_prefill_pace_and_the_cold_estimate_alone(tmp_pat
     assert est["est_ttft_s"] == pytest.approx(pace.seconds(0, est["prompt_tokens"]), abs=0.002)
     print(f"cold TTFT right after a hit: real {real:.3f} s, est_ttft_s {est['est_ttft_s']:.3f} s, "
           f"real/est {real / est['est_ttft_s']:.2f}x")  # issue 35's target: within 25% (-s shows it)
-    assert 0.5 <= real / est["est_ttft_s"] <= 2.0, (real, est)
+    # Generous: the 9x-optimistic estimate stays out, a load swing between the estimate and the request stays in.
+    assert 0.25 <= real / est["est_ttft_s"] <= 4.0, (real, est)

@@ -163,3 +163,28 @@ def test_a_closed_engine_with_a_prompt_cache_is_freed_by_reference_counting() ->
         assert alive() is None
     finally:
         gc.enable()
+
+
+def test_queued_rows_expect_the_warm_tokens_they_then_restore() -> None:
+    """The drain replay's warm split: a row queued behind a prompt it shares a prefix with expects that prefix,
+    and restores it once it starts (before, a queued row counted as cold whatever it shared)."""
+    shared = list(range(1000, 1200))
+    prompts = [[*shared, *range(2000 + 30 * i, 2020 + 30 * i)] for i in range(3)]
+    engine = MLXEngine(lambda: load_gguf_model(smollm2_path()), decode_batch=1, prompt_cache_bytes=256 << 20)
+
+    async def go() -> tuple[dict[str, int], list[int]]:
+        handles = [engine.submit(GenerationRequest(f"r{i}", p, 4, GREEDY)) for i, p in enumerate(prompts)]
+        expected = {r.request_id: r.expected_warm for r in engine.stats().rows if r.state == "queued"}
+        cached = []
+        for h in handles:
+            last = [ev async for ev in h][-1]
+            assert last.timings is not None and last.error is None
+            cached.append(last.timings.cached_tokens)
+        return expected, cached
+
+    try:
+        expected, cached = asyncio.run(go())
+    finally:
+        engine.close()
+    assert expected["r1"] == expected["r2"] == 200 and expected.get("r0", 0) == 0  # width 1: r1 and r2 wait
+    assert cached == [0, 200, 200]

@@ -113,3 +113,15 @@ def test_a_row_leaving_costs_the_step_after_it() -> None:
     a = replay(Backlog((2, 5)), ServerSide(2, 4), plain)
     b = replay(Backlog((2, 5)), ServerSide(2, 4), leaves)
     assert b.drain_s == pytest.approx(a.drain_s + 0.03)
+
+
+def test_a_queued_prompt_behind_its_shared_prefix_is_replayed_warm() -> None:
+    from gmlx_plan.pace import Paces, PrefillPace
+
+    paces = Paces(PrefillPace(0.1), {1: 0.1}, restore_tok_s=1e6)
+    # Four 300-token prompts at once, one slot, one queue place: the third is refused while the first two wait.
+    # The second starts behind the first, so it restores the 290 shared tokens and prefills 10 (1 s, not 30).
+    warm = simulate(Workload(1, 4, 300, 2, shared_prefix=290), ServerSide(1, 1), paces)
+    cold = simulate(Workload(1, 4, 300, 2), ServerSide(1, 1), paces)
+    assert warm.outcomes[2].retry_afters[0] == retry_after_s(30 + 1 + 2 * 0.1 + 1e-3)
+    assert cold.outcomes[2].retry_afters[0] == 60  # two cold prompts: 60 s and more

@@ -162,3 +162,18 @@ def test_plan_estimates_the_wave_once_a_prefill_was_measured(s: Served) -> None:
     # A hostile width and depth: the plan cannot run, so no replay of a billion prompts (it once ran unbounded).
     huge = s.client.get("/v1/capacity/plan", params={"width": 10**9, "depth": 10**12}).json()
     assert huge["ok"] is False and huge["est_ttft_s"] is None and huge["est_drain_s"] is None
+
+
+def test_the_estimate_times_a_prefix_shared_with_a_live_request_as_warm(s: Served) -> None:
+    s.factory.behavior.prefill_s = 0.01
+    s.chat()  # resident, and a prefill measured
+    body = {"model": "m1", **QUESTION, "max_tokens": 50}
+    alone = s.client.post("/v1/estimate", json=body).json()
+    engine = s.factory.engines["m1"]
+    engine.expected_warm = lambda ids: len(ids) - 1  # type: ignore[method-assign]  # the same prompt runs now
+    behind = s.client.post("/v1/estimate", json=body).json()
+    pace = _host(s).telemetry.models["m1"].prefill_pace
+    assert pace is not None and alone["est_ttft_s"] == pytest.approx(pace.seconds(0, alone["prompt_tokens"]), abs=2e-3)
+    n = behind["prompt_tokens"]
+    assert behind["est_ttft_s"] == pytest.approx(pace.seconds(n - 1, n), abs=2e-3)  # restores are free: unmeasured
+    assert behind["warm_tokens"] == alone["warm_tokens"] == 0  # the cache now holds nothing: the routing signal

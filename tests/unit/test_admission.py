@@ -269,6 +269,22 @@ def test_est_ttft_is_the_queue_then_warm_at_the_restore_pace_then_cold_at_the_pr
     assert ttft_s(busy, rates, 600, 0, 16) == pytest.approx(6.0 + 0.5)
 
 
+def test_a_queued_row_is_replayed_with_the_warm_tokens_it_expects() -> None:
+    rates = _rates(100.0, restore_tok_s=1000.0)
+    queued = (RequestRow("q", "queued", 300, 0, 2, 0.5, None, None, expected_warm=200),)
+    # 200 tokens restored (0.2 s), 100 prefilled (1 s), then its one decode token (0.5 s); cold it took 3.5 s.
+    assert drain_eta_s(EngineStats(1, 1, 0, queued, {1: 0.5}), rates) == pytest.approx(0.2 + 1.0 + 0.5)
+
+
+def test_est_ttft_queues_the_request_at_its_priority() -> None:
+    rates = _rates(100.0)
+    batch = tuple(RequestRow(f"b{i}", "queued", 300, 0, 2, 0.5, None, None, priority=5) for i in range(2))
+    stats = EngineStats(1, 1, 1, batch, {1: 0.5})
+    # Two batch-priority rows wait (3 s of prefill and a 0.5 s step each); a sooner request goes ahead of both.
+    assert ttft_s(stats, rates, 100, 0, 2, priority=0) == pytest.approx(1.0)
+    assert ttft_s(stats, rates, 100, 0, 2, priority=5) == pytest.approx(2 * (3.0 + 0.5) + 1.0)
+
+
 def test_a_prefilling_row_is_replayed_from_where_it_is() -> None:
     row = RequestRow("a", "prefill", 400, 0, 2, 1.0, None, None, prefilled=300)
     stats = EngineStats(1, 1, 0, (row,), {1: 0.5})

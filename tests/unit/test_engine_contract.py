@@ -18,7 +18,7 @@ def test_the_fake_engine_is_complete_and_shares_the_honest_defaults() -> None:
     engine = FakeEngine(fake_info("m"))
     check_engine(engine)
     assert engine.cache_stats() == PromptCacheStats() and not engine.cache_stats().enabled
-    assert engine.cache_peek([1, 2, 3]) == ("miss", 0)
+    assert engine.cache_peek([1, 2, 3]) == ("miss", 0) and engine.expected_warm([1, 2, 3]) == 0
     assert engine.reset_cache() is False and engine.shed("r", "why") is False and engine.memory is None
 
 

@@ -116,3 +116,16 @@ def test_bytes_never_exceed_the_bound(seq: list[tuple[bool, list[int], int, bool
         assert all(owners and set(owners) <= set(pc._entries) for owners in pc._blocks.values())
     s = pc.stats()
     assert s["stores"] - s["evictions"] == s["entries"]
+
+
+def test_a_queued_prompt_expects_what_ram_holds_or_a_prefix_shared_ahead() -> None:
+    from gmlx_server.engine.cache_tiers import CacheTiers
+
+    tiers = CacheTiers(PromptCache(10_000, block=4))
+    prompt = list(range(200))
+    assert tiers.expected(prompt, []) == 0
+    assert tiers.expected(prompt, [[*range(150), 7, 7]]) == 150  # stored once that prompt's prefill ends
+    assert tiers.expected(prompt, [list(range(30))]) == 0  # under one 64-token cache block: nothing reused
+    assert tiers.expected(prompt, [prompt]) == 199  # the same prompt ahead: one token is always prefilled
+    tiers.store(_entry(list(range(180))))
+    assert tiers.expected(prompt, [[*range(150), 7]]) == 180  # RAM holds more than the one ahead shares
