@@ -81,9 +81,10 @@ def test_self_drafting_greedy_equals_plain(plain: MLXEngine, self_draft: MLXEngi
     for a, b in zip(got, want, strict=True):  # the target's own logprobs, whichever path made the token
         assert (a.logprob is None) == (b.logprob is None)
         if a.logprob is not None and b.logprob is not None:
-            # 2e-3: a k + 1-row pass's projections may differ from one row's in the last bit, and a float16
-            # KV cache (kv_dtype auto) can round such a key a float16 step (1/2048) apart (measured 1.05e-3)
-            assert abs(a.logprob - b.logprob) < 2e-3
+            # 1e-2: a k + 1-row pass's projections may differ from one row's (the kernels pick int16 or fp32
+            # activations by row count), and a float16 KV cache (kv_dtype auto) can round such a key a float16
+            # step (1/2048) apart: measured 1.05e-3 on AVX-512, 3.4e-3 on AVX2 (an AMD Zen 3)
+            assert abs(a.logprob - b.logprob) < 1e-2
     spec = got[-1].timings.speculative if got[-1].timings else None
     assert spec is not None
     if max_tokens > 1:
