@@ -74,6 +74,15 @@ def gmlx_serve(args: Sequence[str], log_dir: Path, env: dict[str, str] | None = 
         _stop(proc)
 
 
+@contextmanager
+def serve_config(log_dir: Path, yaml_text: str, env: dict[str, str] | None = None) -> Iterator[LiveServer]:
+    """`gmlx serve --config` of this YAML (written into log_dir as gmlx.yaml), as gmlx_serve runs it."""
+    config = log_dir / "gmlx.yaml"
+    config.write_text(yaml_text)
+    with gmlx_serve(["--config", str(config)], log_dir, env=env) as s:
+        yield s
+
+
 def _wait_healthy(server: LiveServer, timeout_s: float, verify: ssl.SSLContext | bool = True) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from tests.conftest import gemma_path, smollm2_path
-from tests.e2e.server import ROOT, LiveServer, gmlx_serve
+from tests.e2e.server import ROOT, LiveServer, serve_config
 
 pytestmark = pytest.mark.slow
 START_OF_TURN = 105  # Gemma's <start_of_turn>; the bias makes it the model's first choice
@@ -26,12 +26,10 @@ CAP = 12
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    tmp = tmp_path_factory.mktemp("base")
-    cfg = tmp / "gmlx.yaml"
-    cfg.write_text(f"models:\n  gemma:\n    path: {gemma_path()}\n    default_max_tokens: {CAP}\n"
-                   f"  smollm2:\n    path: {smollm2_path()}\n    tool_prompt_budget: 0.25\n"
-                   'profiles:\n  oneline: {stop: ["\\n"]}\naliases:\n  gemma-oneline: gemma@oneline\n')
-    with gmlx_serve(["--config", str(cfg)], tmp) as s:
+    with serve_config(tmp_path_factory.mktemp("base"),
+                      f"models:\n  gemma:\n    path: {gemma_path()}\n    default_max_tokens: {CAP}\n"
+                      f"  smollm2:\n    path: {smollm2_path()}\n    tool_prompt_budget: 0.25\n"
+                      'profiles:\n  oneline: {stop: ["\\n"]}\naliases:\n  gemma-oneline: gemma@oneline\n') as s:
         yield s
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from gmlx_server.config.settings import DEFAULT_MAX_TOKENS
 from tests.conftest import smollm2_path
-from tests.e2e.server import LiveServer, gmlx_serve
+from tests.e2e.server import LiveServer, serve_config
 
 pytestmark = pytest.mark.slow
 SERVER_CAP, MODEL_CAP = 40, 24
@@ -23,12 +23,10 @@ COUNT = "Count from one to five hundred in words, separated by commas. Do not st
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    tmp = tmp_path_factory.mktemp("defcap")
-    config = tmp / "gmlx.yaml"
-    config.write_text(f"server:\n  default_max_tokens: {SERVER_CAP}\n"
+    with serve_config(tmp_path_factory.mktemp("defcap"),
+                      f"server:\n  default_max_tokens: {SERVER_CAP}\n"
                       f"models:\n  smollm2:\n    path: {smollm2_path()}\n"
-                      f"  smollm2-short:\n    path: {smollm2_path()}\n    default_max_tokens: {MODEL_CAP}\n")
-    with gmlx_serve(["--config", str(config)], tmp) as s:
+                      f"  smollm2-short:\n    path: {smollm2_path()}\n    default_max_tokens: {MODEL_CAP}\n") as s:
         yield s
 
 
