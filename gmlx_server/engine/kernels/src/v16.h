@@ -2,11 +2,10 @@
 // max and sum, fp16 widening and 16 x 16 transpose. One zmm on AVX-512. Below it on x86, two 8-lane halves:
 // GCC kept a 64-byte vector extension in memory there (a loop's accumulator went through the stack and a
 // scalar splat took 16 stores), which made AVX2's attention 10x slower than its scalar loop. Elsewhere (NEON)
-// the 64-byte vector extension. Lane order, and so every result, is the same in both forms.
+// the 64-byte vector extension. Both forms run the same operations lane by lane, in the same order.
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 #include <initializer_list>
 #include <utility>
 
