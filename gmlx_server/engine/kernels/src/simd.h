@@ -78,6 +78,20 @@ inline float f16_at(const uint8_t* p) {
   return h2f(h);
 }
 
+// the fp16 pair at p, p + 2 (a block's scale and min) in one conversion
+inline void f16_pair(const uint8_t* p, float& a, float& b) {
+#if defined(GK_F16C)
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(v)));
+  a = _mm_cvtss_f32(f);
+  b = _mm_cvtss_f32(_mm_movehdup_ps(f));
+#else
+  a = f16_at(p);
+  b = f16_at(p + 2);
+#endif
+}
+
 // A spin-wait hint for the thread pool's hand-offs.
 inline void cpu_relax() {
 #if defined(GK_X86)
