@@ -18,6 +18,9 @@ HALF = mx.float16
 
 
 def _half(keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+    """Cast to float16; keys and values that already are (the kernels' heads primitive writes them so) pass."""
+    if keys.dtype == HALF and values.dtype == HALF:
+        return keys, values
     return keys.astype(HALF), values.astype(HALF)
 
 
@@ -54,6 +57,11 @@ def _stay_half(c: Any) -> None:
     """mlx-vlm pads a row without keys with an fp32 empty array, which would promote the joined buffers."""
     if c.keys is not None and c.keys.dtype != HALF:
         c.keys, c.values = _half(c.keys, c.values)
+
+
+def stores_half(c: Any) -> bool:
+    """The cache stores float16 keys and values (one of this module's caches)."""
+    return isinstance(c, _Half)
 
 
 def as_half(c: Any) -> Any:

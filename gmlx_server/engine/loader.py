@@ -20,6 +20,7 @@ from gmlx_server.engine.chat_template import JinjaChatTemplate
 from gmlx_server.engine.gguf_tensors import LoadReport, load_gguf_tensors
 from gmlx_server.engine.kernels import probe
 from gmlx_server.engine.kernels.fast_ops import Primitives, use_kernel_modules
+from gmlx_server.engine.kernels.heads import use_heads_attention
 from gmlx_server.engine.kernels.modules import fuse_projections
 from gmlx_server.engine.kv_quant import CacheFactory
 from gmlx_server.engine.layout import choose_layout
@@ -69,6 +70,8 @@ def load_gguf_model(path: str | Path, model_id: str | None = None, layout: Layou
     kernels = _kernel_primitives(model, not on_gpu and native_kernels)
     # Metal keeps mx.fast's fused kernel; on the CPU ours is ~1.3-1.7x faster (bench/attention.py)
     use_gmlx_attention(model, cpu=not on_gpu, prims=kernels or Primitives(None))
+    if kernels is not None and chosen == "native":
+        use_heads_attention(model, kernels)  # each layer's q/k/v heads in one primitive
     mx.clear_cache()  # the buffers of replaced arrays (fused parts, transposed originals) stay cached otherwise
     tokenizer = GGUFTokenizer.from_metadata(header.metadata)
     template = JinjaChatTemplate.from_metadata(header.metadata, spec.family, chat_template)

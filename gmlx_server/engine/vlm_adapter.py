@@ -127,6 +127,23 @@ def rope_args(rope: Any) -> dict[str, Any] | None:
     return args | {"mscale": float(rope.mscale)} if kind is rope_utils.YarnRoPE else args
 
 
+# The families whose Attention forward is the plain one gmlx's HeadsAttention computes (engine/kernels/heads.py):
+# q/k/v projections split into heads, q/k norms where the layer has them, RoPE at the cache's offset, the cache's
+# update_and_fetch, the family's attention (Gemma 3 trims a sliding layer's mask to its keys), and o_proj.
+PLAIN_ATTENTION = ("llama", "qwen2", "qwen3", "gemma3")
+
+
+def plain_attention(module: Any) -> bool:
+    """The module is one of PLAIN_ATTENTION's Attention classes, or gmlx's with_attention subclass of one."""
+    own = {_models(f"{f}.language").Attention for f in PLAIN_ATTENTION}
+    return type(module) in own or (type(module).__module__ == __name__ and type(module).__bases__[0] in own)
+
+
+def attention_heads(module: Any) -> tuple[int, int]:
+    """A plain_attention module's query and KV head counts."""
+    return int(module.n_heads), int(module.n_kv_heads)
+
+
 def calls_attention(cls: type) -> bool:
     """The class's own forward calls its language module's scaled_dot_product_attention (each family's
     Attention): the functions with_attention can rebuild."""

@@ -90,6 +90,12 @@ def test_gated_reads_a_fused_projections_column_slices(ext: ModuleType) -> None:
     gate, up = y[..., :72], y[..., 72:]
     want = _act_ref(np.array(gate).astype(np.float64), 0) * np.array(up)
     np.testing.assert_allclose(np.array(ext.gated(gate, up, 0)), want, rtol=2e-6, atol=1e-6)
+    for kind in (0, 1):  # halves: the fused output itself, no slices; the same values as the two views
+        assert mx.array_equal(ext.gated(y, None, kind, halves=True), ext.gated(gate, up, kind))
+        np.testing.assert_allclose(np.array(Primitives(ext).gated_halves(y, kind)),  # and MLX's ops without it
+                                   np.array(Primitives(None).gated_halves(y, kind)), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="halves"):
+        ext.gated(y[..., :71], None, 0, halves=True)
     t = mx.random.normal((40, 3, 16)).transpose(1, 0, 2)  # no uniform row stride: a row-major copy
     np.testing.assert_allclose(np.array(ext.gated(t, None, 1)), _act_ref(np.array(t).astype(np.float64), 1),
                                rtol=2e-6, atol=1e-6)

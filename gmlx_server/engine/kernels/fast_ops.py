@@ -18,6 +18,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from gmlx_server.engine import vlm_adapter
+from gmlx_server.engine.kernels.modules import FusedPart
 from gmlx_server.engine.mlx_adapter import replace_module
 
 SILU, GELU_TANH = 0, 1  # the extension's gated activations: swiglu's silu(gate) * up, gelu_approx(gate) * up
@@ -64,6 +65,16 @@ class Primitives:
         return nn.gelu_approx(gate) * up
 
 
+    def gated_halves(self, y: mx.array, kind: int) -> mx.array:
+        """act(gate) * up where each row of `y` holds its gate and then its up (a fused gate/up projection)."""
+        ext = self.covering(y)
+        if ext is not None:
+            out: mx.array = ext.gated(y, None, kind, halves=True)
+            return out
+        half = y.shape[-1] // 2
+        return self.gated(y[..., :half], y[..., half:], kind)
+
+
 @dataclass(frozen=True)
 class RopeArgs:
     """mx.fast.rope's arguments as a RoPE module passes them; mscale pre-scales the rotated part (YaRN)."""
@@ -104,6 +115,16 @@ class RoPE(nn.Module):
         super().__init__()
         self._args, self._prims = args, prims
 
+    @property
+    def args(self) -> RopeArgs:
+        return self._args
+
+    def plain(self) -> bool:
+        """mx.fast.rope's own arguments with no pre-scale (YaRN's): what the fused heads primitive rotates by."""
+        a = self._args
+        freqs_ok = a.freqs is None or a.freqs.shape == (a.dims // 2,)
+        return a.mscale == 1.0 and a.dims > 0 and a.dims % 2 == 0 and (a.base is None) != (a.freqs is None) and freqs_ok
+
     def __call__(self, x: mx.array, offset: Any = 0) -> mx.array:
         a = self._args
         if a.mscale != 1.0:  # as mlx-vlm's YarnRoPE: scale a copy's rotated part
@@ -122,8 +143,12 @@ class GatedMLP(nn.Module):
         self._kind, self._prims = kind, prims
 
     def __call__(self, x: mx.array) -> mx.array:
-        gate = self.gate_proj(x)
-        return self.down_proj(self._prims.gated(gate, self.up_proj(x), self._kind))
+        gate, up = self.gate_proj, self.up_proj
+        if isinstance(gate, FusedPart) and isinstance(up, FusedPart) and gate.halves_with(up):
+            y, _ = up.source(x)  # one fused output, gate then up in each row: no slices
+            return self.down_proj(self._prims.gated_halves(y, self._kind))
+        g = gate(x)
+        return self.down_proj(self._prims.gated(g, up(x), self._kind))
 
 
 def _kernel_module(m: nn.Module, prims: Primitives) -> nn.Module | None:

@@ -95,11 +95,22 @@ class FusedPart(nn.Module):
         self._last = index == fused.parts - 1
 
     def __call__(self, x: mx.array) -> mx.array:
+        y, start = self.source(x)
+        return y[..., start: self._end]
+
+    def halves_with(self, other: FusedPart) -> bool:
+        """This part and `other` are the two equal halves of one fused projection, in that order (gate, up)."""
         fused = self._fused()
-        y = fused.output(x)[..., self._start: self._end]
+        return (fused is other._fused() and fused.parts == 2 and self._start == 0 and other._last
+                and self._end == other._start and other._end - other._start == self._end)
+
+    def source(self, x: mx.array) -> tuple[mx.array, int]:
+        """The fused output and the column this part starts at, for a consumer that reads its columns in place."""
+        fused = self._fused()
+        y = fused.output(x)
         if self._last:
             fused.forget()  # the layer has taken every part: do not hold its activations
-        return y
+        return y, self._start
 
 
 GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))

@@ -50,11 +50,28 @@ NB_MODULE(_gguf_kernels, m) {
         "mx.fast.rms_norm as one CPU primitive (float32)");
   m.def("rope", &gk::rope, "a"_a, "dims"_a, nb::kw_only(), "traditional"_a, "base"_a.none(), "scale"_a, "offset"_a,
         "freqs"_a = nb::none(), "stream"_a = nb::none(), "mx.fast.rope as one CPU primitive (float32)");
+  m.def(
+      "heads",
+      [](const std::vector<gk::mx::array>& src, const std::vector<int>& cols, int heads, int kv_heads, int head_dim,
+         int dims, bool traditional, std::optional<float> base, float scale,
+         const std::variant<int, gk::mx::array>& offset, const std::optional<gk::mx::array>& freqs,
+         const std::optional<gk::mx::array>& q_norm, const std::optional<gk::mx::array>& k_norm, float eps,
+         bool half_kv, gk::mx::StreamOrDevice s) {
+        return gk::heads(src, cols, {heads, kv_heads, head_dim, eps, dims, traditional, scale}, q_norm, k_norm, base,
+                         offset, freqs, half_kv, s);
+      },
+      "src"_a, "cols"_a, "heads"_a, "kv_heads"_a, "head_dim"_a, nb::kw_only(), "dims"_a, "traditional"_a,
+      "base"_a.none(), "scale"_a, "offset"_a, "freqs"_a = nb::none(), "q_norm"_a = nb::none(),
+      "k_norm"_a = nb::none(), "eps"_a = 0.0f, "half_kv"_a = false, "stream"_a = nb::none(),
+      "an attention layer's (q, k, v) heads from its projections' outputs: split, q/k norms, RoPE and the KV "
+      "cast as one CPU primitive");
   m.def("sdpa", &gk::sdpa, "q"_a, "k"_a, "v"_a, "scale"_a, "mask"_a.none(), "causal"_a, nb::kw_only(),
         "stream"_a = nb::none(),
         "attention as one CPU primitive (float32 queries; float32 or float16 keys and values)");
-  m.def("gated", &gk::gated, "gate"_a, "up"_a.none(), "kind"_a, nb::kw_only(), "stream"_a = nb::none(),
-        "silu(gate) * up (kind 0) or gelu_tanh(gate) * up (kind 1), up optional, as one CPU primitive (float32)");
+  m.def("gated", &gk::gated, "gate"_a, "up"_a.none(), "kind"_a, nb::kw_only(), "halves"_a = false,
+        "stream"_a = nb::none(),
+        "silu(gate) * up (kind 0) or gelu_tanh(gate) * up (kind 1), up optional (halves: gate's two halves are "
+        "gate and up), as one CPU primitive (float32)");
   m.def("split_key", &gk::split_key, "k0"_a, "k1"_a, "mx.random.split of the key (k0, k1): (next k0, k1, sub k0, k1)");
   m.def("categorical_at", &categorical_at, "k0"_a, "k1"_a, "n"_a, "idx"_a, "vals"_a,
         "mx.random.categorical(x, key=(k0, k1)) for x (1, n) -inf but vals at idx: the same token, from those alone");

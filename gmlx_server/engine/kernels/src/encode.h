@@ -19,4 +19,16 @@ inline mlx::core::cpu::CommandEncoder& begin_eval(mlx::core::Stream stream, cons
   return enc;
 }
 
+// The same for a primitive with several outputs.
+inline mlx::core::cpu::CommandEncoder& begin_eval(mlx::core::Stream stream, const std::vector<mlx::core::array>& inputs,
+                                                  std::vector<mlx::core::array>& outputs) {
+  auto& enc = mlx::core::cpu::get_command_encoder(stream);
+  for (const auto& a : inputs) enc.set_input_array(a);
+  for (auto& out : outputs) {
+    out.set_data(mlx::core::allocator::malloc(out.nbytes()));
+    enc.set_output_array(out);
+  }
+  return enc;
+}
+
 }  // namespace gk

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "encode.h"
+#include "rows.h"
 #include "strided.h"
 
 namespace gk {
@@ -16,6 +17,24 @@ void require_f32(const mx::array& x, const char* op) {
 }
 
 }  // namespace
+
+mx::array rope_offsets(const std::variant<int, mx::array>& offset, int batch, mx::Stream stream) {
+  mx::array off = std::holds_alternative<int>(offset) ? mx::array(std::get<int>(offset), mx::int32)
+                                                      : std::get<mx::array>(offset);
+  if (off.size() != 1 && !(off.ndim() == 1 && off.shape(0) == batch))
+    throw std::invalid_argument("rope: offset must be a scalar or one per batch row");
+  return off.dtype() == mx::int32 ? off : mx::astype(off, mx::int32, stream);
+}
+
+mx::array rope_periods(int dims, std::optional<float> base, const std::optional<mx::array>& freqs, mx::Stream stream) {
+  if (freqs) {
+    if (freqs->ndim() != 1 || freqs->shape(0) != dims / 2) throw std::invalid_argument("rope: freqs must be (dims/2,)");
+    return freqs->dtype() == mx::float32 ? *freqs : mx::astype(*freqs, mx::float32, stream);
+  }
+  std::vector<float> p(dims / 2);
+  for (int i = 0; i < dims / 2; ++i) p[i] = static_cast<float>(std::pow(double(*base), 2.0 * i / dims));
+  return mx::array(p.begin(), {dims / 2}, mx::float32);
+}
 
 mx::array rms_norm(const mx::array& x, const std::optional<mx::array>& w, float eps, mx::StreamOrDevice s) {
   require_f32(x, "rms_norm");
@@ -42,18 +61,7 @@ void RMSNorm::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::arr
     const float* xs = row_major(x, xbuf);
     const float* ws = weighted ? row_major(w, wbuf) : nullptr;
     float* ys = out.data<float>();
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* xr = xs + r * d;
-      float* yr = ys + r * d;
-      double ss = 0.0;
-      for (int64_t i = 0; i < d; ++i) ss += static_cast<double>(xr[i]) * xr[i];
-      const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(d) + eps));
-      if (weighted) {
-        for (int64_t i = 0; i < d; ++i) yr[i] = xr[i] * inv * ws[i];
-      } else {
-        for (int64_t i = 0; i < d; ++i) yr[i] = xr[i] * inv;
-      }
-    }
+    for (int64_t r = 0; r < rows; ++r) norm_row(xs + r * d, ws, eps, d, ys + r * d);
   });
 }
 
@@ -65,20 +73,8 @@ mx::array rope(const mx::array& x, int dims, bool traditional, std::optional<flo
   if (dims <= 0 || dims % 2 || dims > x.shape(-1)) throw std::invalid_argument("rope: dims must be even, <= D");
   if (base.has_value() == freqs.has_value()) throw std::invalid_argument("rope: give exactly one of base, freqs");
   const auto stream = mx::to_stream(s);
-  mx::array off = std::holds_alternative<int>(offset) ? mx::array(std::get<int>(offset), mx::int32)
-                                                      : std::get<mx::array>(offset);
-  if (off.size() != 1 && !(off.ndim() == 1 && off.shape(0) == x.shape(0)))
-    throw std::invalid_argument("rope: offset must be a scalar or one per batch row");
-  if (off.dtype() != mx::int32) off = mx::astype(off, mx::int32, stream);
-  mx::array periods = mx::array(0.0f);
-  if (freqs) {
-    if (freqs->ndim() != 1 || freqs->shape(0) != dims / 2) throw std::invalid_argument("rope: freqs must be (dims/2,)");
-    periods = freqs->dtype() == mx::float32 ? *freqs : mx::astype(*freqs, mx::float32, stream);
-  } else {
-    std::vector<float> p(dims / 2);
-    for (int i = 0; i < dims / 2; ++i) p[i] = static_cast<float>(std::pow(double(*base), 2.0 * i / dims));
-    periods = mx::array(p.begin(), {dims / 2}, mx::float32);
-  }
+  const mx::array off = rope_offsets(offset, x.shape(0), stream);
+  const mx::array periods = rope_periods(dims, base, freqs, stream);
   return mx::array(x.shape(), mx::float32, std::make_shared<RoPE>(stream, dims, traditional, scale),
                    {x, off, periods});
 }
@@ -108,23 +104,9 @@ void RoPE::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>
     for (int64_t b = 0; b < B; ++b) {
       const int32_t o = offs[off.size() == 1 ? 0 : b];
       for (int64_t t = 0; t < T; ++t) {
-        const float pos = static_cast<float>(o + t) * scale;
-        for (int i = 0; i < half; ++i) {
-          const float theta = pos / per[i];
-          c[i] = std::cos(theta);
-          sn_[i] = std::sin(theta);
-        }
-        for (int64_t n = 0; n < N; ++n) {
-          const float* in = xs + b * sb + n * sn + t * st;
-          float* y = ys + ((b * N + n) * T + t) * D;
-          for (int i = 0; i < half; ++i) {
-            const int64_t i1 = trad ? 2 * i : i, i2 = trad ? 2 * i + 1 : i + half;
-            const float x1 = in[i1], x2 = in[i2];
-            y[i1] = x1 * c[i] - x2 * sn_[i];
-            y[i2] = x1 * sn_[i] + x2 * c[i];
-          }
-          for (int64_t d = dims; d < D; ++d) y[d] = in[d];
-        }
+        rope_angles(static_cast<float>(o + t) * scale, per, half, c.data(), sn_.data());
+        for (int64_t n = 0; n < N; ++n)
+          rope_row(xs + b * sb + n * sn + t * st, c.data(), sn_.data(), dims, trad, D, ys + ((b * N + n) * T + t) * D);
       }
     }
   });

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <optional>
+#include <vector>
 #include <variant>
 
 #include "mlx/ops.h"
@@ -21,6 +22,42 @@ mx::array rope(const mx::array& x, int dims, bool traditional, std::optional<flo
                const std::variant<int, mx::array>& offset, const std::optional<mx::array>& freqs,
                mx::StreamOrDevice s = {});
 
+// rope's offset as int32 () or (batch,), and its periods base^(2i/dims) (or freqs) as float32 (dims/2,)
+mx::array rope_offsets(const std::variant<int, mx::array>& offset, int batch, mx::Stream stream);
+mx::array rope_periods(int dims, std::optional<float> base, const std::optional<mx::array>& freqs, mx::Stream stream);
+
+// An attention layer's q, k and v heads out of its projections' outputs in one primitive: the work of three
+// slices, reshapes and transposes, the q/k norms, two RoPEs and the KV cache's cast. `src` holds q's, k's and
+// v's source (B, L, W) float32 arrays (one fused output may be all three) and `cols` where each part starts in
+// its source. Returns q (B, H, L, D) float32 and k, v (B, Hk, L, D) in kv_dtype (float32 or float16).
+struct HeadsSpec {
+  int heads, kv_heads, head_dim;
+  float eps;  // the q/k norms' (when given)
+  int dims;  // RoPE's rotated width
+  bool traditional;
+  float scale;
+};
+std::vector<mx::array> heads(const std::vector<mx::array>& src, const std::vector<int>& cols, const HeadsSpec& spec,
+                             const std::optional<mx::array>& q_norm, const std::optional<mx::array>& k_norm,
+                             std::optional<float> base, const std::variant<int, mx::array>& offset,
+                             const std::optional<mx::array>& freqs, bool half_kv, mx::StreamOrDevice s = {});
+
+class Heads : public mx::Primitive {
+ public:
+  // inputs: the three sources, offsets, periods, then the q and k norm weights when normed
+  Heads(mx::Stream stream, const HeadsSpec& spec, std::vector<int> cols, bool normed)
+      : mx::Primitive(stream), spec_(spec), cols_(std::move(cols)), normed_(normed) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "GKHeads"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+ private:
+  HeadsSpec spec_;
+  std::vector<int> cols_;
+  bool normed_;
+};
+
 // softmax(scale * q k^T + mask) v: q (B, H, L, D) float32, k (B, Hk, S, D) and v (B, Hk, S, Dv) both float32
 // or both float16 (a float16 KV cache, read as it is stored); the output float32; mask (bool, or additive
 // float) broadcastable to (B, H, L, S); causal: the L queries are the last L of the S positions. Query heads
@@ -28,21 +65,28 @@ mx::array rope(const mx::array& x, int dims, bool traditional, std::optional<flo
 mx::array sdpa(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
                const std::optional<mx::array>& mask, bool causal, mx::StreamOrDevice s = {});
 
-// act(gate) * up, or act(gate) without up: kind 0 SiLU, 1 GELU's tanh form; float32, one shape.
-mx::array gated(const mx::array& gate, const std::optional<mx::array>& up, int kind, mx::StreamOrDevice s = {});
+// act(gate) * up, or act(gate) without up: kind 0 SiLU, 1 GELU's tanh form; float32, one shape. halves: gate
+// holds each row's gate then its up (a fused gate/up projection's output), and the result is half as wide.
+mx::array gated(const mx::array& gate, const std::optional<mx::array>& up, int kind, bool halves = false,
+                mx::StreamOrDevice s = {});
 
 class Gated : public mx::Primitive {
  public:
-  Gated(mx::Stream stream, int kind, bool with_up) : mx::Primitive(stream), kind_(kind), with_up_(with_up) {}
+  Gated(mx::Stream stream, int kind, bool with_up, bool halves)
+      : mx::Primitive(stream), kind_(kind), with_up_(with_up), halves_(halves) {}
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   const char* name() const override { return "GKGated"; }
   bool is_equivalent(const mx::Primitive& other) const override;
-  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override { return {inputs[0].shape()}; }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    mx::Shape shape = inputs[0].shape();
+    if (halves_) shape.back() /= 2;
+    return {shape};
+  }
 
  private:
   int kind_;
-  bool with_up_;
+  bool with_up_, halves_;
 };
 
 class SDPA : public mx::Primitive {

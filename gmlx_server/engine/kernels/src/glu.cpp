@@ -32,27 +32,32 @@ const float* rows_of(const mx::array& a, std::vector<float>& scratch, int64_t& s
 
 }  // namespace
 
-mx::array gated(const mx::array& gate, const std::optional<mx::array>& up, int kind, mx::StreamOrDevice s) {
+mx::array gated(const mx::array& gate, const std::optional<mx::array>& up, int kind, bool halves, mx::StreamOrDevice s) {
   if (gate.dtype() != mx::float32 || (up && up->dtype() != mx::float32))
     throw std::invalid_argument("gated: float32 inputs only");
   if (up && up->shape() != gate.shape()) throw std::invalid_argument("gated: gate and up must have one shape");
   if (kind != 0 && kind != 1) throw std::invalid_argument("gated: kind 0 (silu) or 1 (gelu, tanh form)");
+  if (halves && (up || gate.ndim() < 1 || gate.shape(-1) % 2))
+    throw std::invalid_argument("gated: halves takes one input with an even last dimension");
   const auto stream = mx::to_stream(s);
   std::vector<mx::array> inputs = {gate};
   if (up) inputs.push_back(*up);
-  return mx::array(gate.shape(), mx::float32, std::make_shared<Gated>(stream, kind, up.has_value()), inputs);
+  mx::Shape shape = gate.shape();
+  if (halves) shape.back() /= 2;
+  return mx::array(shape, mx::float32, std::make_shared<Gated>(stream, kind, up.has_value(), halves), inputs);
 }
 
 void Gated::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   mx::array& out = outputs[0];
   auto& enc = begin_eval(stream(), inputs, out);
-  enc.dispatch([inputs, out, kind = kind_, with_up = with_up_]() mutable {
+  enc.dispatch([inputs, out, kind = kind_, with_up = with_up_, halves = halves_]() mutable {
     // rows of the last dimension: a fused projection's gate and up are column slices of one output
     const int64_t cols = out.ndim() ? out.shape(-1) : 1, rows = cols ? static_cast<int64_t>(out.size()) / cols : 0;
     std::vector<float> gbuf, ubuf;
     int64_t gs = cols, us = cols;
     const float* g = rows_of(inputs[0], gbuf, gs);
     const float* u = with_up ? rows_of(inputs[1], ubuf, us) : nullptr;
+    if (halves) u = g + cols, us = gs;  // a fused gate/up output: each row's gate, then its up
     float* y = out.data<float>();
     const int64_t per = cols >= kChunk ? 1 : kChunk / cols;
     const auto gate_span = active_isa().gate_span;
@@ -69,7 +74,7 @@ void Gated::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
 
 bool Gated::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const Gated&>(other);
-  return kind_ == o.kind_ && with_up_ == o.with_up_;
+  return kind_ == o.kind_ && with_up_ == o.with_up_ && halves_ == o.halves_;
 }
 
 }  // namespace gk

@@ -2,6 +2,7 @@
 // query rows (decode, speculative verification) run row by row (vec_kernels.h's attend, from the chosen Isa
 // table); from kFlashRows rows, flash.cpp.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -48,6 +49,13 @@ struct View4 {
   const float* fat(int64_t i0, int64_t i1, int64_t i2) const { return static_cast<const float*>(at(i0, i1, i2)); }
 };
 
+// The mask's strides as a (B, H, L, S) view: leading dimensions it lacks, and those of size 1, read stride 0.
+std::array<int64_t, 4> mask_strides(const mx::array& m) {
+  std::array<int64_t, 4> st{0, 0, 0, 0};
+  for (int i = 0; i < m.ndim(); ++i) st[4 - m.ndim() + i] = m.shape(i) == 1 ? 0 : m.strides()[i];
+  return st;
+}
+
 }  // namespace
 
 mx::array sdpa(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
@@ -66,9 +74,15 @@ mx::array sdpa(const mx::array& q, const mx::array& k, const mx::array& v, float
   const auto stream = mx::to_stream(s);
   std::vector<mx::array> inputs = {q, k, v};
   int kind = 0;
-  if (mask) {
-    mx::array m = mx::broadcast_to(*mask, {static_cast<int>(B), static_cast<int>(H), static_cast<int>(L),
-                                           static_cast<int>(S)}, stream);
+  if (mask) {  // read through broadcast strides (mask_strides): a broadcast_to op per layer cost more than it did
+    mx::array m = *mask;
+    const int64_t want[4] = {B, H, L, S};
+    bool fits = m.ndim() <= 4;
+    for (int i = 0; fits && i < m.ndim(); ++i) {
+      const int64_t n = m.shape(i), w = want[4 - m.ndim() + i];
+      fits = n == 1 || n == w;
+    }
+    if (!fits) throw std::invalid_argument("sdpa: the mask must broadcast to (B, H, L, S)");
     kind = m.dtype() == mx::bool_ ? 1 : 2;
     if (kind == 2 && m.dtype() != mx::float32) m = mx::astype(m, mx::float32, stream);
     inputs.push_back(m);
@@ -93,7 +107,7 @@ void SDPA::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>
                    mbase, 0, 0, 0, 0, esize, kind, B, H, k.shape(1), r, L, S, q.shape(3), Dv, scale * kLog2e,
                    causal, kv.half};
       if (kind) {
-        const auto& st = inputs[3].strides();
+        const auto st = mask_strides(inputs[3]);
         fa.mb = st[0], fa.mh = st[1], fa.ml = st[2], fa.ms = st[3];
       }
       flash_attention(fa);
@@ -107,8 +121,7 @@ void SDPA::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>
       AttendRow row{qv.fat(b, h, l), kv.at(b, h / r, 0), kv.s2, vv.at(b, h / r, 0), vv.s2,
               causal ? S - L + l : S - 1, q.shape(3), Dv, scale * kLog2e, nullptr, kind, 0, kv.half};
       if (kind) {
-        const mx::array& m = inputs[3];
-        const auto& st = m.strides();
+        const auto st = mask_strides(inputs[3]);
         row.mask = mbase + (b * st[0] + h * st[1] + l * st[2]) * esize;
         row.ms = st[3];
       }

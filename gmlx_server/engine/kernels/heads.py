@@ -1,0 +1,105 @@
+"""Attention layers whose q, k and v heads come from one CPU primitive (the extension's GKHeads).
+
+mlx-vlm's Attention forward splits the q/k/v projections into heads with a slice, a reshape and a transpose each,
+normalizes q and k (Gemma 3, Qwen 3), rotates them, and the float16 KV cache casts k and v: about fourteen graph
+ops a layer, each costing a decode step more in dispatch than in work. HeadsAttention does all of it in one op
+and then calls the layer's own cache, attention function and output projection, so the results are the same to
+the bit. Any call the primitive does not cover (a quantized or kvarn cache, YaRN's pre-scaled RoPE, a dtype other
+than float32) runs the layer's own forward.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from gmlx_server.engine import vlm_adapter
+from gmlx_server.engine.kernels.fast_ops import Primitives, RMSNorm, RoPE
+from gmlx_server.engine.kernels.modules import FusedPart, GGUFLinear
+from gmlx_server.engine.kv_half import stores_half
+from gmlx_server.engine.mlx_adapter import child, replace_module
+
+_CACHES = ("KVCache", "BatchKVCache", "RotatingKVCache", "BatchRotatingKVCache")  # mlx-vlm's plain caches
+
+
+def _source(proj: Any, x: mx.array) -> tuple[mx.array, int] | None:
+    """A projection's output and the column its part starts at, without slicing; None for another module."""
+    if isinstance(proj, FusedPart):
+        return proj.source(x)
+    return (proj(x), 0) if isinstance(proj, GGUFLinear) else None
+
+
+def _plain_cache(cache: Any) -> bool:
+    return cache is None or any(c.__name__ in _CACHES and c.__module__.startswith("mlx_vlm.")
+                                for c in type(cache).__mro__)
+
+
+class HeadsAttention(nn.Module):
+    """A plain_attention layer (vlm_adapter) with its children under their own names, so parameter paths stay."""
+
+    def __init__(self, layer: nn.Module, prims: Primitives) -> None:
+        super().__init__()
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm", "rope"):
+            if (m := child(layer, name)) is not None:
+                setattr(self, name, m)
+        self._layer = lambda: layer  # not a child: its parameters are these
+        self._attend = vlm_adapter.family_attention(type(layer))
+        self._prims, self.scale = prims, float(layer.scale)
+        self.n_heads, self.n_kv_heads = vlm_adapter.attention_heads(layer)
+        self.head_dim = int(self["o_proj"].in_dims) // self.n_heads
+
+    def _norms(self) -> tuple[RMSNorm | None, RMSNorm | None] | None:
+        qn, kn = child(self, "q_norm"), child(self, "k_norm")
+        if qn is None and kn is None:
+            return None, None
+        return (qn, kn) if isinstance(qn, RMSNorm) and isinstance(kn, RMSNorm) and qn.eps == kn.eps else None
+
+    def _heads(self, x: mx.array, cache: Any) -> list[mx.array] | None:
+        """q, k and v from the primitive, or None where it does not cover this call."""
+        ext, rope, norms = self._prims.covering(x), self["rope"], self._norms()
+        if ext is None or not isinstance(rope, RoPE) or not rope.plain() or norms is None or not _plain_cache(cache):
+            return None
+        srcs = [_source(self[n], x) for n in ("q_proj", "k_proj", "v_proj")]
+        arrays = [s for s in srcs if s is not None and s[0].dtype == mx.float32]
+        if len(arrays) != 3:
+            return None
+        a, (qn, kn) = rope.args, norms
+        out: list[mx.array] = ext.heads(
+            [s[0] for s in arrays], [s[1] for s in arrays], self.n_heads, self.n_kv_heads, self.head_dim,
+            dims=a.dims, traditional=a.traditional, base=a.base, scale=a.scale, offset=_offset(cache), freqs=a.freqs,
+            q_norm=qn.weight if qn else None, k_norm=kn.weight if kn else None, eps=qn.eps if qn else 0.0,
+            half_kv=stores_half(cache))
+        return out
+
+    def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+        heads = self._heads(x, cache)
+        if heads is None:
+            own: mx.array = self._layer()(x, mask, cache)
+            return own
+        q, k, v = heads
+        if cache is not None:
+            k, v = cache.update_and_fetch(k, v)
+        if isinstance(mask, mx.array) and mask.shape[-1] != k.shape[2]:  # a sliding layer's keys (Gemma 3)
+            mask = mask[..., -k.shape[2]:]
+        B, L, _ = x.shape
+        out = self._attend(q, k, v, cache, scale=self.scale, mask=mask)
+        y: mx.array = self["o_proj"](out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+        return y
+
+
+def _offset(cache: Any) -> Any:
+    if cache is None:
+        return 0
+    off = cache.offset
+    return off.reshape(-1) if isinstance(off, mx.array) and off.ndim > 1 else off
+
+
+def use_heads_attention(model: nn.Module, prims: Primitives) -> int:
+    """Swap `model`'s plain attention layers (after use_gmlx_attention) for HeadsAttention; returns how many."""
+    swaps = [(path, HeadsAttention(m, prims)) for path, m in model.named_modules()
+             if path and vlm_adapter.plain_attention(m)]
+    for path, new in swaps:
+        replace_module(model, path, new)
+    return len(swaps)

@@ -1,0 +1,97 @@
+"""The fused heads primitive (GKHeads) and HeadsAttention: the same q, k and v as the separate slice, reshape,
+transpose, norm, RoPE and cast ops, to the bit, and the same logits as the layers' own forward; fewer graph ops."""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+
+from gmlx_server.engine import loader
+from gmlx_server.engine.arch import make_cache
+from gmlx_server.engine.batch import _as_batch
+from gmlx_server.engine.kernels.heads import HeadsAttention
+from gmlx_server.engine.kv_half import as_half
+from tests.conftest import gemma_path, smollm2_path
+
+H, HK, D = 4, 2, 16
+
+
+def _separate(ext: ModuleType, y: mx.array, cols: list[int], offset: Any, norms: tuple[Any, Any] | None,
+              rope: dict[str, Any], half: bool) -> list[mx.array]:
+    B, L, _ = y.shape
+    parts = [y[..., c: c + n * D].reshape(B, L, n, D).transpose(0, 2, 1, 3)
+             for c, n in zip(cols, (H, HK, HK), strict=True)]
+    if norms is not None:
+        parts[0], parts[1] = (ext.rms_norm(p, w, 1e-6) for p, w in zip(parts[:2], norms, strict=True))
+    parts[0], parts[1] = (ext.rope(p, offset=offset, **rope) for p in parts[:2])
+    return parts[:1] + [p.astype(mx.float16) if half else p for p in parts[1:]]
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_heads_equal_the_separate_ops(ext: ModuleType, case: int) -> None:
+    rng = np.random.default_rng(case)
+    B, L = 1 + case % 2, (1, 5, 3)[case % 3]
+    y = mx.array(rng.standard_normal((B, L, (H + 2 * HK) * D + 8)).astype(np.float32))
+    cols = [8, 8 + H * D, 8 + (H + HK) * D] if case % 2 else [0, H * D, (H + HK) * D]
+    offset: Any = mx.array([3, 40][:B], dtype=mx.int32) if B > 1 else 7 * case
+    norms = (mx.array(rng.uniform(0.5, 2, D).astype(np.float32)),
+             mx.array(rng.uniform(0.5, 2, D).astype(np.float32))) if case >= 3 else None
+    freqs = mx.array(np.linspace(1, 90, D // 2, dtype=np.float32)) if case == 5 else None
+    rope = {"dims": D if case != 4 else D // 2, "traditional": case == 1, "base": None if case == 5 else 1e4,
+            "scale": 1.0 if case != 2 else 0.5, "freqs": freqs}
+    got = ext.heads([y, y, y], cols, H, HK, D, offset=offset, q_norm=norms[0] if norms else None,
+                    k_norm=norms[1] if norms else None, eps=1e-6, half_kv=case % 2 == 0, **rope)
+    want = _separate(ext, y, cols, offset, norms, rope, case % 2 == 0)
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        np.testing.assert_array_equal(np.array(g.astype(mx.float32)), np.array(w.astype(mx.float32)))
+
+
+def test_heads_refuses_bad_arguments(ext: ModuleType) -> None:
+    y = mx.zeros((1, 1, (H + 2 * HK) * D))
+    good = {"dims": D, "traditional": False, "base": 1e4, "scale": 1.0, "offset": 0}
+    with pytest.raises(ValueError, match="past its source"):
+        ext.heads([y, y, y], [0, H * D, (H + HK) * D + 1], H, HK, D, **good)
+    with pytest.raises(ValueError, match="float32"):
+        ext.heads([y.astype(mx.float16)] * 3, [0, H * D, (H + HK) * D], H, HK, D, **good)
+    with pytest.raises(ValueError, match="both norms"):
+        ext.heads([y, y, y], [0, H * D, (H + HK) * D], H, HK, D, q_norm=mx.ones((D,)), **good)
+
+
+def _steps(lm: loader.LoadedModel, half: bool, batch: bool) -> list[np.ndarray]:
+    """A 560-token prompt in two chunks (past Gemma 3's 512-token sliding window), then three decode steps."""
+    cache = [as_half(c) for c in make_cache(lm.model)] if half else make_cache(lm.model)
+    ids = [1 + i * 7 % 900 for i in range(560)]
+    out = [np.array(lm.model(mx.array([ids[s: s + 280]]), cache=cache).logits) for s in (0, 280)]
+    if batch:
+        cache = [_as_batch(c) for c in cache]
+    for t in (9, 10, 11):
+        out.append(np.array(lm.model(mx.array([[t]]), cache=cache).logits))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", [smollm2_path, gemma_path])
+def test_heads_attention_keeps_the_logits(ext: ModuleType, path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    ours = loader.load_gguf_model(path())
+    monkeypatch.setattr(loader, "use_heads_attention", lambda model, prims: 0)
+    theirs = loader.load_gguf_model(path())
+    layers = len(ours.model.model.layers)
+    assert sum(isinstance(m, HeadsAttention) for _, m in ours.model.named_modules()) == layers
+    assert not any(isinstance(m, HeadsAttention) for _, m in theirs.model.named_modules())
+    paths = [[k for k, _ in tree_flatten(lm.model.parameters())] for lm in (ours, theirs)]
+    assert paths[0] == paths[1]  # the same parameter paths: the layer's children kept their names
+    for half in (False, True):
+        for batch in (False, True):
+            for a, b in zip(_steps(ours, half, batch), _steps(theirs, half, batch), strict=True):
+                np.testing.assert_array_equal(a, b)
+    assert ours.kernels is not None
+    ours.kernels.ext = None  # no primitives: each layer's own forward on MLX's ops
+    got, want = _steps(ours, True, True), _steps(theirs, True, True)
+    for g, w in zip(got, want, strict=True):  # MLX's attention, exp and norms: close, not to the bit
+        assert float(np.abs(g - w).max()) < 2e-2 * max(1.0, float(np.abs(w).max()))
