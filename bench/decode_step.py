@@ -3,8 +3,10 @@
     .venv/bin/python bench/decode_step.py [--models smollm2,gemma,qwen0.5b] [--reps 3] [--steps 10]
 
 Per model, the width-1 decode step's median time (wall, and process CPU with the kernels on one thread so a
-busy machine's other jobs do not count) in three configurations of the native layout:
-  all on      the CPU norm/RoPE/attention primitives and the fused q/k/v and gate/up projections
+busy machine's other jobs do not count) in four configurations of the native layout:
+  all on      the CPU norm/RoPE/attention primitives, the fused q/k/v and gate/up projections, and each attention
+              layer's heads (split, q/k norms, RoPE, KV cast) as one primitive (engine/kernels/heads.py)
+  no heads    all on but the heads: mlx-vlm's attention forward around the same primitives
   no fusion   the primitives, each projection its own matmul
   no prims    the fused projections, MLX's own norm, RoPE and attention ops
 and the ratios against "all on". Configurations alternate rep by rep, so the machine's noise hits each alike.
@@ -36,14 +38,16 @@ MODELS: dict[str, Callable[[], str]] = {"smollm2": smollm2_path, "gemma": gemma_
                                         "qwen0.5b": lambda: qwen_coder_path("0.5b")}
 
 
-def _load(path: str, fuse: bool) -> Any:
-    real = loader.fuse_projections
+def _load(path: str, fuse: bool, heads: bool = True) -> Any:
+    real, real_heads = loader.fuse_projections, loader.use_heads_attention
     if not fuse:
         loader.fuse_projections = lambda model: 0  # type: ignore[assignment]
+    if not heads:
+        loader.use_heads_attention = lambda model, prims: 0  # type: ignore[assignment]
     try:
         return loader.load_gguf_model(path)
     finally:
-        loader.fuse_projections = real
+        loader.fuse_projections, loader.use_heads_attention = real, real_heads
 
 
 def _step_ms(model: Any, clock: Callable[[], float], steps: int) -> float:
@@ -68,8 +72,9 @@ def main() -> None:
         sys.exit(f"the CPU kernels are not available: {probe().reason}")
     for name in args.models.split(","):
         path = MODELS[name]()
-        fused, plain = _load(path, True), _load(path, False)
-        configs = {"all on": (fused, True), "no fusion": (plain, True), "no prims": (fused, False)}
+        fused, plain, separate = _load(path, True), _load(path, False), _load(path, True, heads=False)
+        configs = {"all on": (fused, True), "no heads": (separate, True), "no fusion": (plain, True),
+                   "no prims": (fused, False)}
         kernels = fused.kernels
         assert kernels is not None and plain.kernels is not None  # the native layout: the primitives swapped in
         for label, clock, threads in (("wall", time.perf_counter, 0), ("cpu 1 thread", time.process_time, 1)):

@@ -28,18 +28,30 @@ KV_DTYPES = (mx.float32, mx.float16)  # what the caches hold (kv_dtype): the ker
 
 
 def cpu_attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float, mask: Any,
-                  prims: Primitives = MLX_OPS) -> mx.array:
+                  prims: Primitives = MLX_OPS, flat: bool = False) -> mx.array:
     """softmax(scale * q k^T + mask) v for q (B, H, L, D), k/v (B, Hk, S, D); mask None, "causal" or an array.
     The kernels' one-op attention where `prims` has the extension, else MLX's ops (whose matmuls promote a float16
-    cache to the queries' float32)."""
-    B, H, L, D = queries.shape
-    Hk, S = keys.shape[1], keys.shape[2]
+    cache to the queries' float32). flat: (B, L, H * Dv), each position's heads side by side (as_flat)."""
+    L = queries.shape[2]
     ours = queries.dtype == mx.float32 and keys.dtype == values.dtype and keys.dtype in KV_DTYPES
     ext = prims.ext if ours and (L <= FEW_ROWS or values.shape[-1] % FLASH_WIDTH == 0) else None
     if ext is not None:  # the CPU kernels' one-op attention: row by row, or blockwise (flash) for prefill
         out: mx.array = ext.sdpa(queries, keys, values, scale, None if isinstance(mask, str) else mask,
-                                 causal=mask == "causal")
+                                 causal=mask == "causal", flat=flat)
         return out
+    heads = _mlx_attention(queries, keys, values, scale, mask)
+    return as_flat(heads) if flat else heads
+
+
+def as_flat(out: mx.array) -> mx.array:
+    """(B, H, L, Dv) attention output -> (B, L, H * Dv), what an output projection reads."""
+    B, _, L, _ = out.shape
+    return out.transpose(0, 2, 1, 3).reshape(B, L, -1)
+
+
+def _mlx_attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float, mask: Any) -> mx.array:
+    B, H, L, D = queries.shape
+    Hk, S = keys.shape[1], keys.shape[2]
     r = H // Hk
     # The r query heads that share a KV head become r*L rows of one matmul: K is not repeated.
     q = (queries * (scale * _LOG2E)).reshape(B, Hk, r * L, D)
@@ -91,11 +103,17 @@ class _RoutedAttention:
     prims: Primitives
 
     def __call__(self, queries: mx.array, keys: Any, values: Any, cache: Any, scale: float, mask: Any,
-                 sinks: Any = None) -> mx.array:
+                 sinks: Any = None, flat: bool = False) -> mx.array:
+        """flat (gmlx's own callers): the output as (B, L, H * Dv) rather than (B, H, L, Dv)."""
+        if self.cpu and supported(queries, keys, cache, mask, sinks):
+            return cpu_attention(queries, keys, values, scale, mask, self.prims, flat)
+        out = self._elsewhere(queries, keys, values, cache, scale, mask, sinks)
+        return as_flat(out) if flat else out
+
+    def _elsewhere(self, queries: mx.array, keys: Any, values: Any, cache: Any, scale: float, mask: Any,
+                   sinks: Any) -> mx.array:
         if is_kvarn(cache) and sinks is None:  # mlx-vlm has no attention over a kvarn cache: ours, on any device
             return kvarn_attention(queries, keys, values, cache, scale, mask)
-        if self.cpu and supported(queries, keys, cache, mask, sinks):
-            return cpu_attention(queries, keys, values, scale, mask, self.prims)
         if isinstance(keys, mx.array) and keys.dtype != queries.dtype:  # a float16 cache under fp32 queries (Metal)
             keys, values = keys.astype(queries.dtype), values.astype(queries.dtype)
         out: mx.array = self.original(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)

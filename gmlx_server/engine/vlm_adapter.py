@@ -134,9 +134,10 @@ PLAIN_ATTENTION = ("llama", "qwen2", "qwen3", "gemma3")
 
 
 def plain_attention(module: Any) -> bool:
-    """The module is one of PLAIN_ATTENTION's Attention classes, or gmlx's with_attention subclass of one."""
+    """The module is gmlx's with_attention subclass of one of PLAIN_ATTENTION's Attention classes (so its
+    family_attention is gmlx's routed attention)."""
     own = {_models(f"{f}.language").Attention for f in PLAIN_ATTENTION}
-    return type(module) in own or (type(module).__module__ == __name__ and type(module).__bases__[0] in own)
+    return type(module).__module__ == __name__ and type(module).__bases__[0] in own
 
 
 def attention_heads(module: Any) -> tuple[int, int]:

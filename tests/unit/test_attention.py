@@ -12,7 +12,9 @@ import pytest
 
 from gmlx_server.engine import loader, vlm_adapter
 from gmlx_server.engine.arch import make_cache
-from gmlx_server.engine.attention import cpu_attention, supported, use_gmlx_attention
+from gmlx_server.engine.attention import as_flat, cpu_attention, supported, use_gmlx_attention
+from gmlx_server.engine.kernels import probe
+from gmlx_server.engine.kernels.fast_ops import MLX_OPS, Primitives
 from gmlx_server.engine.loader import load_gguf_model
 from tests.conftest import gemma_path, smollm2_path
 
@@ -33,6 +35,11 @@ def _check(q: mx.array, k: mx.array, v: mx.array, mask: Any) -> None:
     got = cpu_attention(q, k, v, scale, mask)
     assert got.shape == want.shape
     assert mx.abs(got - want).max().item() < TOL
+    B, H, L, Dv = want.shape
+    for prims in (MLX_OPS, Primitives(probe().ext)):  # flat: (B, L, H * Dv), MLX's ops and the kernels' primitive
+        flat = cpu_attention(q, k, v, scale, mask, prims, flat=True)
+        assert flat.shape == (B, L, H * Dv)
+        assert mx.array_equal(flat, as_flat(cpu_attention(q, k, v, scale, mask, prims)))
 
 
 @pytest.mark.parametrize(("H", "Hk", "D"), [(9, 3, 64), (4, 1, 256), (4, 4, 32)])

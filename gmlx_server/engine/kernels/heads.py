@@ -31,9 +31,16 @@ def _source(proj: Any, x: mx.array) -> tuple[mx.array, int] | None:
     return (proj(x), 0) if isinstance(proj, GGUFLinear) else None
 
 
+_PLAIN: dict[type, bool] = {}  # cache class -> one of mlx-vlm's plain caches (or a subclass), looked up per step
+
+
 def _plain_cache(cache: Any) -> bool:
-    return cache is None or any(c.__name__ in _CACHES and c.__module__.startswith("mlx_vlm.")
-                                for c in type(cache).__mro__)
+    if cache is None:
+        return True
+    kind = type(cache)
+    if kind not in _PLAIN:
+        _PLAIN[kind] = any(c.__name__ in _CACHES and c.__module__.startswith("mlx_vlm.") for c in kind.__mro__)
+    return _PLAIN[kind]
 
 
 class HeadsAttention(nn.Module):
@@ -49,6 +56,9 @@ class HeadsAttention(nn.Module):
         self._prims, self.scale = prims, float(layer.scale)
         self.n_heads, self.n_kv_heads = vlm_adapter.attention_heads(layer)
         self.head_dim = int(self["o_proj"].in_dims) // self.n_heads
+        rope, norms = self["rope"], self._norms()
+        projections = all(isinstance(self[n], FusedPart | GGUFLinear) for n in ("q_proj", "k_proj", "v_proj"))
+        self._covered = projections and isinstance(rope, RoPE) and rope.plain() and norms is not None  # fixed at load
 
     def _norms(self) -> tuple[RMSNorm | None, RMSNorm | None] | None:
         qn, kn = child(self, "q_norm"), child(self, "k_norm")
@@ -58,14 +68,14 @@ class HeadsAttention(nn.Module):
 
     def _heads(self, x: mx.array, cache: Any) -> list[mx.array] | None:
         """q, k and v from the primitive, or None where it does not cover this call."""
-        ext, rope, norms = self._prims.covering(x), self["rope"], self._norms()
-        if ext is None or not isinstance(rope, RoPE) or not rope.plain() or norms is None or not _plain_cache(cache):
+        ext = self._prims.covering(x)
+        if ext is None or not self._covered or not _plain_cache(cache):
             return None
         srcs = [_source(self[n], x) for n in ("q_proj", "k_proj", "v_proj")]
         arrays = [s for s in srcs if s is not None and s[0].dtype == mx.float32]
         if len(arrays) != 3:
             return None
-        a, (qn, kn) = rope.args, norms
+        a, qn, kn = self["rope"].args, child(self, "q_norm"), child(self, "k_norm")
         out: list[mx.array] = ext.heads(
             [s[0] for s in arrays], [s[1] for s in arrays], self.n_heads, self.n_kv_heads, self.head_dim,
             dims=a.dims, traditional=a.traditional, base=a.base, scale=a.scale, offset=_offset(cache), freqs=a.freqs,
@@ -83,9 +93,7 @@ class HeadsAttention(nn.Module):
             k, v = cache.update_and_fetch(k, v)
         if isinstance(mask, mx.array) and mask.shape[-1] != k.shape[2]:  # a sliding layer's keys (Gemma 3)
             mask = mask[..., -k.shape[2]:]
-        B, L, _ = x.shape
-        out = self._attend(q, k, v, cache, scale=self.scale, mask=mask)
-        y: mx.array = self["o_proj"](out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+        y: mx.array = self["o_proj"](self._attend(q, k, v, cache, scale=self.scale, mask=mask, flat=True))
         return y
 
 

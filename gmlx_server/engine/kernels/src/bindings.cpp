@@ -66,7 +66,7 @@ NB_MODULE(_gguf_kernels, m) {
       "an attention layer's (q, k, v) heads from its projections' outputs: split, q/k norms, RoPE and the KV "
       "cast as one CPU primitive");
   m.def("sdpa", &gk::sdpa, "q"_a, "k"_a, "v"_a, "scale"_a, "mask"_a.none(), "causal"_a, nb::kw_only(),
-        "stream"_a = nb::none(),
+        "flat"_a = false, "stream"_a = nb::none(),
         "attention as one CPU primitive (float32 queries; float32 or float16 keys and values)");
   m.def("gated", &gk::gated, "gate"_a, "up"_a.none(), "kind"_a, nb::kw_only(), "halves"_a = false,
         "stream"_a = nb::none(),

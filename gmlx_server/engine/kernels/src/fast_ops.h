@@ -61,9 +61,10 @@ class Heads : public mx::Primitive {
 // softmax(scale * q k^T + mask) v: q (B, H, L, D) float32, k (B, Hk, S, D) and v (B, Hk, S, Dv) both float32
 // or both float16 (a float16 KV cache, read as it is stored); the output float32; mask (bool, or additive
 // float) broadcastable to (B, H, L, S); causal: the L queries are the last L of the S positions. Query heads
-// share KV heads in groups of H / Hk.
+// share KV heads in groups of H / Hk. flat: the output is (B, L, H * Dv), the heads side by side per position (what
+// the output projection reads), not (B, H, L, Dv).
 mx::array sdpa(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
-               const std::optional<mx::array>& mask, bool causal, mx::StreamOrDevice s = {});
+               const std::optional<mx::array>& mask, bool causal, bool flat = false, mx::StreamOrDevice s = {});
 
 // act(gate) * up, or act(gate) without up: kind 0 SiLU, 1 GELU's tanh form; float32, one shape. halves: gate
 // holds each row's gate then its up (a fused gate/up projection's output), and the result is half as wide.
@@ -91,20 +92,23 @@ class Gated : public mx::Primitive {
 
 class SDPA : public mx::Primitive {
  public:
-  SDPA(mx::Stream stream, float scale, bool causal, int kind)
-      : mx::Primitive(stream), scale_(scale), causal_(causal), kind_(kind) {}
+  SDPA(mx::Stream stream, float scale, bool causal, int kind, bool flat)
+      : mx::Primitive(stream), scale_(scale), causal_(causal), kind_(kind), flat_(flat) {}
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   const char* name() const override { return "GKSDPA"; }
   bool is_equivalent(const mx::Primitive& other) const override;
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    return {{inputs[0].shape(0), inputs[0].shape(1), inputs[0].shape(2), inputs[2].shape(3)}};
+    const auto &q = inputs[0], &v = inputs[2];
+    if (flat_) return {{q.shape(0), q.shape(2), q.shape(1) * v.shape(3)}};
+    return {{q.shape(0), q.shape(1), q.shape(2), v.shape(3)}};
   }
 
  private:
   float scale_;
   bool causal_;
   int kind_;  // 0 no mask, 1 bool, 2 additive float
+  bool flat_;
 };
 
 class RMSNorm : public mx::Primitive {

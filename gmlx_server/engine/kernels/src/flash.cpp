@@ -55,7 +55,7 @@ void run_task(const FlashArgs& a, int64_t b, int64_t g, int64_t l0, int64_t l1, 
   }
 }
 
-float* out_row(const FlashArgs& a, int64_t b, int64_t h, int64_t l) { return a.out + ((b * a.H + h) * a.L + l) * a.Dv; }
+float* out_row(const FlashArgs& a, int64_t b, int64_t h, int64_t l) { return a.out + b * a.ob + h * a.oh + l * a.ol; }
 
 struct Tasks {
   int64_t qblocks, per_b, count;

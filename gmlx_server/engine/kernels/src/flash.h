@@ -18,7 +18,7 @@ constexpr int64_t kFlashBlock = 64;  // query positions per task (times the head
 struct FlashArgs {
   const float* q;
   const void *k, *v;
-  float* out;  // (B, H, L, Dv) row-major
+  float* out;  // rows of Dv floats at the o* strides
   int64_t qb, qh, ql, kb, kh, ks, vb, vh, vs;
   const uint8_t* mask;
   int64_t mb, mh, ml, ms, esize;
@@ -27,6 +27,7 @@ struct FlashArgs {
   float scale;  // in log2 units
   bool causal;
   bool half;
+  int64_t ob = 0, oh = 0, ol = 0;  // out's strides in floats for (b, h, l): (B, H, L, Dv), or (B, L, H, Dv) flat
 };
 
 // The KV element `elems` elements past p: float, or fp16 when `half`.

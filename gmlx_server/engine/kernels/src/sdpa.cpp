@@ -59,7 +59,7 @@ std::array<int64_t, 4> mask_strides(const mx::array& m) {
 }  // namespace
 
 mx::array sdpa(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
-               const std::optional<mx::array>& mask, bool causal, mx::StreamOrDevice s) {
+               const std::optional<mx::array>& mask, bool causal, bool flat, mx::StreamOrDevice s) {
   for (const auto* a : {&q, &k, &v}) {
     if (a->ndim() != 4) throw std::invalid_argument("sdpa: (B, H, L, D) arrays only");
   }
@@ -87,14 +87,15 @@ mx::array sdpa(const mx::array& q, const mx::array& k, const mx::array& v, float
     if (kind == 2 && m.dtype() != mx::float32) m = mx::astype(m, mx::float32, stream);
     inputs.push_back(m);
   }
-  const mx::Shape shape = {q.shape(0), q.shape(1), q.shape(2), v.shape(3)};
-  return mx::array(shape, mx::float32, std::make_shared<SDPA>(stream, scale, causal, kind), inputs);
+  const mx::Shape shape = flat ? mx::Shape{q.shape(0), q.shape(2), q.shape(1) * v.shape(3)}
+                               : mx::Shape{q.shape(0), q.shape(1), q.shape(2), v.shape(3)};
+  return mx::array(shape, mx::float32, std::make_shared<SDPA>(stream, scale, causal, kind, flat), inputs);
 }
 
 void SDPA::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   mx::array& out = outputs[0];
   auto& enc = begin_eval(stream(), inputs, out);
-  enc.dispatch([inputs, out, scale = scale_, causal = causal_, kind = kind_]() mutable {
+  enc.dispatch([inputs, out, scale = scale_, causal = causal_, kind = kind_, flat = flat_]() mutable {
     const mx::array &q = inputs[0], &k = inputs[1], &v = inputs[2];
     const View4 qv(q), kv(k), vv(v);
     const int64_t B = q.shape(0), H = q.shape(1), L = q.shape(2), S = k.shape(2);
@@ -102,6 +103,7 @@ void SDPA::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>
     const uint8_t* mbase = kind ? static_cast<const uint8_t*>(inputs[3].data<void>()) : nullptr;
     const int64_t esize = kind == 1 ? 1 : 4;
     float* y = out.data<float>();
+    const int64_t ob = H * L * Dv, oh = flat ? Dv : L * Dv, ol = flat ? H * Dv : Dv;  // (B, L, H, Dv) when flat
     if ((L >= kFlashRows || S >= kFlashKeys) && flash_fits(q.shape(3), Dv)) {
       FlashArgs fa{qv.fat(0, 0, 0), kv.p, vv.p, y, qv.s0, qv.s1, qv.s2, kv.s0, kv.s1, kv.s2, vv.s0, vv.s1, vv.s2,
                    mbase, 0, 0, 0, 0, esize, kind, B, H, k.shape(1), r, L, S, q.shape(3), Dv, scale * kLog2e,
@@ -110,6 +112,7 @@ void SDPA::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>
         const auto st = mask_strides(inputs[3]);
         fa.mb = st[0], fa.mh = st[1], fa.ml = st[2], fa.ms = st[3];
       }
+      fa.ob = ob, fa.oh = oh, fa.ol = ol;
       flash_attention(fa);
       return;
     }
@@ -125,7 +128,7 @@ void SDPA::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>
         row.mask = mbase + (b * st[0] + h * st[1] + l * st[2]) * esize;
         row.ms = st[3];
       }
-      attend(row, scores.data(), y + task * Dv);
+      attend(row, scores.data(), y + b * ob + h * oh + l * ol);
     });
   });
 }
@@ -136,7 +139,7 @@ void SDPA::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
 
 bool SDPA::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const SDPA&>(other);
-  return scale_ == o.scale_ && causal_ == o.causal_ && kind_ == o.kind_;
+  return scale_ == o.scale_ && causal_ == o.causal_ && kind_ == o.kind_ && flat_ == o.flat_;
 }
 
 }  // namespace gk
