@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gmlx_plan.pace import PrefillPace
+from gmlx_plan.pace import prefill_from_json
 from tests.e2e.server import gmlx_serve
 
 pytestmark = pytest.mark.slow
@@ -54,8 +54,8 @@ def test_a_cache_hit_leaves_the_prefill_pace_and_the_cold_estimate_alone(tmp_pat
     # The hit computed one token: the pace moves by that token's share, not by the 600 it reused.
     assert after["prefill_tok_s"] == pytest.approx(cold["prefill_tok_s"], rel=0.25)
     assert est["cache_tier"] == "miss" and est["warm_tokens"] == 0
-    pace = PrefillPace(after["prefill_s_per_token"], after["prefill_s_per_token_per_depth"],
-                       after["prefill_s_per_chunk"])
+    pace = prefill_from_json(after)
+    assert pace is not None
     # Idle server: the estimate is the whole prompt at the cold pace (the queue ahead is empty).
     assert est["est_ttft_s"] == pytest.approx(pace.seconds(0, est["prompt_tokens"]), abs=0.002)
     print(f"cold TTFT right after a hit: real {real:.3f} s, est_ttft_s {est['est_ttft_s']:.3f} s, "
