@@ -63,6 +63,7 @@ class PrefillPace:
 
 SLOPE_SPANS, SLOPE_SPREAD = 4, 256.0  # a depth slope is read only from this many spans this far apart (sd)
 SIZE_SPREAD = 64.0  # a chunk's fixed cost is read only from spans whose sizes spread this far (sd, tokens)
+FEW_SPREAD = 4.0  # likewise a short chunk's, among chunks under FEW_ROWS (a hit's one token beside 16-token tails)
 
 
 def _solve(m: list[list[float]], v: list[float]) -> list[float] | None:
@@ -107,7 +108,7 @@ def _fit(obs: list[tuple[int, float, float]], depth: bool, chunk: bool) -> Prefi
 
 def fit_prefill(spans: Iterable[Span]) -> PrefillPace | None:
     """The pace of the computed spans: c, a and b fitted on them all; and, once chunks under FEW_ROWS tokens
-    come in two sizes or more, their own c and a (at that b). Longer chunks alone would leave c to the depth
+    come in sizes that spread, their own c and a (at that b). Longer chunks alone would leave c to the depth
     they sit at (a cold prompt's chunks beside a warm one's long tail differ in both)."""
     obs = [(e - s, (s + e - 1) / 2, sec) for s, e, sec in spans if e > s and sec > 0]
     pace = _fit_spans(obs)
@@ -118,8 +119,8 @@ def fit_prefill(spans: Iterable[Span]) -> PrefillPace | None:
 
 def _fit_few(obs: list[tuple[int, float, float]], b: float) -> tuple[float, float] | None:
     """(c, a) of the short chunks, their depth's share (b) taken out: least squares weighted by 1/k; None
-    for fewer than two sizes or a term < 0."""
-    if len({k for k, _, _ in obs}) < 2:
+    when their sizes spread less than FEW_SPREAD or a term comes out < 0."""
+    if len(obs) < 2 or _spread([float(k) for k, _, _ in obs], [1.0] * len(obs)) < FEW_SPREAD**2:
         return None
     fit = _fit([(k, d, sec - b * k * d) for k, d, sec in obs], depth=False, chunk=True)
     return None if fit is None else (fit.s_per_chunk, fit.s_per_token)
