@@ -4,19 +4,20 @@ measured paces: cold, warm (a shared prefix) and mixed (half the prompt shared) 
     .venv/bin/python bench/plan_vs_real.py [--widths 4,8] [--depth 300] [--output 32] [--decode-batch 4]
                                            [--save-paces FILE]
 
-Starts `gmlx serve` (the default SmolLM2) and warms it up the way that used to flatter the planner: one prompt
-twice (the second a prompt-cache hit), then a wave as wide as the decode width so every width's step is
-measured. Before each wave the prompt cache is reset and the simulator gets the paces /v1/metrics publishes
-then (rates.by_model: prefill a + b x depth per cold token, restore, decode step by width) and the wave's
-shape: its prompt length (/v1/estimate) and how many leading tokens its prompts share (the most any of
-its requests reported as cached: a property of the prompts; the simulator decides itself which requests find
-them cached). Measured per request: TTFT as the client saw it, queue wait = TTFT less the server's own
-prompt time (timings.prompt_ms: prefill start to first token), and the wave's drain (first send to last end).
-Prints predicted, measured and measured/predicted for queue wait p50, TTFT p50 and max, and drain, the load
-average as each wave ended (the paces and the wave share the machine with whatever else runs), and how many
-ratios are within issue 35's 0.8-1.25x. Beside each ratio, a diagnostic that is not the forecast: the same
-wave simulated on the paces /v1/metrics published after it (measured during it), so a miss it closes was the
-machine's load moving between the paces and the wave, and a miss it keeps is the model's.
+Starts `gmlx serve` (the default SmolLM2) and warms it up the way that used to flatter the planner: one prompt twice
+(the second a prompt-cache hit), then one sharing all but its last words (a short cold tail: with the hit's one
+token, two sizes of the short chunks that have their own pace), then a wave as wide as the decode width so every
+width's step is measured. Before each wave the prompt cache is reset and the simulator gets the paces /v1/metrics
+publishes then (rates.by_model: prefill c + a + b x depth per cold token, and a short chunk's own c and a; restore;
+decode step by width) and the wave's shape: its prompt length (/v1/estimate) and how many leading tokens its prompts
+share (the most any of its requests reported as cached: a property of the prompts; the simulator decides itself
+which requests find them cached). Measured per request: TTFT as the client saw it, queue wait = TTFT less the
+server's own prompt time (timings.prompt_ms: prefill start to first token), and the wave's drain (first send to last
+end). Prints predicted, measured and measured/predicted for queue wait p50, TTFT p50 and max, and drain, the load
+average as each wave ended (the paces and the wave share the machine with whatever else runs), and how many ratios
+are within issue 35's 0.8-1.25x. Beside each ratio, a diagnostic that is not the forecast: the same wave simulated
+on the paces /v1/metrics published after it (measured during it), so a miss it closes was the machine's load moving
+between the paces and the wave, and a miss it keeps is the model's.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,8 +81,8 @@ class Seen:
     cached: int = 0
 
 
-def _stream(base: str, body: dict[str, Any], out: Seen, t0: float) -> None:
-    with httpx.stream("POST", base + "/v1/chat/completions", json=body, timeout=1800) as r:
+def _stream(client: httpx.Client, base: str, body: dict[str, Any], out: Seen, t0: float) -> None:
+    with client.stream("POST", base + "/v1/chat/completions", json=body) as r:
         if r.status_code != 200:
             raise RuntimeError(f"HTTP {r.status_code}: {r.read()[:300]!r}")
         for line in r.iter_lines():
@@ -100,14 +102,19 @@ def _stream(base: str, body: dict[str, Any], out: Seen, t0: float) -> None:
 
 
 def wave(base: str, texts: list[str], output: int) -> tuple[list[Seen], float]:
+    """Every request sent at once. Each stream's client is made before the clock starts: making one (its SSL
+    context) takes 50-130 ms of this process's CPU, which would count as the server's and take the server's cores."""
     seen = [Seen() for _ in texts]
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=_stream, args=(base, _body(t, output), s, t0))
-               for t, s in zip(texts, seen, strict=True)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    with ExitStack() as stack:
+        clients = [stack.enter_context(httpx.Client(timeout=1800)) for _ in texts]
+        bodies = [_body(t, output) for t in texts]
+        t0 = time.perf_counter()
+        threads = [threading.Thread(target=_stream, args=(c, base, b, s, t0))
+                   for c, b, s in zip(clients, bodies, seen, strict=True)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
     return seen, max(s.done for s in seen)
 
 
@@ -156,10 +163,11 @@ def one_wave(v1: str, base: str, mix: str, width: int, args: argparse.Namespace,
 
 
 def warm_up(v1: str, base: str, args: argparse.Namespace) -> None:
-    """A prompt twice (the second restores it: a hit must not read as prefill), then a wave at the decode width."""
-    same = _text("cold", args.depth, 0, 99)
-    for _ in range(2):
-        wave(base, [same], args.output)
+    """A prompt twice (the second restores it: a hit must not read as prefill), one with a short tail after the
+    same prefix, then a wave at the decode width."""
+    same = _text("warm", args.depth, 0, 99)
+    for text in (same, same, _text("warm", args.depth, 1, 99)):
+        wave(base, [text], args.output)
     wave(base, [_text("cold", args.depth, i, 98) for i in range(args.decode_batch)], args.output)
 
 

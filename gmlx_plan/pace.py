@@ -5,7 +5,8 @@ simulator all compute with.
             depths)  s: c a forward pass's fixed cost (one read of the weights, the first token's draw), paid per
             chunk of at most PREFILL_CHUNK tokens; a the seconds a token costs at depth 0; b what each token of
             context before it adds (attention). Fitted from spans of computed tokens only: a span restored from
-            the prompt cache is no prefill. A warm prompt's short cold tail is mostly c
+            the prompt cache is no prefill. A chunk of fewer than FEW_ROWS tokens (a warm prompt's cold tail)
+            has its own c and a, fitted on such chunks: its matmuls run per-row kernels, not sgemm
   restore   warm tokens come back from the prompt cache at restore_tok_s (a copy, no model run)
   decode    a batched step's seconds by width: linear between the measured widths (the nearest outside them), at
             the context it was measured at (step_ctx: the batch's KV tokens, all rows together), plus
@@ -17,12 +18,15 @@ simulator all compute with.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gmlx_plan.memory import PREFILL_CHUNK
 from gmlx_plan.queueing import Rates, step_time
 
+# A chunk of fewer tokens multiplies through the kernels' per-row tiles (gmlx_server/engine/kernels/src/dispatch.cpp,
+# kSgemmRows), about 1.7x the seconds a token of a longer chunk takes (sgemm), with a smaller fixed cost
+FEW_ROWS = 48
 CACHE_BLOCK = 64  # the prompt cache's block: a partial reuse shares at least one (gmlx_server's prompt_cache)
 Span = tuple[int, int, float]  # computed prompt tokens [start, end) and the seconds they took
 
@@ -39,13 +43,17 @@ class PrefillPace:
     s_per_token: float  # a: a token's cost at depth 0
     s_per_token_depth: float = 0.0  # b: added per token of context before it
     s_per_chunk: float = 0.0  # c: a forward pass's fixed cost, once per chunk
+    few: tuple[float, float] | None = None  # (c, a) of a chunk under FEW_ROWS tokens; None: as a longer one's
+
+    def chunk_s(self, start: int, end: int) -> float:
+        """One forward pass over the tokens [start, end)."""
+        k = end - start
+        c, a = self.few if self.few is not None and k < FEW_ROWS else (self.s_per_chunk, self.s_per_token)
+        return c + k * (a + self.s_per_token_depth * (start + end - 1) / 2)
 
     def seconds(self, start: int, end: int) -> float:
-        n = max(0, end - start)
-        if not n:
-            return 0.0
-        chunks = -(-n // PREFILL_CHUNK)
-        return chunks * self.s_per_chunk + n * (self.s_per_token + self.s_per_token_depth * (start + end - 1) / 2)
+        """Tokens [start, end) in chunks of PREFILL_CHUNK from `start`, as the engine runs them."""
+        return sum(self.chunk_s(s, min(s + PREFILL_CHUNK, end)) for s in range(start, end, PREFILL_CHUNK))
 
     @property
     def tok_s(self) -> float:
@@ -55,6 +63,7 @@ class PrefillPace:
 
 SLOPE_SPANS, SLOPE_SPREAD = 4, 256.0  # a depth slope is read only from this many spans this far apart (sd)
 SIZE_SPREAD = 64.0  # a chunk's fixed cost is read only from spans whose sizes spread this far (sd, tokens)
+FEW_SPREAD = 4.0  # likewise a short chunk's, among chunks under FEW_ROWS (a hit's one token beside 16-token tails)
 
 
 def _solve(m: list[list[float]], v: list[float]) -> list[float] | None:
@@ -98,11 +107,29 @@ def _fit(obs: list[tuple[int, float, float]], depth: bool, chunk: bool) -> Prefi
 
 
 def fit_prefill(spans: Iterable[Span]) -> PrefillPace | None:
-    """The pace of the computed spans: a flat pace (total seconds over total tokens) unless the spans show more.
-    A depth slope needs SLOPE_SPANS spans whose depths spread (spans of much the same depth would pass a
-    short last chunk's overhead off as a slope); a chunk cost needs spans of spread sizes (a cache hit's short
-    tail beside whole chunks). A term that comes out < 0 is dropped."""
+    """The pace of the computed spans: c, a and b fitted on them all; and, once chunks under FEW_ROWS tokens
+    come in sizes that spread, their own c and a (at that b). Longer chunks alone would leave c to the depth
+    they sit at (a cold prompt's chunks beside a warm one's long tail differ in both)."""
     obs = [(e - s, (s + e - 1) / 2, sec) for s, e, sec in spans if e > s and sec > 0]
+    pace = _fit_spans(obs)
+    if pace is None:
+        return None
+    return replace(pace, few=_fit_few([o for o in obs if o[0] < FEW_ROWS], pace.s_per_token_depth))
+
+
+def _fit_few(obs: list[tuple[int, float, float]], b: float) -> tuple[float, float] | None:
+    """(c, a) of the short chunks, their depth's share (b) taken out: least squares weighted by 1/k; None
+    when their sizes spread less than FEW_SPREAD or a term comes out < 0."""
+    if len(obs) < 2 or _spread([float(k) for k, _, _ in obs], [1.0] * len(obs)) < FEW_SPREAD**2:
+        return None
+    fit = _fit([(k, d, sec - b * k * d) for k, d, sec in obs], depth=False, chunk=True)
+    return None if fit is None else (fit.s_per_chunk, fit.s_per_token)
+
+
+def _fit_spans(obs: list[tuple[int, float, float]]) -> PrefillPace | None:
+    """A flat pace (total seconds over total tokens) unless the spans show more. A depth slope needs
+    SLOPE_SPANS spans whose depths spread (spans of much the same depth would pass a short last chunk's
+    overhead off as a slope); a chunk cost needs spans of spread sizes. A term that comes out < 0 is dropped."""
     n = sum(k for k, _, _ in obs)
     if not n:
         return None
@@ -153,14 +180,31 @@ class Paces:
         return self.restore_s(warm) + self.prefill.seconds(warm, prompt)
 
     def as_json(self) -> dict[str, Any]:
-        p = self.prefill
-        return {"source": self.source, "prefill_tok_s": round(p.tok_s, 3),
-                "prefill_s_per_token": p.s_per_token, "prefill_s_per_token_per_depth": p.s_per_token_depth,
-                "prefill_s_per_chunk": p.s_per_chunk,
+        return {"source": self.source, "prefill_tok_s": round(self.prefill.tok_s, 3), **prefill_json(self.prefill),
                 "restore_tok_s": self.restore_tok_s, "decode_join_s": self.join_s,
                 "decode_step_s": {str(w): s for w, s in sorted(self.step_s.items())},
                 "decode_step_ctx": {str(w): c for w, c in sorted(self.step_ctx.items())},
                 "decode_step_s_per_ctx": self.step_s_per_ctx, "decode_leave_s": self.leave_s}
+
+
+def prefill_json(p: PrefillPace | None) -> dict[str, float | None]:
+    """A prefill pace's fields as the Paces JSON (and /v1/metrics) names them; null when not measured."""
+    few = p.few if p is not None else None
+    return {"prefill_s_per_token": p.s_per_token if p else None,
+            "prefill_s_per_token_per_depth": p.s_per_token_depth if p else None,
+            "prefill_s_per_chunk": p.s_per_chunk if p else None,
+            "prefill_few_s_per_chunk": few[0] if few else None, "prefill_few_s_per_token": few[1] if few else None}
+
+
+def prefill_from_json(raw: Mapping[str, Any]) -> PrefillPace | None:
+    """The inverse of prefill_json; None without a per-token cost."""
+    a = raw.get("prefill_s_per_token")
+    if not a:
+        return None
+    few_a = raw.get("prefill_few_s_per_token")
+    return PrefillPace(float(a), float(raw.get("prefill_s_per_token_per_depth") or 0.0),
+                       float(raw.get("prefill_s_per_chunk") or 0.0),
+                       (float(raw.get("prefill_few_s_per_chunk") or 0.0), float(few_a)) if few_a else None)
 
 
 MAX_WIDTH = 256  # widths a rate-given step table covers
@@ -175,13 +219,11 @@ def paces_from_rates(rates: Rates, widths: int = MAX_WIDTH) -> Paces:
 def paces_from_json(raw: Mapping[str, Any], source: str) -> Paces | None:
     """The inverse of Paces.as_json (a server's /v1/metrics rates.by_model entry, or a bench table's); None when
     it lacks a prefill pace or a decode step."""
-    a = raw.get("prefill_s_per_token")
+    prefill = prefill_from_json(raw)
     steps = {int(w): float(s) for w, s in (raw.get("decode_step_s") or {}).items()}
-    if not a or not steps:
+    if prefill is None or not steps:
         return None
     restore = raw.get("restore_tok_s")
-    prefill = PrefillPace(float(a), float(raw.get("prefill_s_per_token_per_depth") or 0.0),
-                          float(raw.get("prefill_s_per_chunk") or 0.0))
     return Paces(prefill, steps,
                  float(restore) if restore else None, float(raw.get("decode_join_s") or 0.0), source,
                  {int(w): float(c) for w, c in (raw.get("decode_step_ctx") or {}).items()},

@@ -10,6 +10,7 @@ from typing import Any
 
 from gmlx_plan.budget import format_bytes
 from gmlx_plan.capacity import CapacityTable, PlanVerdict
+from gmlx_plan.pace import FEW_ROWS
 from gmlx_plan.simulate import SimResult
 
 SPARK = " ▁▂▃▄▅▆▇█"
@@ -118,10 +119,12 @@ def paces_text(p: dict[str, Any]) -> str:
     more = " ..." if len(p["decode_step_s"]) > 8 else ""
     depth = p["prefill_s_per_token_per_depth"]
     chunk = p.get("prefill_s_per_chunk")
+    few_c, few_a = p.get("prefill_few_s_per_chunk") or 0.0, p.get("prefill_few_s_per_token")
     restore = p["restore_tok_s"]
     return (f"paces ({p['source']}): prefill {p['prefill_tok_s']:g} tok/s at depth 0"
             + (f" (+{depth * 1e6:.3f} us a token per token of depth)" if depth else "")
             + (f" +{chunk * 1000:.1f} ms a chunk" if chunk else "")
+            + (f" ({few_c * 1000:.1f} ms + {few_a * 1000:.2f} ms a token under {FEW_ROWS} tokens)" if few_a else "")
             + (f", restore {restore:g} tok/s" if restore else ", restores free")
             + f", decode step ms {steps}{more}"
             + (f", +{p['decode_join_s'] * 1000:.1f} after a join" if p.get("decode_join_s") else "")

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from gmlx_plan.pace import prefill_json
 from gmlx_server.engine.types import Engine, EngineStats, ModelInfo, RequestRow, SpeculativeStats
 from gmlx_server.serving.admission import Admission, queue_cap
 from gmlx_server.serving.cache_stats import cache_brief
@@ -171,11 +172,8 @@ class Snapshotter:
 def measured_paces(rates: ModelRates | None, stats: EngineStats | None) -> dict[str, Any]:
     """One model's measured paces (null until measured), in gmlx_plan's Paces JSON: what `gmlx plan simulate
     --server` reads, and what the server's own estimates compute with."""
-    pace = rates.prefill_pace if rates else None
     return {"prefill_tok_s": _round(rates.prefill_tok_s_recent if rates else None),
-            "prefill_s_per_token": pace.s_per_token if pace else None,
-            "prefill_s_per_token_per_depth": pace.s_per_token_depth if pace else None,
-            "prefill_s_per_chunk": pace.s_per_chunk if pace else None,
+            **prefill_json(rates.prefill_pace if rates else None),
             "restore_tok_s": _round(rates.restore_tok_s_recent if rates else None),
             "disk_restore_tok_s": _round(rates.disk_restore_tok_s_recent if rates else None),
             "decode_join_s": stats.join_s if stats else None,

@@ -15,7 +15,7 @@ import httpx
 import mlx.core as mx
 import pytest
 
-from gmlx_plan.pace import PrefillPace
+from gmlx_plan.pace import prefill_from_json
 from tests.conftest import smollm2_path
 from tests.e2e.server import LiveServer, anthropic_client, gmlx_serve, openai_client
 from tests.e2e.test_prompt_cache import SYSTEM
@@ -118,8 +118,9 @@ def _assert_a_disk_hit_is_estimated_at_the_disk_pace(s: LiveServer, turn: list[d
     _post(s, "/v1/cache/reset", {"tier": "ram"})
     est = _post(s, "/v1/estimate", {"model": "smollm2", "messages": turn})
     prompt, warm = est["prompt_tokens"], min(est["warm_tokens"], est["prompt_tokens"] - 1)
-    cold = PrefillPace(paces["prefill_s_per_token"], paces["prefill_s_per_token_per_depth"],
-                       paces["prefill_s_per_chunk"]).seconds(warm, prompt)
+    pace = prefill_from_json(paces)
+    assert pace is not None
+    cold = pace.seconds(warm, prompt)
     assert est["cache_tier"] == "disk" and warm > 500
     assert est["est_ttft_s"] == pytest.approx(warm / paces["disk_restore_tok_s"] + cold, abs=0.003), (est, paces)
 

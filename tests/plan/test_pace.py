@@ -7,7 +7,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gmlx_plan.pace import Paces, PrefillPace, fit_prefill, fit_step_depth, paces_from_json, paces_from_rates
+from gmlx_plan.pace import (
+    FEW_ROWS,
+    Paces,
+    PrefillPace,
+    fit_prefill,
+    fit_step_depth,
+    paces_from_json,
+    paces_from_rates,
+)
 from gmlx_plan.queueing import Rates
 from gmlx_plan.simulate import Backlog, ServerSide, replay
 
@@ -96,3 +104,30 @@ def test_spans_of_one_size_keep_no_chunk_cost() -> None:
     same = [(s, s + 334, 0.5) for s in range(0, 4 * 334, 334)]
     fit = fit_prefill(same)
     assert fit is not None and fit.s_per_chunk == 0.0
+
+
+def test_chunks_under_few_rows_get_their_own_costs() -> None:
+    # Long chunks run sgemm (38 ms + 3.6 ms a token), short ones the per-row tiles (10 ms + 6.2 ms a token), as
+    # bench/plan_vs_real's traces showed: a 16-token warm tail priced on one line for all came out 1.5x cheap.
+    long, short = PrefillPace(3.6e-3, 0.0, 0.038), PrefillPace(6.2e-3, 0.0, 0.010)
+    spans = [(s, e, (long if e - s >= FEW_ROWS else short).seconds(s, e))
+             for s, e in [(0, 334), (0, 158), (176, 334), (0, 512), (333, 334), (318, 334), (300, 332), (0, 8)]]
+    fit = fit_prefill(spans)
+    assert fit is not None and fit.few == pytest.approx((0.010, 6.2e-3))
+    assert fit.seconds(318, 334) == pytest.approx(short.seconds(318, 334))
+    assert fit.seconds(0, 334) == pytest.approx(long.seconds(0, 334), rel=0.05)
+    # a 530-token prompt's last chunk is a short one
+    assert fit.seconds(0, 530) == pytest.approx(fit.seconds(0, 512) + short.seconds(512, 530))
+    assert paces_from_json(Paces(fit, {1: 0.02}).as_json(), "given") == Paces(fit, {1: 0.02})
+
+
+def test_short_chunks_of_one_size_keep_one_line() -> None:
+    # Cache hits' one-token tails beside cold prompts: too little to fit a second line.
+    long = PrefillPace(3.6e-3, 0.0, 0.038)
+    spans = [(0, 334, long.seconds(0, 334)), (0, 158, long.seconds(0, 158)), *[(333, 334, 0.016)] * 3,
+             (0, 512, long.seconds(0, 512))]
+    fit = fit_prefill(spans)
+    assert fit is not None and fit.few is None and fit.s_per_chunk > 0
+    # Short prompts of 38 to 40 tokens (bench/fleet.py's) only: two points that close would make a slope of noise.
+    close = fit_prefill([(0, k, 0.2 + 0.001 * (k % 2)) for k in (38, 39, 40, 38, 40)])
+    assert close is not None and close.few is None
