@@ -32,3 +32,12 @@ def test_platform_calls_are_guarded() -> None:
                         ("__get_cpuid", "#if defined(GK_X86_KERNELS)"), ("xgetbv", "#if defined(GK_X86_KERNELS)")):
         at = text.index(call)
         assert text.rfind(guard, 0, at) > text.rfind("#endif", 0, at), f"{call} outside {guard}"
+
+
+def test_the_planners_short_chunk_bound_is_the_kernels_sgemm_threshold() -> None:
+    """gmlx_plan prices a chunk under FEW_ROWS tokens apart because the kernels run fewer rows than kSgemmRows
+    on their per-row path; the planner reads no gmlx_server code, so this test keeps the two numbers one."""
+    from gmlx_plan.pace import FEW_ROWS
+
+    found = re.search(r"constexpr int64_t kSgemmRows = (\d+);", (SRC / "dispatch.cpp").read_text())
+    assert found is not None and int(found.group(1)) == FEW_ROWS
