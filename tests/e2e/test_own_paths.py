@@ -16,6 +16,7 @@ import pytest
 
 from gmlx_server.engine.arch import ARCHS, make_cache
 from gmlx_server.engine.kernels import fast_ops
+from gmlx_server.engine.kernels.heads import HeadsAttention
 from gmlx_server.engine.loader import LoadedModel, load_gguf_model
 from tests.conftest import smollm2_path
 from tests.unit.conftest import ext
@@ -24,7 +25,7 @@ __all__ = ["ext"]  # the unit tests' fixture: the kernels, or a skip where none 
 
 pytestmark = pytest.mark.slow
 
-OURS = (fast_ops.RMSNorm, fast_ops.RoPE, fast_ops.GatedMLP)
+OURS = (fast_ops.RMSNorm, fast_ops.RoPE, fast_ops.GatedMLP, HeadsAttention)
 
 
 def _bindings() -> dict[str, Any]:
@@ -73,7 +74,7 @@ def test_a_native_and_a_kernels_off_model_each_run_their_own_path(ext: ModuleTyp
     counting = _Counting(ext)
     native.kernels.ext = counting  # type: ignore[assignment]  # the same primitives, counted
     alone = _logits(native)
-    assert {"rms_norm", "rope", "gated", "sdpa"} <= set(counting.calls)
+    assert {"rms_norm", "heads", "gated", "sdpa"} <= set(counting.calls)  # RoPE: inside each layer's heads op
 
     off = load_gguf_model(smollm2_path(), "off", native_kernels=False)  # GMLX_NATIVE_KERNELS=0's path
     assert off.kernels is None and off.info.weights_layout != "native"
