@@ -89,9 +89,9 @@ def base_refusal(client: str, model_id: str, fit: list[str]) -> str:
 def too_small(client: str, fixed: int, model_id: str, window: int, fit: list[str], needed: int) -> str:
     where = (f"served models that fit: {', '.join(fit)}" if fit else
              f"no served model fits: serve one with a window of at least {needed} tokens")
-    return (f"{client}'s own prompt (its system prompt and tools) is about {fixed} tokens, which leaves no room "
-            f"for an answer in the {window}-token window of '{model_id}' (--max-output N starts it anyway); "
-            f"{where}")
+    return (f"{client}'s own prompt (its system prompt and tools) is about {fixed} tokens, more than half the "
+            f"{window}-token window of '{model_id}': its conversation would have less room than that prompt, and a "
+            f"reply that runs long fills the window (--max-output N starts it anyway); {where}")
 
 
 def _error_text(r: httpx.Response) -> str:

@@ -42,10 +42,11 @@ MIN_OUTPUT = 128  # less than this is not an answer: launch refuses instead
 
 
 def fitting_max_output(window: int, fixed: int = 0) -> int | None:
-    """A quarter of the window (at most 32000), and at most half of what the fixed prompt leaves, so the
-    conversation has as much room again to grow for a few turns; None when that is under MIN_OUTPUT."""
-    out = min(window // 4, MAX_OUTPUT_CEILING, (window - fixed) // 2)
-    return out if out >= MIN_OUTPUT else None
+    """A quarter of the window (at most 32000); None when that is under MIN_OUTPUT, or when the client's own prompt
+    takes more than half the window: its conversation would have less room than the prompt, and the small models
+    such windows come with copy the agent's prompt back in a loop (docs/agents.md, "The harness matrix")."""
+    out = min(window // 4, MAX_OUTPUT_CEILING)
+    return out if out >= MIN_OUTPUT and 2 * fixed <= window else None
 
 
 def context_window(row: Mapping[str, Any]) -> int:
@@ -68,6 +69,6 @@ def models_that_fit(rows: Iterable[Mapping[str, Any]], fixed: FixedPrompt) -> li
 
 
 def needed_window(fixed: FixedPrompt) -> int:
-    """The smallest window fitting_max_output accepts beside `fixed` (the quarter rule needs 4 x MIN_OUTPUT)."""
+    """The smallest window fitting_max_output accepts beside `fixed`: twice the prompt, and 4 x MIN_OUTPUT."""
     least = min(fixed.full, fixed.compact) if fixed.compact is not None else fixed.full
-    return max(least + 2 * MIN_OUTPUT, 4 * MIN_OUTPUT)
+    return max(2 * least, 4 * MIN_OUTPUT)

@@ -125,7 +125,7 @@ def test_a_client_whose_own_prompt_leaves_no_room_is_refused_naming_the_models_t
     proc, rec = launch(tmp_path, ["claude", "--model", "fast", "--url", url, "--api-key", "sekrit"])
     assert proc.returncode == 2 and rec is None
     assert f"about {FIXED_PROMPT['claude'].compact} tokens" in proc.stderr  # its tools compact, and still too big
-    assert "4096-token window of 'm2'" in proc.stderr
+    assert "more than half the 4096-token window of 'm2'" in proc.stderr
     assert "served models that fit: m1" in proc.stderr and "clamp" not in proc.stderr
     proc, rec = launch(tmp_path, ["claude", "--model", "m1", "--url", url, "--api-key", "sekrit"])
     assert proc.returncode == 7 and rec is not None
@@ -173,11 +173,12 @@ def test_window_and_output_rules() -> None:
     assert context_window({"context_length": 32768, "max_context_at_width_1": 9000}) == 9000
     assert (fitting_max_output(8192), fitting_max_output(32768), fitting_max_output(1 << 20)) == (2048, 8192, 32000)
     assert fitting_max_output(300) is None  # a quarter of it is no answer
-    # SmolLM2's 8K window: opencode's 7.6K and Claude Code's 20K fit only because the server renders their tools
-    # compactly past half the window (3.1K and 5.3K in all); counted in full, opencode would get 286
+    # SmolLM2's 8K window: opencode's 7.6K fits only because the server renders its tools compactly past half the
+    # window (3.1K in all); Codex's 6.2K and Claude Code's 5.3K (compact) take more than half of it: refused
     assert [fitting_max_output(8192, FIXED_PROMPT[c].at(8192)) for c in ("opencode", "codex", "pi", "claude")] == [
-        2048, 996, 2048, 1428]
-    assert fitting_max_output(8192, FIXED_PROMPT["opencode"].full) == 286
+        2048, None, 2048, None]
+    assert fitting_max_output(8192, FIXED_PROMPT["opencode"].full) is None
+    assert (fitting_max_output(8192, 4096), fitting_max_output(8192, 4097)) == (2048, None)  # half is the line
     assert FIXED_PROMPT["claude"].at(40_000) == FIXED_PROMPT["claude"].full  # tools under half: in full
     # the model's own tool_prompt_budget, against its whole window, as the server weighs them
     row = {"context_length": 40_000, "max_context_at_width_1": 30_000, "tool_prompt_budget": 0.25}
@@ -190,9 +191,10 @@ def test_window_and_output_rules() -> None:
     base = {"kind": "chat", "context_length": 32768, "base": True}  # never ends a turn unless its profile stops it
     assert models_that_fit([{**base, "id": "b", "stop": []}, {**base, "id": "s", "stop": ["\n"]}],
                            FIXED_PROMPT["claude"]) == ["s"]
-    assert needed_window(FIXED_PROMPT["claude"]) == 5336 + 256
-    assert "no served model fits: serve one with a window of at least 5592" in too_small(
-        "Claude Code", 5336, "tiny", 4096, models_that_fit(rows[:1], FIXED_PROMPT["claude"]), 5592)
+    assert needed_window(FIXED_PROMPT["claude"]) == 2 * 5336
+    assert fitting_max_output(2 * 5336, FIXED_PROMPT["claude"].at(2 * 5336)) == 2 * 5336 // 4
+    assert "no served model fits: serve one with a window of at least 10672" in too_small(
+        "Claude Code", 5336, "tiny", 4096, models_that_fit(rows[:1], FIXED_PROMPT["claude"]), 10672)
 
 
 def test_launch_is_listed_in_gmlx_help() -> None:
