@@ -8,11 +8,14 @@ against the real clients.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from gmlx_server.config.settings import DEFAULT_TOOL_PROMPT_BUDGET
+
+SPREAD = 1.1  # the table counts SmolLM2 tokens; other tokenizers write the same text within a tenth of that
 
 
 @dataclass(frozen=True)
@@ -23,8 +26,17 @@ class FixedPrompt:
 
     def at(self, window: int, share: float = DEFAULT_TOOL_PROMPT_BUDGET) -> int:
         """What the model gets: past the model's tool_prompt_budget share of its window the server renders the
-        tools compactly, where that was measured; otherwise the full figure (an upper bound)."""
-        return self.compact if self.compact is not None and self.tools > share * window else self.full
+        tools compactly, where that was measured; otherwise, or within the tokenizers' spread of that line (Qwen
+        writes Claude Code's tools in 15,967 tokens, under half of 32768), the full figure (an upper bound)."""
+        return self.compact if self.compact is not None and self.tools > SPREAD * share * window else self.full
+
+    def compact_budget(self, window: int) -> float | None:
+        """A tool_prompt_budget (in twentieths) that has the server render these tools compactly on this window,
+        when the prompt then fits (is at most half of it); None when none does."""
+        if self.compact is None or 2 * self.compact > window:
+            return None
+        share = math.floor(20 * self.tools / (SPREAD * window)) / 20
+        return share if share > 0 else None
 
     def on(self, row: Mapping[str, Any]) -> int:
         """at() for a /v1/models row: the server weighs the tools against the model's whole window."""

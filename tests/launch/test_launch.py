@@ -47,10 +47,12 @@ sys.exit(7)
 
 @pytest.fixture
 def server() -> Iterator[tuple[str, Served]]:
-    """m1 with a 32K window, m2 (alias fast) with 4K: beside Claude Code's 20K prompt only m1 fits."""
+    """m1 with a 32K window whose tools render compactly past a quarter of it, m2 (alias fast) with 4K: beside
+    Claude Code's 20K prompt (5.3K with its tools compact) only m1 fits."""
     config = make_config(("m1", "m2"), aliases={"fast": "m2"}, api_key="sekrit", env=RuntimeEnv(sse_keepalive_s=0.05))
     small = dataclasses.replace(config.models["m2"], max_kv_size=4096)
-    s = serve(dataclasses.replace(config, models=MappingProxyType({**config.models, "m2": small})),
+    compact = dataclasses.replace(config.models["m1"], tool_prompt_budget=0.25)
+    s = serve(dataclasses.replace(config, models=MappingProxyType({**config.models, "m1": compact, "m2": small})),
               FakeFactory(context_length=32768))
     with ThreadedServer(s.app) as url:
         yield url, s
@@ -129,8 +131,8 @@ def test_a_client_whose_own_prompt_leaves_no_room_is_refused_naming_the_models_t
     assert "served models that fit: m1" in proc.stderr and "clamp" not in proc.stderr
     proc, rec = launch(tmp_path, ["claude", "--model", "m1", "--url", url, "--api-key", "sekrit"])
     assert proc.returncode == 7 and rec is not None
-    sized = fitting_max_output(32768, FIXED_PROMPT["claude"].at(32768))
-    assert rec["env"]["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == str(sized)
+    sized = fitting_max_output(32768, FIXED_PROMPT["claude"].at(32768, 0.25))
+    assert rec["env"]["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == str(sized) == "8192"
 
 
 @pytest.mark.parametrize("client, package", [("claude", "@anthropic-ai/claude-code"),
@@ -180,15 +182,25 @@ def test_window_and_output_rules() -> None:
     assert fitting_max_output(8192, FIXED_PROMPT["opencode"].full) is None
     assert (fitting_max_output(8192, 4096), fitting_max_output(8192, 4097)) == (2048, None)  # half is the line
     assert FIXED_PROMPT["claude"].at(40_000) == FIXED_PROMPT["claude"].full  # tools under half: in full
+    # 17,027 SmolLM2 tokens are over half of 32768, but Qwen writes them in 15,967: within the tokenizers' spread
+    # of the line launch counts them in full, and Claude Code's 20K is more than half the window
+    assert fitting_max_output(32768, FIXED_PROMPT["claude"].at(32768)) is None
+    assert FIXED_PROMPT["claude"].compact_budget(32768) == 0.45  # which renders them compactly on any tokenizer
+    assert fitting_max_output(32768, FIXED_PROMPT["claude"].at(32768, 0.45)) == 8192
+    assert "or serve 'qwen' with tool_prompt_budget: 0.45, which renders its tools compactly" in too_small(
+        "Claude Code", 20223, "qwen", 32768, [], 10672, 0.45)
+    assert FIXED_PROMPT["codex"].compact_budget(32768) is None  # not measured compactly
     # the model's own tool_prompt_budget, against its whole window, as the server weighs them
     row = {"context_length": 40_000, "max_context_at_width_1": 30_000, "tool_prompt_budget": 0.25}
     assert FIXED_PROMPT["claude"].on(row) == FIXED_PROMPT["claude"].compact
     assert FIXED_PROMPT["claude"].on({**row, "tool_prompt_budget": 1.0}) == FIXED_PROMPT["claude"].full
     assert fitting_max_output(4096, FIXED_PROMPT["claude"].at(4096)) is None
     rows = [{"id": "tiny", "kind": "chat", "context_length": 4096}, {"id": "e", "kind": "embeddings"},
-            {"id": "gemma", "kind": "chat", "context_length": 32768, "max_context_at_width_1": 30000}]
-    assert models_that_fit(rows, FIXED_PROMPT["claude"]) == ["gemma"]
-    base = {"kind": "chat", "context_length": 32768, "base": True}  # never ends a turn unless its profile stops it
+            {"id": "gemma", "kind": "chat", "context_length": 32768, "max_context_at_width_1": 30000,
+             "tool_prompt_budget": 0.25}, {"id": "qwen", "kind": "chat", "context_length": 32768}]
+    assert models_that_fit(rows, FIXED_PROMPT["claude"]) == ["gemma"]  # qwen renders Claude Code's tools in full
+    # a base model ends no turn unless its profile's stop strings end it
+    base = {"kind": "chat", "context_length": 32768, "base": True, "tool_prompt_budget": 0.25}
     assert models_that_fit([{**base, "id": "b", "stop": []}, {**base, "id": "s", "stop": ["\n"]}],
                            FIXED_PROMPT["claude"]) == ["s"]
     assert needed_window(FIXED_PROMPT["claude"]) == 2 * 5336
