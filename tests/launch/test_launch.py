@@ -308,6 +308,7 @@ def test_codex_gets_a_provider_merged_into_config_toml_and_the_model_in_a_profil
     assert proc.returncode == 7, proc.stderr
     assert rec is not None and rec["argv"][1:] == ["--profile", "gmlx", "exec", "--skip-git-repo-check", "say hi"]
     assert rec["env"]["GMLX_API_KEY"] == "sekrit"  # Codex reads the key from the variable env_key names
+    assert "default_max_tokens (4096), at most half of what its prompt leaves in the window" in proc.stderr
     text = (home / "config.toml").read_text()
     assert "# my settings" in text and "# the cloud default stays" in text and "sekrit" not in text
     after, before = tomllib.loads(text), tomllib.loads(CODEX_TOML)
