@@ -81,7 +81,8 @@ def assert_refused_up_front(cell: Cell, root: Path, rows: list[dict[str, Any]], 
     assert cell.returncode == 2 and cell.refusal is not None, cell.stderr + cell.log[-3000:]
     fit = models_that_fit(rows, FIXED_PROMPT[cell.client])
     assert cell.model not in fit and why in cell.refusal, cell.refusal
-    assert (f"served models that fit: {', '.join(fit)}" if fit else "no served model fits") in cell.refusal
+    named = cell.refusal.partition("served models that fit: ")[2].split(";")[0]
+    assert named == ", ".join(fit) and (fit or "no served" in cell.refusal), cell.refusal
     assert not cell.requests and not (root / "home").exists()  # refused before it wrote or ran anything
 
 
