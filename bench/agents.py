@@ -202,7 +202,7 @@ def matrix_rows(clients: list[str], models: list[str]) -> list[str]:
     from tests.conftest import gemma_path, qwen_coder_path, smollm2_path
 
     paths = {"smollm2": smollm2_path(), "gemma": gemma_path(), "qwen": qwen_coder_path("0.5b")}
-    lines = [f"{'client':<9}{'model':<9}{'requests':>9}{'prompt':>8}{'ttft_s':>8}{'turn_s':>8}  outcome"]
+    lines = [f"{'client':<9}{'model':<11}{'requests':>9}{'prompt':>8}{'ttft_s':>8}{'turn_s':>8}  outcome"]
     with tempfile.TemporaryDirectory() as d:
         root = Path(d)
         (root / "gmlx.yaml").write_text(matrix.matrix_config(paths))
@@ -225,7 +225,7 @@ def matrix_line(cell: matrix.Cell) -> str:
         outcome = f"answered (cap {cell.cap}, status {statuses}): {cell.stdout.strip().splitlines()[-1][:60]!r}"
     else:
         outcome = f"failed, exit {cell.returncode} (status {statuses}): {(cell.stdout + cell.stderr).strip()[-120:]!r}"
-    return (f"{cell.client:<9}{cell.model:<9}{len(reqs):>9}{first.get('prompt_tokens', '-'):>8}"
+    return (f"{cell.client:<9}{cell.model:<11}{len(reqs):>9}{first.get('prompt_tokens', '-'):>8}"
             f"{first.get('ttft_s', '-'):>8}{cell.wall_s:>8.1f}  {outcome}")
 
 

@@ -65,8 +65,10 @@ _PRE_SPLITS: dict[str, str] = {
 _DIGIT_PRES = frozenset({"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"})
 _GPT2_PRES = frozenset({"gpt2", "gpt-2", "default", "mpt", "olmo", "jais", "trillion", "phi-2"})
 
-# End-of-generation tokens llama.cpp recognises by name, when the file marks them control.
-_EOG_NAMES = ("<end_of_turn>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<|return|>", "<|call|>")
+# End-of-generation tokens llama.cpp recognises by name, when the file marks them control: a ChatML model's
+# GGUF names <|im_end|> its eos, but the document end <|endoftext|> (Qwen2.5, SmolLM2) ends a reply too.
+_EOG_NAMES = ("<end_of_turn>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<|return|>", "<|call|>", "<|endoftext|>",
+              "<|end_of_text|>")
 # A base model never learned to end a turn, but one that opens the next has ended its own.
 _TURN_OPENERS = ("<start_of_turn>", "<|im_start|>", "<|start_header_id|>")
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")

@@ -99,5 +99,6 @@ def codex(url: str, key: str | None, t: ModelTarget, args: list[str], env: Mappi
     out = {**env, KEY_ENV: key} if key else dict(env)
     notes = [f"context window {t.context_window}, auto-compact at {t.context_window - t.max_output} tokens "
              f"(profile {PROFILE})",
-             f"Codex sends no output cap: the server's default_max_tokens ({t.default_max_tokens}) bounds an answer"]
+             f"Codex sends no output cap: the server's default_max_tokens ({t.default_max_tokens}), at most half of "
+             "what its prompt leaves in the window, bounds an answer"]
     return Invocation(["codex", "--profile", PROFILE, *args], out, [config, profile], notes)

@@ -71,8 +71,9 @@ class ServerClient:
         fixed = prompt.on(row)
         out = max_output if max_output is not None else fitting_max_output(window, fixed)
         if out is None:
+            budget = prompt.compact_budget(window) if fixed == prompt.full else None
             raise LaunchError(too_small(client, fixed, model_id, window, models_that_fit(rows, prompt),
-                                        needed_window(prompt)), 2)
+                                        needed_window(prompt), budget), 2)
         if not 0 < out < window:
             raise LaunchError(f"--max-output {out} does not fit the {window}-token window of '{model_id}'", 2)
         return ModelTarget(model, model_id, window, out, row.get("default_max_tokens"), fixed)
@@ -86,12 +87,15 @@ def base_refusal(client: str, model_id: str, fit: list[str]) -> str:
             f"'{model_id}@NAME', or serve an instruct model; {where}")
 
 
-def too_small(client: str, fixed: int, model_id: str, window: int, fit: list[str], needed: int) -> str:
+def too_small(client: str, fixed: int, model_id: str, window: int, fit: list[str], needed: int,
+              budget: float | None = None) -> str:
     where = (f"served models that fit: {', '.join(fit)}" if fit else
              f"no served model fits: serve one with a window of at least {needed} tokens")
-    return (f"{client}'s own prompt (its system prompt and tools) is about {fixed} tokens, which leaves no room "
-            f"for an answer in the {window}-token window of '{model_id}' (--max-output N starts it anyway); "
-            f"{where}")
+    compact = (f"; or serve '{model_id}' with tool_prompt_budget: {budget:g}, which renders its tools compactly"
+               if budget is not None else "")
+    return (f"{client}'s own prompt (its system prompt and tools) is about {fixed} tokens, more than half the "
+            f"{window}-token window of '{model_id}': its conversation would have less room than that prompt, and a "
+            f"reply that runs long fills the window (--max-output N starts it anyway); {where}{compact}")
 
 
 def _error_text(r: httpx.Response) -> str:

@@ -8,11 +8,14 @@ against the real clients.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from gmlx_server.config.settings import DEFAULT_TOOL_PROMPT_BUDGET
+
+SPREAD = 1.1  # the table counts SmolLM2 tokens; other tokenizers write the same text within a tenth of that
 
 
 @dataclass(frozen=True)
@@ -23,8 +26,17 @@ class FixedPrompt:
 
     def at(self, window: int, share: float = DEFAULT_TOOL_PROMPT_BUDGET) -> int:
         """What the model gets: past the model's tool_prompt_budget share of its window the server renders the
-        tools compactly, where that was measured; otherwise the full figure (an upper bound)."""
-        return self.compact if self.compact is not None and self.tools > share * window else self.full
+        tools compactly, where that was measured; otherwise, or within the tokenizers' spread of that line (Qwen
+        writes Claude Code's tools in 15,967 tokens, under half of 32768), the full figure (an upper bound)."""
+        return self.compact if self.compact is not None and self.tools > SPREAD * share * window else self.full
+
+    def compact_budget(self, window: int) -> float | None:
+        """A tool_prompt_budget (in twentieths) that has the server render these tools compactly on this window,
+        when the prompt then fits (is at most half of it); None when none does."""
+        if self.compact is None or 2 * self.compact > window:
+            return None
+        share = math.floor(20 * self.tools / (SPREAD * window)) / 20
+        return share if share > 0 else None
 
     def on(self, row: Mapping[str, Any]) -> int:
         """at() for a /v1/models row: the server weighs the tools against the model's whole window."""
@@ -42,10 +54,11 @@ MIN_OUTPUT = 128  # less than this is not an answer: launch refuses instead
 
 
 def fitting_max_output(window: int, fixed: int = 0) -> int | None:
-    """A quarter of the window (at most 32000), and at most half of what the fixed prompt leaves, so the
-    conversation has as much room again to grow for a few turns; None when that is under MIN_OUTPUT."""
-    out = min(window // 4, MAX_OUTPUT_CEILING, (window - fixed) // 2)
-    return out if out >= MIN_OUTPUT else None
+    """A quarter of the window (at most 32000); None when that is under MIN_OUTPUT, or when the client's own prompt
+    takes more than half the window: its conversation would have less room than the prompt, and the small models
+    such windows come with copy the agent's prompt back in a loop (docs/agents.md, "The harness matrix")."""
+    out = min(window // 4, MAX_OUTPUT_CEILING)
+    return out if out >= MIN_OUTPUT and 2 * fixed <= window else None
 
 
 def context_window(row: Mapping[str, Any]) -> int:
@@ -68,6 +81,6 @@ def models_that_fit(rows: Iterable[Mapping[str, Any]], fixed: FixedPrompt) -> li
 
 
 def needed_window(fixed: FixedPrompt) -> int:
-    """The smallest window fitting_max_output accepts beside `fixed` (the quarter rule needs 4 x MIN_OUTPUT)."""
+    """The smallest window fitting_max_output accepts beside `fixed`: twice the prompt, and 4 x MIN_OUTPUT."""
     least = min(fixed.full, fixed.compact) if fixed.compact is not None else fixed.full
-    return max(least + 2 * MIN_OUTPUT, 4 * MIN_OUTPUT)
+    return max(2 * least, 4 * MIN_OUTPUT)

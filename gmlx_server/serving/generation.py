@@ -262,13 +262,18 @@ async def count_prompt_tokens(host: ModelHost, inp: GenerationParams) -> tuple[s
     return prompt.model_id, len(prompt.ids)
 
 
+def default_cap(configured: int, prompt_tokens: int, budget: int) -> int:
+    """A cap-less request's cap: default_max_tokens, at most half of what the window leaves after the prompt, so
+    the conversation keeps as much room again for its next turn (as launch sizes a client)."""
+    return max(1, min(configured, (budget - prompt_tokens) // 2))
+
+
 def output_cap(host: ModelHost, prompt: Prompt, explicit: int | None, request_id: str) -> OutputCap:
-    """The context fit: the explicit max_tokens, else the profile's, else the model's default_max_tokens (never the
-    whole window), within what the window leaves."""
-    budget = prompt.engine.info.context_length
-    implicit = prompt.settings.max_tokens
-    cap = fit_context(len(prompt.ids), explicit, implicit if implicit is not None else
-                      host.config.default_max_tokens(prompt.model_id), budget, prompt.model_id,
+    """The context fit: the explicit max_tokens, else the profile's, else default_cap, within the window."""
+    budget, implicit = prompt.engine.info.context_length, prompt.settings.max_tokens
+    if implicit is None:
+        implicit = default_cap(host.config.default_max_tokens(prompt.model_id), len(prompt.ids), budget)
+    cap = fit_context(len(prompt.ids), explicit, implicit, budget, prompt.model_id,
                       clamp=prompt.model_id in host.catalog.clamped)
     if cap.requested is not None:
         log.info("%s: max_tokens %d clamped to %d (%d prompt tokens, context window %d of model '%s')",

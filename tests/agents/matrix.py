@@ -1,6 +1,6 @@
 """The harness matrix: every `gmlx launch` client on every chat test model, one "Say hi" turn each, with
-launch's default sizing, against one `gmlx serve` that holds the three models. tests/agents/test_matrix.py
-asserts each cell; `bench/agents.py --matrix` prints its times.
+launch's default sizing, against one `gmlx serve` that serves the models as it does by default (no profile,
+each family's sampling). tests/agents/test_matrix.py asserts each cell; `bench/agents.py --matrix` prints its times.
 
 A cell's outcome is read from the client (exit status, answer, launch's own lines) and from the server's
 request log lines the turn wrote (status, prompt and generated tokens, TTFT), so the same run serves both.
@@ -15,12 +15,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.agents.harness import client_env, gmlx_launch, run
+import httpx
+
+from tests.agents.harness import RUN_S, client_env, gmlx_launch, run
 from tests.e2e.server import LiveServer
 
 QUESTION = "Say hi in one short sentence."
 CLIENTS = ("claude", "codex", "opencode", "pi")
-MODELS = ("smollm2", "gemma", "qwen")
+MODELS = ("smollm2", "qwen", "gemma-base")  # Gemma 3 270M as served by default: a base model, refused
 # Each client's non-interactive one-turn form, after launch's own options.
 TURN_ARGS = {"claude": ["-p", QUESTION], "codex": ["exec", "--skip-git-repo-check", QUESTION],
              "opencode": ["run", QUESTION], "pi": ["--no-session", "-p", QUESTION]}
@@ -31,24 +33,17 @@ _FIELD = re.compile(r'(\w+)=("[^"]*"|\S+)')
 
 
 def matrix_config(paths: Mapping[str, str]) -> str:
-    """The server's YAML: the three models, each bounded by a profile, since the clients name their own caps
-    (launch's) and tiny models greedy loop on them: SmolLM2 and Qwen greedy to the first line break, Gemma 3
-    270M (a base model that never ends a turn) seeded to a line break or a full stop. Qwen renders tools
-    compactly past a quarter of its window (default half): Claude Code's 24 tools take 16K Qwen tokens in
-    full, an 18.7K-token first request, minutes of prefill on 2 cores. `gemma-clamp` is Gemma with the clamp
-    on (test_agents.py); every other id has it off, as `gmlx serve` does. `gemma-base` is Gemma as the default
-    set-up serves it, no profile: launch refuses it up front (a base model nothing stops). `smollm2-default` is
-    SmolLM2 with no profile, for `bench/agents.py --matrix --models smollm2-default` (docs/agents.md)."""
-    return ("server: {decode_batch: 1}\n"
-            "models:\n"
-            f"  smollm2: {{path: {paths['smollm2']}, profile: greedy}}\n"
+    """The server's YAML. The matrix's models are served as `gmlx serve` serves a GGUF: no profile, no
+    sampling, stop or budget of the tests' own, so the cells meet what a user meets. `gemma` (a profile that
+    stops the base model at a line break) and `gemma-clamp` (the same with the clamp on) are for test_agents.py,
+    which starts Claude Code by hand."""
+    return ("models:\n"
+            f"  smollm2: {{path: {paths['smollm2']}}}\n"
+            f"  qwen: {{path: {paths['qwen']}}}\n"
+            f"  gemma-base: {{path: {paths['gemma']}}}\n"
             f"  gemma: {{path: {paths['gemma']}, profile: oneline}}\n"
             f"  gemma-clamp: {{path: {paths['gemma']}, profile: oneline, clamp_max_tokens: true}}\n"
-            f"  gemma-base: {{path: {paths['gemma']}}}\n"
-            f"  smollm2-default: {{path: {paths['smollm2']}}}\n"
-            f"  qwen: {{path: {paths['qwen']}, profile: greedy, tool_prompt_budget: 0.25}}\n"
             "profiles:\n"
-            '  greedy: {stop: ["\\n"], max_tokens: 96, temperature: 0}\n'
             '  oneline: {stop: ["\\n", "."], max_tokens: 64, seed: 1}\n')
 
 
@@ -90,6 +85,7 @@ def run_cell(server: LiveServer, root: Path, client: str, model: str) -> Cell:
     """One turn of `client` on `model` through gmlx launch, in a fresh home and work directory under root."""
     home, work = root / "home", root / "work"
     work.mkdir(parents=True, exist_ok=True)
+    wait_idle(server)
     before = len(server.log())
     t0 = time.perf_counter()
     try:
@@ -98,6 +94,14 @@ def run_cell(server: LiveServer, root: Path, client: str, model: str) -> Cell:
     except subprocess.TimeoutExpired as e:
         rc, out, err = 124, _text(e.stdout), _text(e.stderr) + f"\n(no end after {e.timeout} s)"
     return Cell(client, model, rc, out, err, server.log()[before:], time.perf_counter() - t0)
+
+
+def wait_idle(server: LiveServer, bound_s: float = RUN_S) -> None:
+    """Until no request runs: a client killed at the bound leaves its request running for a while, and a cell
+    must not share the machine with the previous one's."""
+    deadline = time.monotonic() + bound_s
+    while time.monotonic() < deadline and httpx.get(server.v1 + "/metrics", timeout=30).json()["server"]["requests"]:
+        time.sleep(2)
 
 
 def _text(data: bytes | str | None) -> str:

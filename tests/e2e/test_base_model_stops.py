@@ -60,10 +60,11 @@ def test_models_say_which_is_a_base_model_its_stops_and_tool_budget(server: Live
 
 
 def launch(server: LiveServer, tmp_path: Path, model: str) -> subprocess.CompletedProcess[str]:
-    """`gmlx launch claude --dry-run` with a stand-in claude on PATH: launch's checks, no client run."""
-    (tmp_path / "claude").write_text("#!/bin/sh\nexit 0\n")
-    (tmp_path / "claude").chmod(0o755)
-    return subprocess.run([sys.executable, "-m", "gmlx_server.cli", "launch", "claude", "--model", model, "--url",
+    """`gmlx launch pi --dry-run` with a stand-in pi on PATH: launch's checks, no client run (pi's 1.5K-token
+    prompt fits SmolLM2's window; Claude Code's takes more than half of it)."""
+    (tmp_path / "pi").write_text("#!/bin/sh\nexit 0\n")
+    (tmp_path / "pi").chmod(0o755)
+    return subprocess.run([sys.executable, "-m", "gmlx_server.cli", "launch", "pi", "--model", model, "--url",
                            server.base_url, "--dry-run"], capture_output=True, text=True, timeout=300, cwd=ROOT,
                           env={"PATH": f"{tmp_path}:/usr/bin:/bin", "HOME": str(tmp_path)})
 

@@ -295,7 +295,7 @@ def test_sampling_stop_and_thinking_reach_the_engine(served: Served) -> None:
 def test_max_tokens_is_optional(served: Served) -> None:
     served.client.post("/v1/messages", json={"model": "m1", "messages": HI})
     req = served.engine().submitted[-1]
-    assert req.max_tokens == 4096 - len(req.prompt_tokens)
+    assert req.max_tokens == (4096 - len(req.prompt_tokens)) // 2  # the default cap: half of what the prompt leaves
 
 
 # --- count_tokens ---------------------------------------------------------------------------------
