@@ -119,7 +119,10 @@ class Pool {
   int size() const { return static_cast<int>(threads_.size()) + 1; }
 
   void run(int64_t tasks, const std::function<void(int64_t)>& fn) {
-    if (threads_.empty() || tasks <= 1) {
+    // One run at a time: the run's state is shared with the workers. Another caller meanwhile (a second model's
+    // engine evaluating on its own stream) runs its tasks on its own thread; two interleaved runs spun forever.
+    std::unique_lock<std::mutex> mine(run_mu_, std::try_to_lock);
+    if (!mine.owns_lock() || threads_.empty() || tasks <= 1) {
       for (int64_t i = 0; i < tasks; ++i) fn(i);
       return;
     }
@@ -179,6 +182,7 @@ class Pool {
   }
 
   std::vector<std::thread> threads_;
+  std::mutex run_mu_;  // held by the one caller whose run the workers serve
   std::atomic<uint64_t> state_{0};
   std::atomic<int64_t> done_{0};
   uint64_t gen_ = 0;  // the caller's copy (only the caller writes state_'s generation)
