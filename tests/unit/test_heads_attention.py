@@ -95,3 +95,20 @@ def test_heads_attention_keeps_the_logits(ext: ModuleType, path: Any, monkeypatc
     got, want = _steps(ours, True, True), _steps(theirs, True, True)
     for g, w in zip(got, want, strict=True):  # MLX's attention, exp and norms: close, not to the bit
         assert float(np.abs(g - w).max()) < 2e-2 * max(1.0, float(np.abs(w).max()))
+
+
+def test_layers_with_float_projections_keep_their_own_forward(ext: ModuleType) -> None:
+    """A float matrix loads as a dense Linear (the thinking-model fixture's): no GGUF source for the heads op, so the
+    layer is not swapped and the model runs as before."""
+    from gmlx_server.engine.attention import use_gmlx_attention
+    from gmlx_server.engine.kernels import fast_ops
+    from gmlx_server.engine.kernels.heads import use_heads_attention
+    from tests.unit.test_model_modules import CASES, _logits, _model
+
+    model = _model(*CASES["qwen3"])
+    prims = fast_ops.Primitives(ext)
+    fast_ops.use_kernel_modules(model, prims)
+    assert use_gmlx_attention(model, cpu=True, prims=prims) == 2
+    want = _logits(model)
+    assert use_heads_attention(model, prims) == 0
+    assert mx.array_equal(_logits(model), want)

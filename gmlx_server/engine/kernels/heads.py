@@ -34,6 +34,18 @@ def _source(proj: Any, x: mx.array) -> tuple[mx.array, int] | None:
 _PLAIN: dict[type, bool] = {}  # cache class -> one of mlx-vlm's plain caches (or a subclass), looked up per step
 
 
+def _width(proj: Any) -> int | None:
+    """A GGUF projection's output width; None for any other module (a float matrix loads as a dense Linear)."""
+    if isinstance(proj, FusedPart):
+        return proj.width
+    return int(proj.weight.shape[0]) if isinstance(proj, GGUFLinear) else None
+
+
+def _covers(layer: nn.Module) -> bool:
+    """A plain_attention layer whose q/k/v projections are GGUF blocks, the sources GKHeads reads."""
+    return vlm_adapter.plain_attention(layer) and all(_width(child(layer, n)) for n in ("q_proj", "k_proj", "v_proj"))
+
+
 def _plain_cache(cache: Any) -> bool:
     if cache is None:
         return True
@@ -55,10 +67,9 @@ class HeadsAttention(nn.Module):
         self._attend = vlm_adapter.family_attention(type(layer))
         self._prims, self.scale = prims, float(layer.scale)
         self.n_heads, self.n_kv_heads = vlm_adapter.attention_heads(layer)
-        self.head_dim = int(self["o_proj"].in_dims) // self.n_heads
+        self.head_dim = (_width(self["q_proj"]) or 0) // self.n_heads
         rope, norms = self["rope"], self._norms()
-        projections = all(isinstance(self[n], FusedPart | GGUFLinear) for n in ("q_proj", "k_proj", "v_proj"))
-        self._covered = projections and isinstance(rope, RoPE) and rope.plain() and norms is not None  # fixed at load
+        self._covered = isinstance(rope, RoPE) and rope.plain() and norms is not None  # fixed at load
 
     def _norms(self) -> tuple[RMSNorm | None, RMSNorm | None] | None:
         qn, kn = child(self, "q_norm"), child(self, "k_norm")
@@ -105,9 +116,9 @@ def _offset(cache: Any) -> Any:
 
 
 def use_heads_attention(model: nn.Module, prims: Primitives) -> int:
-    """Swap `model`'s plain attention layers (after use_gmlx_attention) for HeadsAttention; returns how many."""
-    swaps = [(path, HeadsAttention(m, prims)) for path, m in model.named_modules()
-             if path and vlm_adapter.plain_attention(m)]
+    """Swap `model`'s plain attention layers (after use_gmlx_attention) whose projections are GGUF blocks for
+    HeadsAttention; returns how many."""
+    swaps = [(path, HeadsAttention(m, prims)) for path, m in model.named_modules() if path and _covers(m)]
     for path, new in swaps:
         replace_module(model, path, new)
     return len(swaps)

@@ -98,6 +98,11 @@ class FusedPart(nn.Module):
         y, start = self.source(x)
         return y[..., start: self._end]
 
+    @property
+    def width(self) -> int:
+        """This part's output columns."""
+        return self._end - self._start
+
     def halves_with(self, other: FusedPart) -> bool:
         """This part and `other` are the two equal halves of one fused projection, in that order (gate, up)."""
         fused = self._fused()
