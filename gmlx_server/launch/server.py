@@ -89,8 +89,12 @@ def base_refusal(client: str, model_id: str, fit: list[str]) -> str:
 
 def too_small(client: str, fixed: int, model_id: str, window: int, fit: list[str], needed: int,
               budget: float | None = None) -> str:
-    where = (f"served models that fit: {', '.join(fit)}" if fit else
-             f"no served model fits: serve one with a window of at least {needed} tokens")
+    if fit:
+        where = f"served models that fit: {', '.join(fit)}"
+    elif budget is not None and window >= needed:  # the window is big enough: the tools' rendering is not
+        where = "no served model fits as its tools are rendered"
+    else:
+        where = f"no served model fits: serve one with a window of at least {needed} tokens"
     compact = (f"; or serve '{model_id}' with tool_prompt_budget: {budget:g}, which renders its tools compactly"
                if budget is not None else "")
     return (f"{client}'s own prompt (its system prompt and tools) is about {fixed} tokens, more than half the "

@@ -187,8 +187,10 @@ def test_window_and_output_rules() -> None:
     assert fitting_max_output(32768, FIXED_PROMPT["claude"].at(32768)) is None
     assert FIXED_PROMPT["claude"].compact_budget(32768) == 0.45  # which renders them compactly on any tokenizer
     assert fitting_max_output(32768, FIXED_PROMPT["claude"].at(32768, 0.45)) == 8192
-    assert "or serve 'qwen' with tool_prompt_budget: 0.45, which renders its tools compactly" in too_small(
-        "Claude Code", 20223, "qwen", 32768, [], 10672, 0.45)
+    refusal = too_small("Claude Code", 20223, "qwen", 32768, [], 10672, 0.45)
+    assert "or serve 'qwen' with tool_prompt_budget: 0.45, which renders its tools compactly" in refusal
+    assert "at least" not in refusal  # its 32K window is not what is short: no window advice beside a 32K model
+    assert "at least 10672 tokens" in too_small("Claude Code", 5336, "smollm2", 8192, [], 10672, None)
     assert FIXED_PROMPT["codex"].compact_budget(32768) is None  # not measured compactly
     # the model's own tool_prompt_budget, against its whole window, as the server weighs them
     row = {"context_length": 40_000, "max_context_at_width_1": 30_000, "tool_prompt_budget": 0.25}
