@@ -48,6 +48,6 @@ SAMPLING_KNOBS: Mapping[str, Knob] = MappingProxyType({
     "presence_context_size": Knob("integer", 0, _INT_MAX),
     "frequency_context_size": Knob("integer", 0, _INT_MAX),
     "xtc_probability": Knob("number", 0.0, 1.0),
-    "xtc_threshold": Knob("number", 0.0, 1.0),
+    "xtc_threshold": Knob("number", 0.0, 0.5),  # mlx-vlm's XTC refuses more (past 0.5 at most one token is above it)
     "seed": Knob("integer", -(2**63), 2**64 - 1),  # -1: a fresh random seed; MLX keys take it modulo 2**64
 })

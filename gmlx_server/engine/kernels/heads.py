@@ -19,7 +19,7 @@ from gmlx_server.engine import vlm_adapter
 from gmlx_server.engine.kernels.fast_ops import Primitives, RMSNorm, RoPE
 from gmlx_server.engine.kernels.modules import FusedPart, GGUFLinear
 from gmlx_server.engine.kv_half import stores_half
-from gmlx_server.engine.mlx_adapter import child, replace_module
+from gmlx_server.engine.mlx_adapter import child, replace_module, set_child
 
 _CACHES = ("KVCache", "BatchKVCache", "RotatingKVCache", "BatchRotatingKVCache")  # mlx-vlm's plain caches
 
@@ -62,7 +62,7 @@ class HeadsAttention(nn.Module):
         super().__init__()
         for name in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm", "rope"):
             if (m := child(layer, name)) is not None:
-                setattr(self, name, m)
+                set_child(self, name, m)
         self._layer = lambda: layer  # not a child: its parameters are these
         self._attend = vlm_adapter.family_attention(type(layer))
         self._prims, self.scale = prims, float(layer.scale)
