@@ -66,7 +66,7 @@ void head_row(const float* in, const float* w, const HeadsSpec& sp, const float*
 void Heads::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   auto& enc = begin_eval(stream(), inputs, outputs);
   enc.dispatch([inputs, outputs, sp = spec_, cols = cols_, normed = normed_]() mutable {
-    std::vector<float> bufs[3], obuf_f, pbuf, wq, wk;
+    std::vector<float> bufs[3], pbuf, wq, wk;
     std::vector<int32_t> obuf;
     const float* srcs[3];
     for (int i = 0; i < 3; ++i) srcs[i] = row_major(inputs[i], bufs[i]);
