@@ -3,6 +3,8 @@ transpose, norm, RoPE and cast ops, to the bit, and the same logits as the layer
 
 from __future__ import annotations
 
+import re
+import tempfile
 from types import ModuleType
 from typing import Any
 
@@ -61,6 +63,54 @@ def test_heads_refuses_bad_arguments(ext: ModuleType) -> None:
         ext.heads([y.astype(mx.float16)] * 3, [0, H * D, (H + HK) * D], H, HK, D, **good)
     with pytest.raises(ValueError, match="both norms"):
         ext.heads([y, y, y], [0, H * D, (H + HK) * D], H, HK, D, q_norm=mx.ones((D,)), **good)
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_heads_write_into_kv_buffers(ext: ModuleType, case: int) -> None:
+    """Given a cache's buffers, k and v land at [at, at + L) and the rest of each buffer stays as it was, whether
+    the buffers are donated (written in place) or still held elsewhere (copied first)."""
+    rng = np.random.default_rng(case)
+    B, L, S, at, half = 1 + case % 2, 1 + 2 * (case // 2), 12, 3 + case, case % 2 == 1
+    y = mx.array(rng.standard_normal((B, L, (H + 2 * HK) * D)).astype(np.float32))
+    cols, rope = [0, H * D, (H + HK) * D], {"dims": D, "traditional": False, "base": 1e4, "scale": 1.0, "freqs": None}
+    dtype = mx.float16 if half else mx.float32
+    old = [mx.array(rng.standard_normal((B, HK, S, D)).astype(np.float32)).astype(dtype) for _ in range(2)]
+    mx.eval(old)
+    kept = [np.array(o.astype(mx.float32)) for o in old]  # numpy copies: `old` may be donated and written
+    held = [o for o in old] if case < 2 else None  # case 0, 1: other references, so the primitive must copy
+    got = ext.heads([y, y, y], cols, H, HK, D, offset=at, half_kv=half, kv_cache=(old[0], old[1]), at=at, **rope)
+    del old
+    want = _separate(ext, y, cols, at, None, rope, half)
+    np.testing.assert_array_equal(np.array(got[0]), np.array(want[0]))
+    for g, w, k in zip(got[1:], want[1:], kept, strict=True):
+        g32 = np.array(g.astype(mx.float32))
+        np.testing.assert_array_equal(g32[:, :, at: at + L], np.array(w.astype(mx.float32)))
+        rest = list(range(at, at + L))
+        np.testing.assert_array_equal(np.delete(g32, rest, axis=2), np.delete(k, rest, axis=2))
+    if held is not None:  # the arrays still held elsewhere were not written
+        for h, k in zip(held, kept, strict=True):
+            np.testing.assert_array_equal(np.array(h.astype(mx.float32)), k)
+
+
+def test_heads_refuse_kv_buffers_without_room(ext: ModuleType) -> None:
+    y = mx.zeros((1, 2, (H + 2 * HK) * D))
+    good = {"dims": D, "traditional": False, "base": 1e4, "scale": 1.0, "offset": 0}
+    buf = mx.zeros((1, HK, 8, D))
+    with pytest.raises(ValueError, match="no room"):
+        ext.heads([y, y, y], [0, H * D, (H + HK) * D], H, HK, D, kv_cache=(buf, buf), at=7, **good)
+    with pytest.raises(ValueError, match="KV dtype"):
+        ext.heads([y, y, y], [0, H * D, (H + HK) * D], H, HK, D, half_kv=True, kv_cache=(buf, buf), at=0, **good)
+
+
+def test_a_decode_step_appends_without_slice_updates(ext: ModuleType) -> None:
+    """SmolLM2's decode step writes every layer's keys and values from GKHeads: no SliceUpdate in its graph."""
+    lm = loader.load_gguf_model(smollm2_path())
+    cache = [_as_batch(c) for c in lm.make_cache()]
+    mx.eval(lm.model(mx.array([[1, 2, 3, 4, 5]]), cache=cache).logits)
+    with tempfile.NamedTemporaryFile("r", suffix=".dot") as f:
+        mx.export_to_dot(f.name, lm.model(mx.array([[6]]), cache=cache).logits)
+        ops = re.findall(r'label ="([A-Za-z]+)', f.read())
+    assert "GKHeads" in ops and "SliceUpdate" not in ops
 
 
 def _steps(lm: loader.LoadedModel, half: bool, batch: bool) -> list[np.ndarray]:

@@ -10,13 +10,14 @@ than float32) runs the layer's own forward.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from gmlx_server.engine import vlm_adapter
-from gmlx_server.engine.kernels.fast_ops import Primitives, RMSNorm, RoPE
+from gmlx_server.engine import kv_append, vlm_adapter
+from gmlx_server.engine.kernels.fast_ops import Primitives, RMSNorm, RoPE, RopeArgs
 from gmlx_server.engine.kernels.modules import FusedPart, GGUFLinear
 from gmlx_server.engine.kv_half import stores_half
 from gmlx_server.engine.mlx_adapter import child, replace_module, set_child
@@ -55,6 +56,17 @@ def _plain_cache(cache: Any) -> bool:
     return _PLAIN[kind]
 
 
+@dataclass(frozen=True)
+class _Parts:
+    """The layer's pieces GKHeads reads, looked up once at load: a step calls every layer, and each Module
+    lookup costs Python. A plain object, so the module tree does not take it for children."""
+
+    projections: tuple[Any, ...]
+    q_norm: RMSNorm | None
+    k_norm: RMSNorm | None
+    rope: RopeArgs
+
+
 class HeadsAttention(nn.Module):
     """A plain_attention layer (vlm_adapter) with its children under their own names, so parameter paths stay."""
 
@@ -69,7 +81,10 @@ class HeadsAttention(nn.Module):
         self.n_heads, self.n_kv_heads = vlm_adapter.attention_heads(layer)
         self.head_dim = (_width(self["q_proj"]) or 0) // self.n_heads
         rope, norms = self["rope"], self._norms()
-        self._covered = isinstance(rope, RoPE) and rope.plain() and norms is not None  # fixed at load
+        self._parts: _Parts | None = None  # fixed at load: None where the primitive never covers this layer
+        if isinstance(rope, RoPE) and rope.plain() and norms is not None:
+            self._parts = _Parts(tuple(self[n] for n in ("q_proj", "k_proj", "v_proj")), norms[0], norms[1],
+                                 rope.args)
 
     def _norms(self) -> tuple[RMSNorm | None, RMSNorm | None] | None:
         qn, kn = child(self, "q_norm"), child(self, "k_norm")
@@ -77,30 +92,34 @@ class HeadsAttention(nn.Module):
             return None, None
         return (qn, kn) if isinstance(qn, RMSNorm) and isinstance(kn, RMSNorm) and qn.eps == kn.eps else None
 
-    def _heads(self, x: mx.array, cache: Any) -> list[mx.array] | None:
-        """q, k and v from the primitive, or None where it does not cover this call."""
-        ext = self._prims.covering(x)
-        if ext is None or not self._covered or not _plain_cache(cache):
+    def _heads(self, x: mx.array, cache: Any) -> tuple[list[mx.array], bool] | None:
+        """q, k and v from the primitive, and whether it wrote k and v into the cache's buffers (kv_append);
+        None where it does not cover this call."""
+        ext, parts = self._prims.covering(x), self._parts
+        if ext is None or parts is None or not _plain_cache(cache):
             return None
-        srcs = [_source(self[n], x) for n in ("q_proj", "k_proj", "v_proj")]
+        srcs = [_source(p, x) for p in parts.projections]
         arrays = [s for s in srcs if s is not None and s[0].dtype == mx.float32]
         if len(arrays) != 3:
             return None
-        a, qn, kn = self["rope"].args, child(self, "q_norm"), child(self, "k_norm")
+        a, qn, kn, half = parts.rope, parts.q_norm, parts.k_norm, stores_half(cache)
+        into = kv_append.slot(cache, x.shape[1], mx.float16 if half else mx.float32) if cache is not None else None
         out: list[mx.array] = ext.heads(
             [s[0] for s in arrays], [s[1] for s in arrays], self.n_heads, self.n_kv_heads, self.head_dim,
             dims=a.dims, traditional=a.traditional, base=a.base, scale=a.scale, offset=_offset(cache), freqs=a.freqs,
             q_norm=qn.weight if qn else None, k_norm=kn.weight if kn else None, eps=qn.eps if qn else 0.0,
-            half_kv=stores_half(cache))
-        return out
+            half_kv=half, kv_cache=into[0] if into else None, at=into[1] if into else 0)
+        return out, into is not None
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
         heads = self._heads(x, cache)
         if heads is None:
             own: mx.array = self._layer()(x, mask, cache)
             return own
-        q, k, v = heads
-        if cache is not None:
+        (q, k, v), appended = heads
+        if appended:
+            k, v = kv_append.book(cache, k, v, x.shape[1])
+        elif cache is not None:
             k, v = cache.update_and_fetch(k, v)
         if isinstance(mask, mx.array) and mask.shape[-1] != k.shape[2]:  # a sliding layer's keys (Gemma 3)
             mask = mask[..., -k.shape[2]:]
