@@ -28,19 +28,26 @@ KV_DTYPES = (mx.float32, mx.float16)  # what the caches hold (kv_dtype): the ker
 
 
 def cpu_attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float, mask: Any,
-                  prims: Primitives = MLX_OPS, flat: bool = False) -> mx.array:
+                  prims: Primitives = MLX_OPS, flat: bool = False, length: int | None = None) -> mx.array:
     """softmax(scale * q k^T + mask) v for q (B, H, L, D), k/v (B, Hk, S, D); mask None, "causal" or an array.
     The kernels' one-op attention where `prims` has the extension, else MLX's ops (whose matmuls promote a float16
-    cache to the queries' float32). flat: (B, L, H * Dv), each position's heads side by side (as_flat)."""
+    cache to the queries' float32). flat: (B, L, H * Dv), each position's heads side by side (as_flat).
+    length: S is the first `length` rows of keys and values (a KV cache's buffers, read without a slice op)."""
     L = queries.shape[2]
     ours = queries.dtype == mx.float32 and keys.dtype == values.dtype and keys.dtype in KV_DTYPES
     ext = prims.ext if ours and (L <= FEW_ROWS or values.shape[-1] % FLASH_WIDTH == 0) else None
     if ext is not None:  # the CPU kernels' one-op attention: row by row, or blockwise (flash) for prefill
         out: mx.array = ext.sdpa(queries, keys, values, scale, None if isinstance(mask, str) else mask,
-                                 causal=mask == "causal", flat=flat)
+                                 causal=mask == "causal", flat=flat, keys=-1 if length is None else length)
         return out
+    keys, values = prefix(keys, length), prefix(values, length)
     heads = _mlx_attention(queries, keys, values, scale, mask)
     return as_flat(heads) if flat else heads
+
+
+def prefix(rows: Any, length: int | None) -> Any:
+    """A KV buffer's first `length` rows (axis 2); all of it when length is None."""
+    return rows if length is None else rows[..., :length, :]
 
 
 def as_flat(out: mx.array) -> mx.array:
@@ -103,10 +110,12 @@ class _RoutedAttention:
     prims: Primitives
 
     def __call__(self, queries: mx.array, keys: Any, values: Any, cache: Any, scale: float, mask: Any,
-                 sinks: Any = None, flat: bool = False) -> mx.array:
-        """flat (gmlx's own callers): the output as (B, L, H * Dv) rather than (B, H, L, Dv)."""
+                 sinks: Any = None, flat: bool = False, length: int | None = None) -> mx.array:
+        """flat (gmlx's own callers): the output as (B, L, H * Dv) rather than (B, H, L, Dv); length: attend to
+        the first `length` rows of keys and values (a cache's buffers, kv_append)."""
         if self.cpu and supported(queries, keys, cache, mask, sinks):
-            return cpu_attention(queries, keys, values, scale, mask, self.prims, flat)
+            return cpu_attention(queries, keys, values, scale, mask, self.prims, flat, length)
+        keys, values = prefix(keys, length), prefix(values, length)
         out = self._elsewhere(queries, keys, values, cache, scale, mask, sinks)
         return as_flat(out) if flat else out
 

@@ -33,9 +33,9 @@ def slot(cache: Any, length: int, dtype: mx.Dtype) -> tuple[tuple[mx.array, mx.a
     return ((keys, cache.values), at) if at + length <= keys.shape[2] else None
 
 
-def book(cache: Any, keys: mx.array, values: mx.array, length: int) -> tuple[mx.array, mx.array]:
-    """The buffers written with `length` more rows become the cache's; returns the keys and values attention reads
-    (every row up to the new end), as update_and_fetch returns them."""
+def book(cache: Any, keys: mx.array, values: mx.array, length: int) -> int:
+    """The buffers written with `length` more rows become the cache's; returns how many of their rows attention
+    reads (every row up to the new end: update_and_fetch would return them sliced)."""
     cache.keys, cache.values = keys, values
     if type(cache) in _BATCH:
         cache.offset = cache.offset + _steps(length, keys.shape[0])  # the rows' offsets, an mx.array
@@ -44,7 +44,7 @@ def book(cache: Any, keys: mx.array, values: mx.array, length: int) -> tuple[mx.
     else:
         cache.offset += length
         end = cache.offset
-    return keys[..., :end, :], values[..., :end, :]
+    return int(end)
 
 
 _STEPS: dict[tuple[int, int], mx.array] = {}

@@ -102,15 +102,31 @@ def test_heads_refuse_kv_buffers_without_room(ext: ModuleType) -> None:
         ext.heads([y, y, y], [0, H * D, (H + HK) * D], H, HK, D, half_kv=True, kv_cache=(buf, buf), at=0, **good)
 
 
+@pytest.mark.parametrize("case", range(3))
+def test_sdpa_reads_the_first_keys_of_a_buffer(ext: ModuleType, case: int) -> None:
+    """keys=n attends to the first n rows of k and v, as the same call over the sliced rows does (a mask too)."""
+    rng = np.random.default_rng(case)
+    B, L, S, n = 2, (1, 3, 20)[case], 48, (5, 17, 40)[case]
+    q = mx.array(rng.standard_normal((B, H, L, D)).astype(np.float32))
+    k, v = (mx.array(rng.standard_normal((B, HK, S, D)).astype(np.float32)) for _ in range(2))
+    mask = mx.array(rng.random((B, 1, L, n)) > 0.2) if case == 1 else None
+    got = ext.sdpa(q, k, v, 0.125, mask, causal=case == 2, flat=True, keys=n)
+    want = ext.sdpa(q, k[..., :n, :], v[..., :n, :], 0.125, mask, causal=case == 2, flat=True)
+    np.testing.assert_array_equal(np.array(got), np.array(want))
+    with pytest.raises(ValueError, match="keys past"):
+        ext.sdpa(q, k, v, 0.125, None, causal=False, keys=S + 1)
+
+
 def test_a_decode_step_appends_without_slice_updates(ext: ModuleType) -> None:
-    """SmolLM2's decode step writes every layer's keys and values from GKHeads: no SliceUpdate in its graph."""
+    """SmolLM2's decode step writes every layer's keys and values from GKHeads and attends to the buffers in place:
+    no SliceUpdate or Slice in its graph."""
     lm = loader.load_gguf_model(smollm2_path())
     cache = [_as_batch(c) for c in lm.make_cache()]
     mx.eval(lm.model(mx.array([[1, 2, 3, 4, 5]]), cache=cache).logits)
     with tempfile.NamedTemporaryFile("r", suffix=".dot") as f:
         mx.export_to_dot(f.name, lm.model(mx.array([[6]]), cache=cache).logits)
         ops = re.findall(r'label ="([A-Za-z]+)', f.read())
-    assert "GKHeads" in ops and "SliceUpdate" not in ops
+    assert "GKHeads" in ops and "SliceUpdate" not in ops and "Slice" not in ops
 
 
 def _steps(lm: loader.LoadedModel, half: bool, batch: bool) -> list[np.ndarray]:

@@ -117,13 +117,14 @@ class HeadsAttention(nn.Module):
             own: mx.array = self._layer()(x, mask, cache)
             return own
         (q, k, v), appended = heads
-        if appended:
-            k, v = kv_append.book(cache, k, v, x.shape[1])
-        elif cache is not None:
+        length = kv_append.book(cache, k, v, x.shape[1]) if appended else None  # the buffers, read in place
+        if cache is not None and not appended:
             k, v = cache.update_and_fetch(k, v)
-        if isinstance(mask, mx.array) and mask.shape[-1] != k.shape[2]:  # a sliding layer's keys (Gemma 3)
-            mask = mask[..., -k.shape[2]:]
-        y: mx.array = self["o_proj"](self._attend(q, k, v, cache, scale=self.scale, mask=mask, flat=True))
+        keys = k.shape[2] if length is None else length
+        if isinstance(mask, mx.array) and mask.shape[-1] != keys:  # a sliding layer's keys (Gemma 3)
+            mask = mask[..., -keys:]
+        y: mx.array = self["o_proj"](self._attend(q, k, v, cache, scale=self.scale, mask=mask, flat=True,
+                                                  length=length))
         return y
 
 

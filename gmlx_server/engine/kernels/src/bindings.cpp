@@ -70,8 +70,9 @@ NB_MODULE(_gguf_kernels, m) {
       "cast as one CPU primitive; given a KV cache's (keys, values) buffers, k and v are written into them at "
       "`at` and the buffers returned");
   m.def("sdpa", &gk::sdpa, "q"_a, "k"_a, "v"_a, "scale"_a, "mask"_a.none(), "causal"_a, nb::kw_only(),
-        "flat"_a = false, "stream"_a = nb::none(),
-        "attention as one CPU primitive (float32 queries; float32 or float16 keys and values)");
+        "flat"_a = false, "keys"_a = -1, "stream"_a = nb::none(),
+        "attention as one CPU primitive (float32 queries; float32 or float16 keys and values; keys >= 0 reads "
+        "the first `keys` rows of k and v)");
   m.def("gated", &gk::gated, "gate"_a, "up"_a.none(), "kind"_a, nb::kw_only(), "halves"_a = false,
         "stream"_a = nb::none(),
         "silu(gate) * up (kind 0) or gelu_tanh(gate) * up (kind 1), up optional (halves: gate's two halves are "

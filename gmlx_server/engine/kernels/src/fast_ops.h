@@ -68,9 +68,11 @@ class Heads : public mx::Primitive {
 // or both float16 (a float16 KV cache, read as it is stored); the output float32; mask (bool, or additive
 // float) broadcastable to (B, H, L, S); causal: the L queries are the last L of the S positions. Query heads
 // share KV heads in groups of H / Hk. flat: the output is (B, L, H * Dv), the heads side by side per position (what
-// the output projection reads), not (B, H, L, Dv).
+// the output projection reads), not (B, H, L, Dv). keys >= 0: S is the first `keys` rows of k and v (a KV
+// cache's buffers read in place, no slice op).
 mx::array sdpa(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
-               const std::optional<mx::array>& mask, bool causal, bool flat = false, mx::StreamOrDevice s = {});
+               const std::optional<mx::array>& mask, bool causal, bool flat = false, int keys = -1,
+               mx::StreamOrDevice s = {});
 
 // act(gate) * up, or act(gate) without up: kind 0 SiLU, 1 GELU's tanh form; float32, one shape. halves: gate
 // holds each row's gate then its up (a fused gate/up projection's output), and the result is half as wide.
@@ -98,8 +100,8 @@ class Gated : public mx::Primitive {
 
 class SDPA : public mx::Primitive {
  public:
-  SDPA(mx::Stream stream, float scale, bool causal, int kind, bool flat)
-      : mx::Primitive(stream), scale_(scale), causal_(causal), kind_(kind), flat_(flat) {}
+  SDPA(mx::Stream stream, float scale, bool causal, int kind, bool flat, int keys)
+      : mx::Primitive(stream), scale_(scale), causal_(causal), kind_(kind), flat_(flat), keys_(keys) {}
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   const char* name() const override { return "GKSDPA"; }
@@ -115,6 +117,7 @@ class SDPA : public mx::Primitive {
   bool causal_;
   int kind_;  // 0 no mask, 1 bool, 2 additive float
   bool flat_;
+  int keys_;  // the keys read: the first keys_ rows of k and v (a KV cache's buffers), or all of them (-1)
 };
 
 class RMSNorm : public mx::Primitive {

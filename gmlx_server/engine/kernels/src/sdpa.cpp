@@ -59,16 +59,16 @@ std::array<int64_t, 4> mask_strides(const mx::array& m) {
 }  // namespace
 
 mx::array sdpa(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
-               const std::optional<mx::array>& mask, bool causal, bool flat, mx::StreamOrDevice s) {
+               const std::optional<mx::array>& mask, bool causal, bool flat, int keys, mx::StreamOrDevice s) {
   for (const auto* a : {&q, &k, &v}) {
     if (a->ndim() != 4) throw std::invalid_argument("sdpa: (B, H, L, D) arrays only");
   }
   const bool kv_ok = k.dtype() == v.dtype() && (k.dtype() == mx::float32 || k.dtype() == mx::float16);
   if (q.dtype() != mx::float32 || !kv_ok)
     throw std::invalid_argument("sdpa: float32 queries; keys and values both float32 or both float16");
-  const int64_t B = q.shape(0), H = q.shape(1), L = q.shape(2), S = k.shape(2);
-  if (k.shape(0) != B || v.shape(0) != B || k.shape(1) != v.shape(1) || H % k.shape(1) || v.shape(2) != S ||
-      k.shape(3) != q.shape(3))
+  if (keys > k.shape(2) || v.shape(2) != k.shape(2)) throw std::invalid_argument("sdpa: keys past k and v's rows");
+  const int64_t B = q.shape(0), H = q.shape(1), L = q.shape(2), S = keys >= 0 ? keys : k.shape(2);
+  if (k.shape(0) != B || v.shape(0) != B || k.shape(1) != v.shape(1) || H % k.shape(1) || k.shape(3) != q.shape(3))
     throw std::invalid_argument("sdpa: q (B, H, L, D), k (B, Hk, S, D), v (B, Hk, S, Dv) with H a multiple of Hk");
   if (causal && L > S) throw std::invalid_argument("sdpa: causal needs at least as many keys as queries");
   const auto stream = mx::to_stream(s);
@@ -89,16 +89,17 @@ mx::array sdpa(const mx::array& q, const mx::array& k, const mx::array& v, float
   }
   const mx::Shape shape = flat ? mx::Shape{q.shape(0), q.shape(2), q.shape(1) * v.shape(3)}
                                : mx::Shape{q.shape(0), q.shape(1), q.shape(2), v.shape(3)};
-  return mx::array(shape, mx::float32, std::make_shared<SDPA>(stream, scale, causal, kind, flat), inputs);
+  return mx::array(shape, mx::float32, std::make_shared<SDPA>(stream, scale, causal, kind, flat, keys < 0 ? -1 : keys),
+                   inputs);
 }
 
 void SDPA::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   mx::array& out = outputs[0];
   auto& enc = begin_eval(stream(), inputs, out);
-  enc.dispatch([inputs, out, scale = scale_, causal = causal_, kind = kind_, flat = flat_]() mutable {
+  enc.dispatch([inputs, out, scale = scale_, causal = causal_, kind = kind_, flat = flat_, keys = keys_]() mutable {
     const mx::array &q = inputs[0], &k = inputs[1], &v = inputs[2];
     const View4 qv(q), kv(k), vv(v);
-    const int64_t B = q.shape(0), H = q.shape(1), L = q.shape(2), S = k.shape(2);
+    const int64_t B = q.shape(0), H = q.shape(1), L = q.shape(2), S = keys >= 0 ? keys : k.shape(2);
     const int64_t r = H / k.shape(1), Dv = v.shape(3);
     const uint8_t* mbase = kind ? static_cast<const uint8_t*>(inputs[3].data<void>()) : nullptr;
     const int64_t esize = kind == 1 ? 1 : 4;
@@ -139,7 +140,7 @@ void SDPA::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
 
 bool SDPA::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const SDPA&>(other);
-  return scale_ == o.scale_ && causal_ == o.causal_ && kind_ == o.kind_ && flat_ == o.flat_;
+  return scale_ == o.scale_ && causal_ == o.causal_ && kind_ == o.kind_ && flat_ == o.flat_ && keys_ == o.keys_;
 }
 
 }  // namespace gk
