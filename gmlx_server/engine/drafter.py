@@ -55,7 +55,8 @@ class Drafter:
 
 def load_drafter(target: LoadedModel, draft: Draft, native_kernels: bool = True) -> Drafter:
     """Load `draft` for `target` (call it on the engine thread, after the target's load)."""
-    problem = token_list_difference(read_header(draft.path), target.header)  # before loading any weights
+    # Both lists from the files, before loading any weights: the loaded target's header keeps only its length.
+    problem = token_list_difference(read_header(draft.path), read_header(target.header.path))
     if problem is not None:
         raise DrafterMismatch(f"drafter {draft.path} cannot draft for {target.info.path}: the token lists "
                               f"differ: {problem}")

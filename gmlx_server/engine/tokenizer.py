@@ -100,8 +100,7 @@ class _Vocab:
     @classmethod
     def read(cls, metadata: Mapping[str, Any]) -> _Vocab:
         raw_tokens = metadata["tokenizer.ggml.tokens"]
-        # the header's own list, not a copy: the loader keeps that key and drops the other arrays
-        tokens: list[str] = raw_tokens if isinstance(raw_tokens, list) else list(raw_tokens)
+        tokens: list[str] = raw_tokens if isinstance(raw_tokens, list) else list(raw_tokens)  # no copy while building
         raw = metadata.get("tokenizer.ggml.token_type")
         types = np.asarray(raw, dtype=np.int64) if raw else np.full(len(tokens), NORMAL, dtype=np.int64)
         return cls(tokens, types, {t: i for i, t in enumerate(tokens)})
@@ -120,6 +119,13 @@ class _Vocab:
                 vocab.setdefault(text, i)  # a normal token already spelled so keeps its id: the merges make it
         return vocab
 
+    def apart(self, spelled: Mapping[int, str]) -> tuple[dict[int, str], dict[str, int]]:
+        """What a BPE over `with_spelling(spelled)` does not hold under the GGUF id, both ways: id -> piece
+        (respelled tokens, a duplicated piece's earlier ids) and piece -> id (respelled pieces)."""
+        held = self.with_spelling(spelled)
+        return ({i: t for i, t in enumerate(self.tokens) if held.get(t) != i},
+                {t: i for t, i in self.ids.items() if held.get(t) != i})
+
 
 class GGUFTokenizer:
     """Text <-> ids for one GGUF model; satisfies `types.Tokenizer`."""
@@ -128,6 +134,7 @@ class GGUFTokenizer:
         self,
         backend: Tokenizer,
         vocab: _Vocab,
+        spelled: Mapping[int, str],
         *,
         byte_level: bool,
         strip_leading_space: bool,
@@ -148,8 +155,9 @@ class GGUFTokenizer:
         self.strip_leading_space = strip_leading_space
         self.special_ids = frozenset(vocab.of_type(CONTROL))
         self._literal = frozenset(vocab.of_type(USER_DEFINED)) | self.special_ids
-        self._tokens = vocab.tokens
-        self._ids = vocab.ids
+        # The pieces live once, in the backend's vocabulary (Gemma 3's 262K-piece list and id map held here
+        # too were 42 MB): only those it holds under another spelling or id are kept beside it.
+        self._pieces, self._piece_ids = vocab.apart(spelled)
         self._eos_id = eos_id
         self.max_token_chars = _max_token_chars(vocab, byte_level)
 
@@ -158,16 +166,16 @@ class GGUFTokenizer:
         model = str(metadata.get("tokenizer.ggml.model", ""))
         vocab = _Vocab.read(metadata)
         if model == "gpt2":
-            backend, strip = _build_byte_level(metadata, vocab), False
+            backend, spelled, strip = *_build_byte_level(metadata, vocab), False
         elif model == "llama":
-            backend, strip = _build_sentencepiece(metadata, vocab)
+            backend, spelled, strip = _build_sentencepiece(metadata, vocab)
         else:
             raise ValueError(f"unsupported GGUF tokenizer model {model!r} (supported: 'gpt2', 'llama')")
         n = len(vocab.tokens)
         bos = _opt_id(metadata, "tokenizer.ggml.bos_token_id", n)
         eos = _opt_id(metadata, "tokenizer.ggml.eos_token_id", n)
         return cls(
-            backend, vocab, byte_level=model == "gpt2", strip_leading_space=strip, bos_id=bos, eos_id=eos,
+            backend, vocab, spelled, byte_level=model == "gpt2", strip_leading_space=strip, bos_id=bos, eos_id=eos,
             eos_ids=_eos_ids(metadata, vocab),
             add_bos=bool(metadata.get("tokenizer.ggml.add_bos_token", model == "llama")) and bos is not None,
             add_eos=bool(metadata.get("tokenizer.ggml.add_eos_token", False)) and eos is not None,
@@ -197,7 +205,7 @@ class GGUFTokenizer:
         """The raw bytes a token stands for; ids past the vocabulary (padded embeddings) give b''."""
         if not 0 <= token_id < self.vocab_size:
             return b""
-        piece = self._tokens[token_id]
+        piece = self.id_to_piece(token_id)
         if token_id in self._literal:
             return piece.encode("utf-8")  # llama.cpp prints control/user-defined tokens as their text
         if self.byte_level:
@@ -207,10 +215,23 @@ class GGUFTokenizer:
         return piece.replace("▁", " ").encode("utf-8")
 
     def id_to_piece(self, token_id: int) -> str:
-        return self._tokens[token_id]
+        if not 0 <= token_id < self.vocab_size:
+            raise IndexError(f"token id {token_id} is outside the vocabulary ({self.vocab_size} tokens)")
+        piece = self._pieces.get(token_id)
+        if piece is None:
+            piece = self.backend.id_to_token(token_id)
+            assert piece is not None  # every id the backend does not hold is in self._pieces (_Vocab.apart)
+        return piece
 
     def token_to_id(self, piece: str) -> int | None:
-        return self._ids.get(piece)
+        """The piece's id in the GGUF list (its last, if listed twice); None for any other text, such as
+        the spelling the BPE gives a respelled piece."""
+        token_id = self._piece_ids.get(piece)
+        if token_id is None:
+            token_id = self.backend.token_to_id(piece)
+            if token_id is not None and self.id_to_piece(token_id) != piece:
+                return None
+        return token_id
 
 
 def _max_token_chars(vocab: _Vocab, byte_level: bool) -> int | None:
@@ -255,7 +276,7 @@ def _unbyte(piece: str) -> bytes:
         return b"".join(c.encode("latin-1") if ord(c) < 256 else c.encode("utf-8") for c in mapped)
 
 
-def _build_byte_level(metadata: Mapping[str, Any], vocab: _Vocab) -> Tokenizer:
+def _build_byte_level(metadata: Mapping[str, Any], vocab: _Vocab) -> tuple[Tokenizer, dict[int, str]]:
     alphabet = frozenset(_BYTE_CHARS.values())
     # llama.cpp writes user-defined tokens as plain text; the BPE needs them in the byte alphabet.
     spelled = {i: "".join(_BYTE_CHARS[b] for b in t.encode("utf-8"))
@@ -266,7 +287,7 @@ def _build_byte_level(metadata: Mapping[str, Any], vocab: _Vocab) -> Tokenizer:
     backend.pre_tokenizer = _byte_level_pre(str(metadata.get("tokenizer.ggml.pre", "gpt2")))
     backend.decoder = decoders.ByteLevel()
     _add_tokens(backend, vocab, spelled)
-    return backend
+    return backend, spelled
 
 
 def _split_merge(merge: str) -> tuple[str, str]:
@@ -289,7 +310,7 @@ def _byte_level_pre(pre: str) -> pre_tokenizers.PreTokenizer:
     ])
 
 
-def _build_sentencepiece(metadata: Mapping[str, Any], vocab: _Vocab) -> tuple[Tokenizer, bool]:
+def _build_sentencepiece(metadata: Mapping[str, Any], vocab: _Vocab) -> tuple[Tokenizer, dict[int, str], bool]:
     gemma = family_of(str(metadata.get("general.architecture", ""))).spelled_spaces
     # Gemma stores runs of spaces as real spaces; the BPE sees them as '▁' runs.
     spelled = {i: "▁" * len(t) for i, t in enumerate(vocab.tokens) if gemma and " " in t and not t.strip()}
@@ -320,7 +341,7 @@ def _build_sentencepiece(metadata: Mapping[str, Any], vocab: _Vocab) -> tuple[To
             steps.append(decoders.Strip(content=" ", left=1))
     backend.decoder = decoders.Sequence(steps)
     _add_tokens(backend, vocab, spelled)
-    return backend, prefix and not gemma
+    return backend, spelled, prefix and not gemma
 
 
 def _add_tokens(backend: Tokenizer, vocab: _Vocab, spelled: Mapping[int, str]) -> None:
