@@ -6,8 +6,6 @@
 Each width runs BatchDecoder.step over RequestRuns prefilled as the engine prefills them (prompts of unequal
 lengths, so the batch caches are left-padded as in serving). Per width, ms per step (medians):
   step        BatchDecoder.step as the scheduler times it (the decode_step_s the metrics report)
-  ahead       the same step with the next one's forward built ahead, as the scheduler runs it when no row is
-              about to join: blocks of 8 steps each way, alternating, each block's time over its steps
   forward     the model's forward pass, evaluated on its own; then sample (the rows' draws, evaluated) and
               accept (each row's detokenizing, stop strings and event), so step ~ forward + sample + accept
   sse         what the rows' token events then cost the HTTP thread as OpenAI chat SSE chunks (encoder and
@@ -54,8 +52,8 @@ PATHS = {"smollm2": smollm2_path, "gemma": gemma_path, "qwen0.5b": lambda: qwen_
 SAMPLING = {"greedy": SamplingParams(temperature=0.0), "chat": SamplingParams(temperature=0.7, top_p=0.9)}
 KERNEL_CLASSES = {"matmul": "matmul", "dequantize": "embed", "rms_norm": "norm", "rope": "rope",
                   "sdpa": "attention", "gated": "gate"}
-ROWS = ("step", "ahead", "forward", "sample", "accept", "sse", "matmul", "head", "norm", "rope", "attention", "gate",
-        "embed", "rest")
+ROWS = ("step", "forward", "sample", "accept", "sse", "matmul", "head", "norm", "rope", "attention", "gate", "embed",
+        "rest")
 Call = tuple[str, Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 CLOCK: Callable[[], float] = time.perf_counter  # --clock cpu: the process's CPU time, the kernels on one thread
 
@@ -163,20 +161,6 @@ def _sse_ms(lm: LoadedModel, events: list[TokenEvent]) -> float:
     return statistics.median(times) * 1e3
 
 
-def _ahead_ms(batch: BatchDecoder, steps: int) -> float:
-    """ms a step when each builds the next one's forward ahead: blocks of 8 with and 8 without, alternating
-    (a block's time over its steps; the last step of an ahead block takes the forward built ahead)."""
-    ahead: list[float] = []
-    for _ in range(max(1, steps // 8)):
-        for built in (True, False):
-            t = CLOCK()
-            for i in range(8):
-                batch.step(ahead=built and i < 7)
-            if built:
-                ahead.append((CLOCK() - t) / 8)
-    return _median_ms(ahead)
-
-
 def profile_width(lm: LoadedModel, rec: _Recorder, width: int, prompt: int, steps: int,
                   params: SamplingParams) -> dict[str, float]:
     events: list[TokenEvent] = []
@@ -200,9 +184,7 @@ def profile_width(lm: LoadedModel, rec: _Recorder, width: int, prompt: int, step
         else:
             step.append(seconds)
     accept_s = [sum(accepts[i: i + width]) for i in range(0, len(accepts), width)]
-    batch.model = plain
-    row = {"step": _median_ms(step), "ahead": _ahead_ms(batch, steps), "forward": _median_ms(fwd),
-           "sample": _median_ms(rest),
+    row = {"step": _median_ms(step), "forward": _median_ms(fwd), "sample": _median_ms(rest),
            "accept": _median_ms(accept_s), "sse": width * _sse_ms(lm, events)}
     batch.model, rec.calls = forward, []
     _install(lm, rec)

@@ -65,13 +65,6 @@ def _accept(seq: RequestRun, plan: _Plan) -> bool:
     return seq.accept_guarded(plan.draw, plan.forced)
 
 
-def _inputs(plans: list[_Plan]) -> mx.array:
-    """The next step's input tokens, still lazy where drawn: a row that failed feeds a placeholder (it leaves)."""
-    col = [mx.array([p.forced]) if p.forced is not None
-           else p.draw.token.reshape(1) if p.draw is not None else mx.array([0]) for p in plans]
-    return (col[0] if len(col) == 1 else mx.concatenate(col)).astype(mx.int32).reshape(len(col), 1)
-
-
 def _log_softmax(logits: mx.array) -> mx.array:
     """Every row's log-softmax in one op, started now: the sampled rows read theirs on the host, and one
     evaluation serves them all (each row's is the one it computes alone, to the bit)."""
@@ -86,19 +79,13 @@ class BatchDecoder:
         self.model, self.speculator = model, speculator
         self.rows: list[RequestRun] = []
         self._cache: list[Any] = []
-        self._ahead: mx.array | None = None  # logits of a forward built ahead: its inputs are in the KV already
         self.last_tokens = 1  # tokens the last step gave each row (a speculative round gives several)
-
-    @property
-    def ahead(self) -> bool:
-        """A forward pass was built ahead: a row must not join until a step has taken it."""
-        return self._ahead is not None
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def add(self, seq: RequestRun) -> None:
-        assert seq.cache is not None and seq.prefilled and self._ahead is None
+        assert seq.cache is not None and seq.prefilled
         merged = [_as_batch(c) for c in seq.cache]
         if not self.rows:
             self._cache = merged
@@ -108,33 +95,24 @@ class BatchDecoder:
         seq.cache = None  # the batch owns its KV now
         self.rows.append(seq)
 
-    def step(self, ahead: bool = False) -> None:
+    def step(self) -> None:
         """One token for every row; rows that finish, or fail on their own, leave the batch.
 
-        `ahead`: build the next step's forward pass from this step's tokens before they are read, so Python
-        builds it while this one computes; the caller passes it when no row is about to join.
         A failure of the shared forward pass escapes: no row can be blamed for it, so the caller recovers."""
-        if self._ahead is None and self._speculate():
+        if self._speculate():
             return
         self.last_tokens = 1
-        logits, self._ahead = self._ahead, None
-        if logits is None:
-            logits = self._forward(mx.array([[s.next_input] for s in self.rows], dtype=mx.int32))
+        tokens = mx.array([[s.next_input] for s in self.rows], dtype=mx.int32)
+        logits = self.model(tokens, cache=self._cache).logits[:, -1, :]
         if any(s.constraint is not None for s in self.rows):
             mx.async_eval(logits)  # the forward pass runs while the rows' grammars compute their masks
         top = mx.argmax(logits, axis=-1) if any(s.bulk_greedy for s in self.rows) else None
         lp = _log_softmax(logits) if any(s.sampler.reads_logprobs for s in self.rows) else None
         plans = [_plan(s, logits[i: i + 1], top[i: i + 1] if top is not None else None,
                        lp[i: i + 1] if lp is not None else None) for i, s in enumerate(self.rows)]
-        if ahead and self.speculator is None and not all(s.at_cap for s in self.rows):
-            self._ahead = self._forward(_inputs(plans))
-            mx.async_eval(self._ahead)
         self._evaluate(plans)
         done = [_accept(s, p) for s, p in zip(self.rows, plans, strict=True)]
         self._drop([i for i, d in enumerate(done) if d])
-
-    def _forward(self, tokens: mx.array) -> mx.array:
-        return self.model(tokens, cache=self._cache).logits[:, -1, :]
 
     def _speculate(self) -> bool:
         """A round when one row decodes alone and may speculate; False when the plain step should run."""
@@ -170,7 +148,7 @@ class BatchDecoder:
 
     def take_all(self) -> list[RequestRun]:
         """Empty the batch (its KV is suspect after a failed step) and hand back its rows."""
-        rows, self.rows, self._cache, self._ahead = self.rows, [], [], None
+        rows, self.rows, self._cache = self.rows, [], []
         return rows
 
     def cancel_requested(self) -> None:
@@ -190,10 +168,8 @@ class BatchDecoder:
         keep = [i for i in range(len(self.rows)) if i not in set(indices)]
         self.rows = [self.rows[i] for i in keep]
         if not keep:
-            self._cache, self._ahead = [], None
+            self._cache = []
             return
         idx = mx.array(keep, dtype=mx.int32)
         for c in self._cache:
             c.filter(idx)
-        if self._ahead is not None:  # the rows' logits built ahead leave with them
-            self._ahead = self._ahead[idx]

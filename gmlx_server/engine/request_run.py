@@ -94,11 +94,6 @@ class RequestRun:
     def prefilled(self) -> bool:
         return self.next_input is not None
 
-    @property
-    def at_cap(self) -> bool:
-        """This step's token is the row's last (its max_tokens): no step need be built after it."""
-        return self.stream.at_cap
-
     def prefill_step(self) -> bool:
         """Run one prefill chunk; on the last one sample the first token. True once the request is done."""
         if self.cache is None:

@@ -36,11 +36,6 @@ class TextStream:
         self._pending = ""  # decoded text not emitted yet
         self.generated = 0
 
-    @property
-    def at_cap(self) -> bool:
-        """The next token fed is the last the cap allows."""
-        return self.generated + 1 >= self._max
-
     def feed(self, token_id: int) -> StepResult:
         self.generated += 1
         if token_id in self._eos:
