@@ -202,8 +202,9 @@ const char* const kModeNames[] = {"int16", "int8", "f32", "auto"};
 std::atomic<int> g_mode{kAuto};
 
 // auto: the most activation rows at which the int16 kernels (qdot.h) beat the fp32 ones for a format,
-// measured one thread, L3-resident weights (bench/kernel_speed.py): the 4-bit 32-blocks' fp32 decode
-// is cheap (a table lookup per 16 weights), the 5/6/8-bit ones' and the K-quants' is not.
+// measured one thread, L3-resident weights (bench/kernel_speed.py) on AVX-512 VNNI: the 4-bit 32-blocks'
+// fp32 decode is cheap (a table lookup per 16 weights), the 5/6/8-bit ones' and the K-quants' is not.
+// An ISA may raise it for every format (Isa::int16_rows).
 int64_t int16_rows(int type) {
   switch (type) {
     case 2: case 3: return 2;            // Q4_0, Q4_1: 1.5x at 1 row, 0.8x at 8
@@ -347,7 +348,7 @@ void matmul(int type, const uint8_t* w, int64_t n, int64_t k, const float* x, in
   const int64_t per = (std::max<int64_t>(4, (n + 4 * p.size() - 1) / (4 * p.size())) + 3) / 4 * 4;  // whole tiles
   const int64_t chunks = (n + per - 1) / per;
   int mode = g_mode.load(std::memory_order_relaxed);
-  if (mode == kAuto) mode = m <= int16_rows(type) ? kInt16 : kF32;
+  if (mode == kAuto) mode = m <= std::max<int64_t>(int16_rows(type), s.int16_rows) ? kInt16 : kF32;
   if (mode == kF32) {
     p.run(chunks, [&](int64_t c) {
       const int64_t n0 = c * per, n1 = std::min(n, n0 + per);

@@ -9,8 +9,12 @@
 namespace gk {
 namespace GK_ISA {
 
-inline const Isa table = {GK_ISA_NAME, &rows, &rows_q16, &rows_f, &quantize_row, &quantize_q16, &dequant_row,
-                          &transpose_keys, &widen_values, &block_row, &attend, &gate_span};
+#ifndef GK_INT16_ROWS
+#define GK_INT16_ROWS 0  // the per-format table alone
+#endif
+
+inline const Isa table = {GK_ISA_NAME, GK_INT16_ROWS, &rows, &rows_q16, &rows_f, &quantize_row, &quantize_q16,
+                          &dequant_row, &transpose_keys, &widen_values, &block_row, &attend, &gate_span};
 
 }  // namespace GK_ISA
 }  // namespace gk

@@ -30,6 +30,9 @@ struct XRows {
 
 struct Isa {
   const char* name;
+  // activation rows up to which the int16 kernels beat the fp32 ones for every format on this ISA (AVX2's
+  // fp32 decode costs more than its vpmaddwd products: bench/kernel_speed.py); above, dispatch.cpp's table
+  int int16_rows;
   void (*rows)(int type, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const XBlock* x,
                int64_t m_rows, int64_t xstride, float* y, int64_t ldy);
   void (*rows_q16)(int type, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const XRows& x,
