@@ -117,8 +117,10 @@ class HeadsAttention(nn.Module):
             own: mx.array = self._layer()(x, mask, cache)
             return own
         (q, k, v), appended = heads
-        length = kv_append.book(cache, k, v, x.shape[1]) if appended else None  # the buffers, read in place
-        if cache is not None and not appended:
+        length = None  # attention reads all of k and v, or the first `length` rows of the cache's buffers
+        if appended:
+            k, v, length = kv_append.book(cache, k, v, x.shape[1])
+        elif cache is not None:
             k, v = cache.update_and_fetch(k, v)
         keys = k.shape[2] if length is None else length
         if isinstance(mask, mx.array) and mask.shape[-1] != keys:  # a sliding layer's keys (Gemma 3)
