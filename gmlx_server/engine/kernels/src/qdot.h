@@ -404,7 +404,13 @@ inline void row_any(int type, const uint8_t* w, int64_t nb, const XRows& x, int6
 
 }  // namespace q16
 
-// Weight rows [n0, n1) against the m_rows activation rows of x; y is (m_rows, ldy). Four activation
+// Activation rows sharing each weight block's decode: four where an accumulator is one register (AVX-512);
+// AVX2's take two each (F, A and V are register pairs), so four rows' accumulators spilled to the stack.
+#ifndef GK_Q16_TILE
+#define GK_Q16_TILE 4
+#endif
+
+// Weight rows [n0, n1) against the m_rows activation rows of x; y is (m_rows, ldy). GK_Q16_TILE activation
 // rows share each weight block's decode; 64 at a time stay in L2 while the weight rows stream past.
 inline void rows_q16(int type, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const XRows& x,
                      int64_t m_rows, float* y, int64_t ldy) {
@@ -420,7 +426,8 @@ inline void rows_q16(int type, const uint8_t* w, int64_t row_bytes, int64_t n0, 
       if (n + kAhead < n1)
         for (int64_t i = 0; i < row_bytes; i += 64) __builtin_prefetch(wr + kAhead * row_bytes + i, 0, 3);
       int64_t m = m0;
-      for (; m + 4 <= m1; m += 4) q16::row_any<4>(type, wr, nb, x, m, y + m * ldy + n, ldy);
+      for (; m + GK_Q16_TILE <= m1; m += GK_Q16_TILE)
+        q16::row_any<GK_Q16_TILE>(type, wr, nb, x, m, y + m * ldy + n, ldy);
       switch (m1 - m) {
         case 3: q16::row_any<3>(type, wr, nb, x, m, y + m * ldy + n, ldy); break;
         case 2: q16::row_any<2>(type, wr, nb, x, m, y + m * ldy + n, ldy); break;
