@@ -70,7 +70,7 @@ class RequestRun:
         self._caches = caches or (lambda: make_cache(model))  # the loader's: quantized layers where configured
         self._grammar_tokenizer = grammar_tokenizer
         self.constraint: GrammarConstraint | None = None
-        self.sampler = RequestSampler(req.sampling, sorted(tokenizer.special_ids))
+        self.sampler = RequestSampler(req.sampling, tokenizer.special_ids)
         detok = IncrementalDetokenizer(tokenizer)
         self.stream = TextStream(detok.add, detok.flush, req.stop, tokenizer.eos_ids, req.max_tokens)
         self.budget = (ThinkingBudget(req.thinking, lambda s: tokenizer.encode(s, add_special_tokens=False),

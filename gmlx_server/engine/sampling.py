@@ -8,7 +8,7 @@ reproduces a request whatever else the engine is running.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -22,7 +22,7 @@ Filter = Callable[[mx.array], mx.array]
 Processor = Callable[[mx.array, mx.array], mx.array]
 
 
-def _filters(p: SamplingParams, special_ids: list[int]) -> list[Filter]:
+def _filters(p: SamplingParams, special_ids: Collection[int]) -> list[Filter]:
     """The same chain, in the same order, as mlx_vlm.sample_utils.make_sampler."""
     temp = su.clamp_temperature(p.temperature)
     out: list[Filter] = []
@@ -36,8 +36,9 @@ def _filters(p: SamplingParams, special_ids: list[int]) -> list[Filter]:
         out.append(lambda x: top_p_filter(x, p.top_p))
     if p.min_p > 0.0:
         out.append(lambda x: su.apply_min_p(x, p.min_p, 1))
-    if p.xtc_probability > 0.0:
-        out.append(lambda x: su.apply_xtc(x, p.xtc_probability, p.xtc_threshold, special_ids))
+    if p.xtc_probability > 0.0:  # XTC alone reads the special ids: sorted here, not for every request
+        xtc_ids = sorted(special_ids)
+        out.append(lambda x: su.apply_xtc(x, p.xtc_probability, p.xtc_threshold, xtc_ids))
     if p.top_k > 0:  # a k at or above the vocabulary keeps every token: no filter (and no out-of-range kth)
         out.append(lambda x: top_k_filter(x, p.top_k) if p.top_k < x.shape[-1] else x)
     return out
@@ -149,7 +150,7 @@ class KeyChain:
 
 
 class RequestSampler:
-    def __init__(self, params: SamplingParams, special_ids: list[int]) -> None:
+    def __init__(self, params: SamplingParams, special_ids: Collection[int]) -> None:
         self.params = params
         self._filters = _filters(params, special_ids) if not params.greedy else []
         self._procs = _processors(params)

@@ -95,3 +95,15 @@ def test_the_batchs_log_softmax_rows_are_each_rows_own() -> None:
     for i in range(4):
         row = logits[i: i + 1]
         np.testing.assert_array_equal(batch[i: i + 1], np.array(row - mx.logsumexp(row, axis=-1, keepdims=True)))
+
+
+def test_xtc_keeps_the_special_ids_it_is_given() -> None:
+    """XTC cuts every token above its threshold but the least likely of them, never a special one: the ids
+    reach it as the tokenizer's set (sorted once, for XTC alone)."""
+    logits = mx.log(mx.array([[0.4, 0.3, 0.2, 0.05, 0.05]]))
+    params = SamplingParams(temperature=1.0, xtc_probability=1.0, xtc_threshold=0.15, seed=3)
+    kept, plain = RequestSampler(params, frozenset({0})), RequestSampler(params, frozenset())
+    drawn = {int(kept(logits, None).token.item()) for _ in range(40)}
+    assert 1 not in drawn and {0, 2} <= drawn
+    cut = {int(plain(logits, None).token.item()) for _ in range(40)}
+    assert 0 not in cut and 1 not in cut and 2 in cut  # without the special id, the most likely token goes too
