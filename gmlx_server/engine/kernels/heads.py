@@ -25,11 +25,9 @@ from gmlx_server.engine.mlx_adapter import child, replace_module, set_child
 _CACHES = ("KVCache", "BatchKVCache", "RotatingKVCache", "BatchRotatingKVCache")  # mlx-vlm's plain caches
 
 
-def _source(proj: Any, x: mx.array) -> tuple[mx.array, int] | None:
-    """A projection's output and the column its part starts at, without slicing; None for another module."""
-    if isinstance(proj, FusedPart):
-        return proj.source(x)
-    return (proj(x), 0) if isinstance(proj, GGUFLinear) else None
+def _source(proj: FusedPart | GGUFLinear, x: mx.array) -> tuple[mx.array, int]:
+    """A GGUF projection's output and the column its part starts at, without slicing (_covers chose the layer)."""
+    return proj.source(x) if isinstance(proj, FusedPart) else (proj(x), 0)
 
 
 _PLAIN: dict[type, bool] = {}  # cache class -> one of mlx-vlm's plain caches (or a subclass), looked up per step
@@ -98,10 +96,7 @@ class HeadsAttention(nn.Module):
         ext, parts = self._prims.covering(x), self._parts
         if ext is None or parts is None or not _plain_cache(cache):
             return None
-        srcs = [_source(p, x) for p in parts.projections]
-        arrays = [s for s in srcs if s is not None and s[0].dtype == mx.float32]
-        if len(arrays) != 3:
-            return None
+        arrays = [_source(p, x) for p in parts.projections]  # float32, as x is (covering)
         a, qn, kn, half = parts.rope, parts.q_norm, parts.k_norm, stores_half(cache)
         into = kv_append.slot(cache, x.shape[1], mx.float16 if half else mx.float32) if cache is not None else None
         out: list[mx.array] = ext.heads(
