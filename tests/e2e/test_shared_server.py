@@ -118,7 +118,9 @@ def test_an_interactive_request_overtakes_queued_batch_work(one_slot: LiveServer
     url = one_slot.v1 + "/chat/completions"
 
     def run(priority: str, tokens: int) -> str:
-        body = {**CHAT, "model": Path(smollm2_path()).stem, "max_tokens": tokens, "priority": priority}
+        # <|im_end|> (id 2) is barred so each request runs its full length, however fast decode gets
+        body = {**CHAT, "model": Path(smollm2_path()).stem, "max_tokens": tokens, "priority": priority,
+                "logit_bias": {"2": -100}}
         r = httpx.post(url, json=body, timeout=120)
         assert r.status_code == 200, r.text
         return str(r.json()["id"])
@@ -127,7 +129,7 @@ def test_an_interactive_request_overtakes_queued_batch_work(one_slot: LiveServer
     start = len(one_slot.log())
 
     with ThreadPoolExecutor(5) as pool:
-        first = pool.submit(run, "normal", 96)  # holds the only slot while the others queue behind it
+        first = pool.submit(run, "normal", 400)  # holds the only slot while the others queue behind it
         _wait_for_running(one_slot)
         batch = [pool.submit(run, "batch", 8) for _ in range(3)]
         _wait_for_waiting(one_slot, 3)
