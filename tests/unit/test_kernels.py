@@ -23,7 +23,7 @@ import numpy.typing as npt
 import pytest
 from gguf import GGMLQuantizationType
 from gguf.constants import GGML_QUANT_SIZES
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gmlx_server.config import read_env
@@ -103,6 +103,8 @@ def check_matmul(ext: ModuleType, rng: np.random.Generator, name: str, n: int, b
 @settings(max_examples=12, deadline=None)
 @given(n=st.integers(1, 40), blocks_per_row=st.integers(1, 3), m=st.integers(1, 112), threads=st.integers(1, 3),
        seed=st.integers(0, 2**32 - 1))
+@example(n=7, blocks_per_row=3, m=1, threads=2, seed=1)  # one row: the K-quants' own one-row kernels
+@example(n=5, blocks_per_row=2, m=2, threads=1, seed=2)
 def test_matmul_matches_float64_reference(ext: ModuleType, every_isa: list[str], name: str, n: int,
                                           blocks_per_row: int, m: int, threads: int, seed: int) -> None:
     rng = np.random.default_rng(seed)
