@@ -33,6 +33,17 @@ def slot(cache: Any, length: int, dtype: mx.Dtype) -> tuple[tuple[mx.array, mx.a
     return ((keys, cache.values), at) if at is not None and at + length <= keys.shape[2] else None
 
 
+def write(into: tuple[tuple[mx.array, mx.array], int], keys: mx.array, values: mx.array) -> list[mx.array]:
+    """The step's rows written into the buffers `slot` gave, at its position, as a SliceUpdate each: the cache's own
+    array handles move to the updated buffers, so MLX donates the old ones and writes in place (GKHeads writing them
+    itself copied each whole buffer every step: a multi-output primitive's inputs are never donated)."""
+    (kbuf, vbuf), at = into
+    end = at + keys.shape[2]
+    kbuf[:, :, at:end, :] = keys
+    vbuf[:, :, at:end, :] = values
+    return [kbuf, vbuf]
+
+
 def _ring_at(cache: Any, length: int) -> int | None:
     """Where a one-token step goes in a ring that neither grows nor trims (its steady state), as mlx-vlm's
     _update_in_place puts it: after the last row, or at 0 once the window is full."""

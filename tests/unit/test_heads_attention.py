@@ -65,43 +65,6 @@ def test_heads_refuses_bad_arguments(ext: ModuleType) -> None:
         ext.heads([y, y, y], [0, H * D, (H + HK) * D], H, HK, D, q_norm=mx.ones((D,)), **good)
 
 
-@pytest.mark.parametrize("case", range(4))
-def test_heads_write_into_kv_buffers(ext: ModuleType, case: int) -> None:
-    """Given a cache's buffers, k and v land at [at, at + L) and the rest of each buffer stays as it was, whether
-    the buffers are donated (written in place) or still held elsewhere (copied first)."""
-    rng = np.random.default_rng(case)
-    B, L, S, at, half = 1 + case % 2, 1 + 2 * (case // 2), 12, 3 + case, case % 2 == 1
-    y = mx.array(rng.standard_normal((B, L, (H + 2 * HK) * D)).astype(np.float32))
-    cols, rope = [0, H * D, (H + HK) * D], {"dims": D, "traditional": False, "base": 1e4, "scale": 1.0, "freqs": None}
-    dtype = mx.float16 if half else mx.float32
-    old = [mx.array(rng.standard_normal((B, HK, S, D)).astype(np.float32)).astype(dtype) for _ in range(2)]
-    mx.eval(old)
-    kept = [np.array(o.astype(mx.float32)) for o in old]  # numpy copies: `old` may be donated and written
-    held = [o for o in old] if case < 2 else None  # case 0, 1: other references, so the primitive must copy
-    got = ext.heads([y, y, y], cols, H, HK, D, offset=at, half_kv=half, kv_cache=(old[0], old[1]), at=at, **rope)
-    del old
-    want = _separate(ext, y, cols, at, None, rope, half)
-    np.testing.assert_array_equal(np.array(got[0]), np.array(want[0]))
-    for g, w, k in zip(got[1:], want[1:], kept, strict=True):
-        g32 = np.array(g.astype(mx.float32))
-        np.testing.assert_array_equal(g32[:, :, at: at + L], np.array(w.astype(mx.float32)))
-        rest = list(range(at, at + L))
-        np.testing.assert_array_equal(np.delete(g32, rest, axis=2), np.delete(k, rest, axis=2))
-    if held is not None:  # the arrays still held elsewhere were not written
-        for h, k in zip(held, kept, strict=True):
-            np.testing.assert_array_equal(np.array(h.astype(mx.float32)), k)
-
-
-def test_heads_refuse_kv_buffers_without_room(ext: ModuleType) -> None:
-    y = mx.zeros((1, 2, (H + 2 * HK) * D))
-    good = {"dims": D, "traditional": False, "base": 1e4, "scale": 1.0, "offset": 0}
-    buf = mx.zeros((1, HK, 8, D))
-    with pytest.raises(ValueError, match="no room"):
-        ext.heads([y, y, y], [0, H * D, (H + HK) * D], H, HK, D, kv_cache=(buf, buf), at=7, **good)
-    with pytest.raises(ValueError, match="KV dtype"):
-        ext.heads([y, y, y], [0, H * D, (H + HK) * D], H, HK, D, half_kv=True, kv_cache=(buf, buf), at=0, **good)
-
-
 @pytest.mark.parametrize("case", range(3))
 def test_sdpa_reads_the_first_keys_of_a_buffer(ext: ModuleType, case: int) -> None:
     """keys=n attends to the first n rows of k and v, as the same call over the sliced rows does (a mask too)."""
@@ -117,16 +80,27 @@ def test_sdpa_reads_the_first_keys_of_a_buffer(ext: ModuleType, case: int) -> No
         ext.sdpa(q, k, v, 0.125, None, causal=False, keys=S + 1)
 
 
-def test_a_decode_step_appends_without_slice_updates(ext: ModuleType) -> None:
-    """SmolLM2's decode step writes every layer's keys and values from GKHeads and attends to the buffers in place:
-    no SliceUpdate or Slice in its graph."""
+def test_a_decode_step_writes_the_kv_buffers_in_place(ext: ModuleType) -> None:
+    """SmolLM2's decode step appends each layer's keys and values with one SliceUpdate per buffer, which MLX
+    donates: the cache's buffers keep their memory step after step (a copy of each whole buffer per step made
+    decode at 2,000 tokens of context 1.4x slower), and attention reads them without a fetch Slice."""
     lm = loader.load_gguf_model(smollm2_path())
     cache = [_as_batch(c) for c in lm.make_cache()]
-    mx.eval(lm.model(mx.array([[1, 2, 3, 4, 5]]), cache=cache).logits)
+    mx.eval(lm.model(mx.array([list(range(1, 40))]), cache=cache).logits)
     with tempfile.NamedTemporaryFile("r", suffix=".dot") as f:
         mx.export_to_dot(f.name, lm.model(mx.array([[6]]), cache=cache).logits)
         ops = re.findall(r'label ="([A-Za-z]+)', f.read())
-    assert "GKHeads" in ops and "SliceUpdate" not in ops and "Slice" not in ops
+    layers = len(cache)
+    assert ops.count("GKHeads") == layers and ops.count("SliceUpdate") == 2 * layers and "Slice" not in ops
+
+    def where(a: mx.array) -> int:
+        return int(np.asarray(a).__array_interface__["data"][0])
+
+    mx.eval(lm.model(mx.array([[7]]), cache=cache).logits)
+    before = [(where(c.keys), where(c.values)) for c in cache]
+    for t in (8, 9):
+        mx.eval(lm.model(mx.array([[t]]), cache=cache).logits)
+        assert [(where(c.keys), where(c.values)) for c in cache] == before
 
 
 def _steps(lm: loader.LoadedModel, half: bool, batch: bool) -> list[np.ndarray]:

@@ -98,12 +98,14 @@ class HeadsAttention(nn.Module):
             return None
         arrays = [_source(p, x) for p in parts.projections]  # float32, as x is (covering)
         a, qn, kn, half = parts.rope, parts.q_norm, parts.k_norm, stores_half(cache)
-        into = kv_append.slot(cache, x.shape[1], mx.float16 if half else mx.float32) if cache is not None else None
         out: list[mx.array] = ext.heads(
             [s[0] for s in arrays], [s[1] for s in arrays], self.n_heads, self.n_kv_heads, self.head_dim,
             dims=a.dims, traditional=a.traditional, base=a.base, scale=a.scale, offset=_offset(cache), freqs=a.freqs,
             q_norm=qn.weight if qn else None, k_norm=kn.weight if kn else None, eps=qn.eps if qn else 0.0,
-            half_kv=half, kv_cache=into[0] if into else None, at=into[1] if into else 0)
+            half_kv=half)
+        into = kv_append.slot(cache, x.shape[1], mx.float16 if half else mx.float32) if cache is not None else None
+        if into is not None:  # one SliceUpdate per buffer: MLX donates a single-output node's input and writes in place
+            out[1:] = kv_append.write(into, out[1], out[2])
         return out, into is not None
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:

@@ -29,9 +29,8 @@ mx::array rope_periods(int dims, std::optional<float> base, const std::optional<
 // An attention layer's q, k and v heads out of its projections' outputs in one primitive: the work of three
 // slices, reshapes and transposes, the q/k norms, two RoPEs and the KV cache's cast. `src` holds q's, k's and
 // v's source (B, L, W) float32 arrays (one fused output may be all three) and `cols` where each part starts in
-// its source. Returns q (B, H, L, D) float32 and k, v (B, Hk, L, D) in kv_dtype (float32 or float16); given a
-// KV cache's (B, Hk, S, D) buffers, k and v are written into them at positions [at, at + L) instead (in place
-// when the buffers are donated, as SliceUpdate writes), and the buffers are returned: no append ops per layer.
+// its source. Returns q (B, H, L, D) float32 and k, v (B, Hk, L, D) in kv_dtype (float32 or float16). The KV
+// append is a SliceUpdate per buffer (kv_append.py): a multi-output primitive's inputs are never donated.
 struct HeadsSpec {
   int heads, kv_heads, head_dim;
   float eps;  // the q/k norms' (when given)
@@ -42,16 +41,13 @@ struct HeadsSpec {
 std::vector<mx::array> heads(const std::vector<mx::array>& src, const std::vector<int>& cols, const HeadsSpec& spec,
                              const std::optional<mx::array>& q_norm, const std::optional<mx::array>& k_norm,
                              std::optional<float> base, const std::variant<int, mx::array>& offset,
-                             const std::optional<mx::array>& freqs, bool half_kv,
-                             const std::optional<std::pair<mx::array, mx::array>>& kv_cache = std::nullopt,
-                             int at = 0, mx::StreamOrDevice s = {});
+                             const std::optional<mx::array>& freqs, bool half_kv, mx::StreamOrDevice s = {});
 
 class Heads : public mx::Primitive {
  public:
-  // inputs: the three sources, offsets, periods, the q and k norm weights when normed, then the KV buffers
-  // when appending (at >= 0; -1 returns k and v as their own arrays)
-  Heads(mx::Stream stream, const HeadsSpec& spec, std::vector<int> cols, bool normed, int at)
-      : mx::Primitive(stream), spec_(spec), cols_(std::move(cols)), normed_(normed), at_(at) {}
+  // inputs: the three sources, offsets, periods, then the q and k norm weights when normed
+  Heads(mx::Stream stream, const HeadsSpec& spec, std::vector<int> cols, bool normed)
+      : mx::Primitive(stream), spec_(spec), cols_(std::move(cols)), normed_(normed) {}
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   const char* name() const override { return "GKHeads"; }
@@ -61,7 +57,6 @@ class Heads : public mx::Primitive {
   HeadsSpec spec_;
   std::vector<int> cols_;
   bool normed_;
-  int at_;
 };
 
 // softmax(scale * q k^T + mask) v: q (B, H, L, D) float32, k (B, Hk, S, D) and v (B, Hk, S, Dv) both float32

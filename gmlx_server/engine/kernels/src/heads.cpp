@@ -1,8 +1,6 @@
 // GKHeads: an attention layer's q, k and v heads from its projections in one primitive (fast_ops.h). A decode
 // step dispatched about fourteen ops per layer for this (each a slice, reshape, transpose, norm, RoPE or cast),
 // and on the CPU backend every op's dispatch costs about as much as its work.
-#include <array>
-#include <cstring>
 #include <stdexcept>
 #include <vector>
 
@@ -17,9 +15,7 @@ namespace gk {
 std::vector<mx::array> heads(const std::vector<mx::array>& src, const std::vector<int>& cols, const HeadsSpec& spec,
                              const std::optional<mx::array>& q_norm, const std::optional<mx::array>& k_norm,
                              std::optional<float> base, const std::variant<int, mx::array>& offset,
-                             const std::optional<mx::array>& freqs, bool half_kv,
-                             const std::optional<std::pair<mx::array, mx::array>>& kv_cache, int at,
-                             mx::StreamOrDevice s) {
+                             const std::optional<mx::array>& freqs, bool half_kv, mx::StreamOrDevice s) {
   if (src.size() != 3 || cols.size() != 3) throw std::invalid_argument("heads: three sources and three columns");
   const int D = spec.head_dim, widths[3] = {spec.heads * D, spec.kv_heads * D, spec.kv_heads * D};
   if (spec.heads <= 0 || spec.kv_heads <= 0 || D <= 0) throw std::invalid_argument("heads: positive head counts");
@@ -42,21 +38,9 @@ std::vector<mx::array> heads(const std::vector<mx::array>& src, const std::vecto
     inputs.push_back((*w)->dtype() == mx::float32 ? **w : mx::astype(**w, mx::float32, stream));
   }
   const mx::Dtype kv = half_kv ? mx::float16 : mx::float32;
-  mx::Shape kv_shape = {B, spec.kv_heads, L, D};
-  if (kv_cache) {
-    for (const auto* c : {&kv_cache->first, &kv_cache->second}) {
-      if (c->dtype() != kv || c->ndim() != 4 || c->shape(0) != B || c->shape(1) != spec.kv_heads || c->shape(3) != D)
-        throw std::invalid_argument("heads: KV buffers must be (B, Hk, S, D) in the KV dtype");
-      if (c->shape() != kv_cache->first.shape()) throw std::invalid_argument("heads: KV buffers of one shape");
-    }
-    if (at < 0 || at + L > kv_cache->first.shape(2)) throw std::invalid_argument("heads: no room in the KV buffers");
-    kv_shape = kv_cache->first.shape();
-    inputs.push_back(kv_cache->first);
-    inputs.push_back(kv_cache->second);
-  }
+  const mx::Shape kv_shape = {B, spec.kv_heads, L, D};
   return mx::array::make_arrays({{B, spec.heads, L, D}, kv_shape, kv_shape}, {mx::float32, kv, kv},
-                                std::make_shared<Heads>(stream, spec, cols, q_norm.has_value(), kv_cache ? at : -1),
-                                inputs);
+                                std::make_shared<Heads>(stream, spec, cols, q_norm.has_value()), inputs);
 }
 
 namespace {
@@ -79,41 +63,9 @@ void head_row(const float* in, const float* w, const HeadsSpec& sp, const float*
 
 }  // namespace
 
-// k and v into the KV buffers (the last two inputs): each output takes its buffer when it can be donated, as
-// SliceUpdate does, else a copy made in the task. True for a buffer to copy.
-std::array<bool, 2> take_buffers(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
-  std::array<bool, 2> copy{};
-  for (int i = 0; i < 2; ++i) {
-    const mx::array& in = inputs[inputs.size() - 2 + i];
-    mx::array& out = outputs[1 + i];
-    copy[i] = !(in.flags().row_contiguous && in.is_donatable());
-    if (copy[i])
-      out.set_data(mx::allocator::malloc(out.nbytes()));
-    else
-      out.copy_shared_buffer(in);
-  }
-  return copy;
-}
-
 void Heads::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
-  const bool append = at_ >= 0;
-  std::array<bool, 2> copy{};
-  if (append) copy = take_buffers(inputs, outputs);
-  auto& enc = append ? begin_eval(stream(), inputs, outputs[0]) : begin_eval(stream(), inputs, outputs);
-  if (append) {
-    enc.set_output_array(outputs[1]);
-    enc.set_output_array(outputs[2]);
-  }
-  enc.dispatch([inputs, outputs, sp = spec_, cols = cols_, normed = normed_, at = at_, copy]() mutable {
-    for (int i = 0; at >= 0 && i < 2; ++i) {
-      if (!copy[i]) continue;
-      const mx::array& in = inputs[inputs.size() - 2 + i];
-      std::vector<uint16_t> h;
-      std::vector<float> f;
-      const void* src = in.dtype() == mx::float16 ? static_cast<const void*>(row_major(in, h))
-                                                  : static_cast<const void*>(row_major(in, f));
-      std::memcpy(outputs[1 + i].data<void>(), src, outputs[1 + i].nbytes());
-    }
+  auto& enc = begin_eval(stream(), inputs, outputs);
+  enc.dispatch([inputs, outputs, sp = spec_, cols = cols_, normed = normed_]() mutable {
     std::vector<float> bufs[3], pbuf, wq, wk;
     std::vector<int32_t> obuf;
     const float* srcs[3];
@@ -123,7 +75,6 @@ void Heads::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array
     const float* qn = normed ? row_major(inputs[5], wq) : nullptr;
     const float* kn = normed ? row_major(inputs[6], wk) : nullptr;
     const int64_t B = outputs[0].shape(0), L = outputs[0].shape(2), D = sp.head_dim;
-    const int64_t S = at >= 0 ? outputs[1].shape(2) : L, t0 = at >= 0 ? at : 0;  // the KV rows' length and start
     const int half = sp.dims / 2;
     std::vector<float> c(half), s(half), tmp(2 * D);
     float* q = outputs[0].data<float>();
@@ -137,7 +88,7 @@ void Heads::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array
         for (int h = 0; h < sp.heads; ++h)
           head_row(row[0] + h * D, qn, sp, c.data(), s.data(), true, tmp.data(), q + ((b * sp.heads + h) * L + t) * D);
         for (int h = 0; h < sp.kv_heads; ++h) {
-          const int64_t at = ((b * sp.kv_heads + h) * S + t0 + t) * D;
+          const int64_t at = ((b * sp.kv_heads + h) * L + t) * D;
           for (int part = 1; part < 3; ++part) {
             const float* w = part == 1 ? kn : nullptr;
             if (f16)
@@ -161,7 +112,7 @@ bool Heads::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const Heads&>(other);
   return spec_.heads == o.spec_.heads && spec_.kv_heads == o.spec_.kv_heads && spec_.head_dim == o.spec_.head_dim &&
          spec_.eps == o.spec_.eps && spec_.dims == o.spec_.dims && spec_.traditional == o.spec_.traditional &&
-         spec_.scale == o.spec_.scale && cols_ == o.cols_ && normed_ == o.normed_ && at_ == o.at_;
+         spec_.scale == o.spec_.scale && cols_ == o.cols_ && normed_ == o.normed_;
 }
 
 }  // namespace gk
