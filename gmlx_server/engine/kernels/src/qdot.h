@@ -308,11 +308,23 @@ inline void k_scales_u8(const uint8_t* s, uint8_t* out) {
   std::memcpy(out, v, 16);
 }
 
+// Q4_K / Q5_K codes of chunk c (64 elements): the low nibbles are sub-block 2c, the high ones 2c + 1; Q5_K
+// takes each code's fifth bit from qh (bits 2c and 2c + 1 of its 32 bytes).
+template <bool Q5>
+inline void k45_codes(const uint8_t* w, int c, const V& qh, V& lo, V& hi) {
+  const V raw = u8w(w + (Q5 ? 48 : 16) + 32 * c);
+  lo = band(raw, 15), hi = srli(raw, 4);
+  if constexpr (Q5) {
+    lo = bor(lo, slli(band(srli(qh, 2 * c), 1), 4));
+    hi = bor(hi, slli(band(srli(qh, 2 * c + 1), 1), 4));
+  }
+}
+
 // Q4_K / Q5_K: four int32 accumulators per row when few rows (a vpdpwssd chain waits ~5 cycles per link);
 // the mins' term is summed per group lane, elementwise, and reduced once at the end.
 template <int NR, bool Q5>
 inline void row_q45k(const uint8_t* w, int64_t nb, const XRows& x, int64_t r0, float* y, int64_t ldy) {
-  constexpr int BYTES = Q5 ? 176 : 144, QS = Q5 ? 48 : 16, NA = NR <= 2 ? 4 : 2;
+  constexpr int BYTES = Q5 ? 176 : 144, NA = NR <= 2 ? 4 : 2;
   F acc[NR];
   F8 bias[NR];
   for (int r = 0; r < NR; ++r) acc[r] = fzero(), bias[r] = f8zero();
@@ -326,16 +338,12 @@ inline void row_q45k(const uint8_t* w, int64_t nb, const XRows& x, int64_t r0, f
     A ai[NR][NA];
     for (int r = 0; r < NR; ++r)
       for (int a = 0; a < NA; ++a) ai[r][a] = azero();
-    V qh;
+    V qh{};
     if constexpr (Q5) qh = u8w(w + 16);
 #pragma GCC unroll 4
     for (int c = 0; c < 4; ++c) {
-      const V raw = u8w(w + QS + 32 * c);
-      V lo = band(raw, 15), hi = srli(raw, 4);
-      if constexpr (Q5) {
-        lo = bor(lo, slli(band(srli(qh, 2 * c), 1), 4));
-        hi = bor(hi, slli(band(srli(qh, 2 * c + 1), 1), 4));
-      }
+      V lo, hi;
+      k45_codes<Q5>(w, c, qh, lo, hi);
       lo = mul(lo, set1(sc[2 * c]));
       hi = mul(hi, set1(sc[2 * c + 1]));
       const int a0 = (2 * c) % NA, a1 = (2 * c + 1) % NA;
@@ -362,7 +370,7 @@ inline void row_q45k(const uint8_t* w, int64_t nb, const XRows& x, int64_t r0, f
 // int16 multiply per code; with several rows the scaled codes are shared instead (row_q45k). 1.37x on Zen 3.
 template <bool Q5>
 inline void row_q45k_one(const uint8_t* w, int64_t nb, const XRows& x, int64_t r0, float* y) {
-  constexpr int BYTES = Q5 ? 176 : 144, QS = Q5 ? 48 : 16;
+  constexpr int BYTES = Q5 ? 176 : 144;
   F acc0 = fzero(), acc1 = fzero();
   F8 bias = f8zero();
   const int16_t* xq = x.q + r0 * x.k;
@@ -374,17 +382,13 @@ inline void row_q45k_one(const uint8_t* w, int64_t nb, const XRows& x, int64_t r
     const float dx = f16_at(w) * xd[b];
     alignas(32) float sf[8];
     f8_scaled(sm, dx, sf);
-    V qh;
+    V qh{};
     if constexpr (Q5) qh = u8w(w + 16);
     const int16_t* xr = xq + 256 * b;
 #pragma GCC unroll 4
     for (int c = 0; c < 4; ++c) {
-      const V raw = u8w(w + QS + 32 * c);
-      V lo = band(raw, 15), hi = srli(raw, 4);
-      if constexpr (Q5) {
-        lo = bor(lo, slli(band(srli(qh, 2 * c), 1), 4));
-        hi = bor(hi, slli(band(srli(qh, 2 * c + 1), 1), 4));
-      }
+      V lo, hi;
+      k45_codes<Q5>(w, c, qh, lo, hi);
       acc0 = fma1(dot(azero(), lo, ld(xr + 64 * c)), sf[2 * c], acc0);
       acc1 = fma1(dot(azero(), hi, ld(xr + 64 * c + 32)), sf[2 * c + 1], acc1);
     }
