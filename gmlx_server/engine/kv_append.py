@@ -1,10 +1,10 @@
 """A decode step's keys and values written straight into mlx-vlm's KV caches by the kernels' heads primitive.
 
 mlx-vlm's update_and_fetch appends with two SliceUpdates (and their broadcasts), two fetch slices and a page of
-Python per layer; GKHeads can write the new rows into the cache's buffers itself (in place when MLX can donate
-them) and GKSDPA read the buffers' first rows. This module is the one place that knows those caches' fields:
-where the next rows go, and the bookkeeping after a write, as mlx-vlm's own update does it. A cache that must
-grow, trim or reorder first, or of another kind (quantized), takes mlx-vlm's own path.
+Python per layer; `append` writes the new rows into the cache's buffers with one SliceUpdate each (in place:
+MLX donates them) and GKSDPA reads the buffers' first rows. This module is the one place that knows those
+caches' fields: where the next rows go, and the bookkeeping after a write, as mlx-vlm's own update does it. A
+cache that must grow, trim or reorder first, or of another kind (quantized), takes mlx-vlm's own path.
 """
 
 from __future__ import annotations
@@ -21,27 +21,29 @@ _SINGLE = (KVCache, F16KVCache)
 _RING = (BatchRotatingKVCache, F16BatchRotatingKVCache)  # a sliding window's batch ring buffer (Gemma 3)
 
 
-def slot(cache: Any, length: int, dtype: mx.Dtype) -> tuple[tuple[mx.array, mx.array], int] | None:
-    """The cache's (keys, values) buffers and the position its next `length` rows go to; None when it is not one of
-    these caches holding `dtype` with room for them as they are."""
+def append(cache: Any, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array, int] | None:
+    """The step's (B, Hk, L, D) keys and values written into the cache's buffers, one SliceUpdate each: the cache's
+    handles move to the updated buffers, so MLX donates the old ones and writes in place (a multi-output primitive's
+    inputs are never donated). Returns the buffers attention reads and how many of their first rows; None (nothing
+    written) when the cache is not one of these, holds another dtype or has no room for the rows as it is."""
+    length = keys.shape[2]
+    at = _slot(cache, length, keys.dtype)
+    if at is None:
+        return None
+    cache.keys[:, :, at:at + length, :] = keys
+    cache.values[:, :, at:at + length, :] = values
+    return _ring_book(cache, length) if type(cache) in _RING else _book(cache, length)
+
+
+def _slot(cache: Any, length: int, dtype: mx.Dtype) -> int | None:
+    """Where the cache's next `length` rows go; None when it is not one of these caches holding `dtype` with room."""
     kind, keys = type(cache), cache.keys
     if kind not in _BATCH and kind not in _SINGLE and kind not in _RING:
         return None
     if keys is None or keys.dtype != dtype or cache.values.dtype != dtype:
         return None
     at = _ring_at(cache, length) if kind in _RING else int(cache._idx) if kind in _BATCH else int(cache.offset)
-    return ((keys, cache.values), at) if at is not None and at + length <= keys.shape[2] else None
-
-
-def write(into: tuple[tuple[mx.array, mx.array], int], keys: mx.array, values: mx.array) -> list[mx.array]:
-    """The step's rows written into the buffers `slot` gave, at its position, as a SliceUpdate each: the cache's own
-    array handles move to the updated buffers, so MLX donates the old ones and writes in place (GKHeads writing them
-    itself copied each whole buffer every step: a multi-output primitive's inputs are never donated)."""
-    (kbuf, vbuf), at = into
-    end = at + keys.shape[2]
-    kbuf[:, :, at:end, :] = keys
-    vbuf[:, :, at:end, :] = values
-    return [kbuf, vbuf]
+    return at if at is not None and at + length <= keys.shape[2] else None
 
 
 def _ring_at(cache: Any, length: int) -> int | None:
@@ -54,25 +56,21 @@ def _ring_at(cache: Any, length: int) -> int | None:
     return 0 if cache._idx == cache.max_size else int(cache._idx)
 
 
-def book(cache: Any, keys: mx.array, values: mx.array, length: int) -> tuple[mx.array, mx.array, int]:
-    """The buffers written with `length` more rows become the cache's; returns the keys and values attention reads
-    and how many of their first rows (update_and_fetch would return those rows sliced)."""
-    rows = keys.shape[0]
-    if type(cache) in _RING:
-        return _ring_book(cache, keys, values, length)
-    cache.keys, cache.values = keys, values
+def _book(cache: Any, length: int) -> tuple[mx.array, mx.array, int]:
+    """Count `length` more rows written; returns the keys and values attention reads and how many of their first
+    rows (update_and_fetch would return those rows sliced)."""
     if type(cache) in _BATCH:
-        cache.offset = cache.offset + _steps(length, rows)  # the rows' offsets, an mx.array
+        cache.offset = cache.offset + _steps(length, cache.keys.shape[0])  # the rows' offsets, an mx.array
         cache._idx += length
-        return keys, values, int(cache._idx)
+        return cache.keys, cache.values, int(cache._idx)
     cache.offset += length
-    return keys, values, int(cache.offset)
+    return cache.keys, cache.values, int(cache.offset)
 
 
-def _ring_book(cache: Any, keys: mx.array, values: mx.array, length: int) -> tuple[mx.array, mx.array, int]:
+def _ring_book(cache: Any, length: int) -> tuple[mx.array, mx.array, int]:
     """mlx-vlm's _update_in_place after its write: rotate at the window's end, move the left padding once
     rotated, count the rows, and tie the padding and offsets to the keys so they are evaluated with them."""
-    rows = keys.shape[0]
+    keys, rows = cache.keys, cache.keys.shape[0]
     if cache._idx == cache.max_size:
         cache.rotated, cache._idx = True, 0
     if cache.rotated:
@@ -81,7 +79,6 @@ def _ring_book(cache: Any, keys: mx.array, values: mx.array, length: int) -> tup
     cache._offset += length
     cache._idx += length
     cache.keys = mx.depends(keys, (cache.left_padding, cache.offset))
-    cache.values = values
     n = cache._offset if cache._offset < cache.max_size else keys.shape[2]
     return cache.keys, cache.values, int(n)
 

@@ -90,9 +90,8 @@ class HeadsAttention(nn.Module):
             return None, None
         return (qn, kn) if isinstance(qn, RMSNorm) and isinstance(kn, RMSNorm) and qn.eps == kn.eps else None
 
-    def _heads(self, x: mx.array, cache: Any) -> tuple[list[mx.array], bool] | None:
-        """q, k and v from the primitive, and whether it wrote k and v into the cache's buffers (kv_append);
-        None where it does not cover this call."""
+    def _heads(self, x: mx.array, cache: Any) -> list[mx.array] | None:
+        """q, k and v from the primitive; None where it does not cover this call."""
         ext, parts = self._prims.covering(x), self._parts
         if ext is None or parts is None or not _plain_cache(cache):
             return None
@@ -103,20 +102,18 @@ class HeadsAttention(nn.Module):
             dims=a.dims, traditional=a.traditional, base=a.base, scale=a.scale, offset=_offset(cache), freqs=a.freqs,
             q_norm=qn.weight if qn else None, k_norm=kn.weight if kn else None, eps=qn.eps if qn else 0.0,
             half_kv=half)
-        into = kv_append.slot(cache, x.shape[1], mx.float16 if half else mx.float32) if cache is not None else None
-        if into is not None:  # one SliceUpdate per buffer: MLX donates a single-output node's input and writes in place
-            out[1:] = kv_append.write(into, out[1], out[2])
-        return out, into is not None
+        return out
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
         heads = self._heads(x, cache)
         if heads is None:
             own: mx.array = self._layer()(x, mask, cache)
             return own
-        (q, k, v), appended = heads
+        q, k, v = heads
         length = None  # attention reads all of k and v, or the first `length` rows of the cache's buffers
-        if appended:
-            k, v, length = kv_append.book(cache, k, v, x.shape[1])
+        appended = kv_append.append(cache, k, v) if cache is not None else None
+        if appended is not None:
+            k, v, length = appended
         elif cache is not None:
             k, v = cache.update_and_fetch(k, v)
         keys = k.shape[2] if length is None else length
