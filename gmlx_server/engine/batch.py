@@ -79,13 +79,21 @@ class BatchDecoder:
         self.model, self.speculator = model, speculator
         self.rows: list[RequestRun] = []
         self._cache: list[Any] = []
+        self._ahead: list[_Plan] | None = None  # the next step, queued on this one's tokens still on the device
         self.last_tokens = 1  # tokens the last step gave each row (a speculative round gives several)
 
     def __len__(self) -> int:
         return len(self.rows)
 
+    @property
+    def settled(self) -> bool:
+        """No step is queued ahead: a row may join (a queued step has no row for it)."""
+        return self._ahead is None
+
     def add(self, seq: RequestRun) -> None:
         assert seq.cache is not None and seq.prefilled
+        if not self.settled:
+            raise RuntimeError("a row joins only between settled steps")
         merged = [_as_batch(c) for c in seq.cache]
         if not self.rows:
             self._cache = merged
@@ -95,24 +103,43 @@ class BatchDecoder:
         seq.cache = None  # the batch owns its KV now
         self.rows.append(seq)
 
-    def step(self) -> None:
+    def step(self, ahead: bool = False) -> None:
         """One token for every row; rows that finish, or fail on their own, leave the batch.
 
-        A failure of the shared forward pass escapes: no row can be blamed for it, so the caller recovers."""
-        if self._speculate():
-            return
+        `ahead`: no row will join before the next step, so it may be queued now on this step's tokens while
+        they are still on the device, and its graph built while this one computes (the host's share of a
+        step, about a quarter of it on a small model, overlaps the device's). A failure of the shared forward
+        pass escapes: no row can be blamed for it, so the caller recovers."""
+        plans, self._ahead = self._ahead, None
+        if plans is None:
+            if self._speculate():
+                return
+            plans = self._forward(mx.array([[s.next_input] for s in self.rows], dtype=mx.int32))
         self.last_tokens = 1
-        tokens = mx.array([[s.next_input] for s in self.rows], dtype=mx.int32)
+        if ahead and self._queues_ahead(plans):
+            drawn = mx.concatenate([p.draw.token.reshape(1, 1) for p in plans if p.draw is not None])
+            self._ahead = self._forward(drawn.astype(mx.int32))
+            mx.async_eval([p.draw.token for p in self._ahead if p.draw is not None])
+        self._evaluate(plans)
+        done = [_accept(s, p) for s, p in zip(self.rows, plans, strict=True)]
+        self._drop([i for i, d in enumerate(done) if d])
+
+    def _forward(self, tokens: mx.array) -> list[_Plan]:
+        """The batch's forward pass on one token a row, and each row's draw from it (lazy)."""
         logits = self.model(tokens, cache=self._cache).logits[:, -1, :]
         if any(s.constraint is not None for s in self.rows):
             mx.async_eval(logits)  # the forward pass runs while the rows' grammars compute their masks
         top = mx.argmax(logits, axis=-1) if any(s.bulk_greedy for s in self.rows) else None
         lp = _log_softmax(logits) if any(s.sampler.reads_logprobs for s in self.rows) else None
-        plans = [_plan(s, logits[i: i + 1], top[i: i + 1] if top is not None else None,
-                       lp[i: i + 1] if lp is not None else None) for i, s in enumerate(self.rows)]
-        self._evaluate(plans)
-        done = [_accept(s, p) for s, p in zip(self.rows, plans, strict=True)]
-        self._drop([i for i, d in enumerate(done) if d])
+        return [_plan(s, logits[i: i + 1], top[i: i + 1] if top is not None else None,
+                      lp[i: i + 1] if lp is not None else None) for i, s in enumerate(self.rows)]
+
+    def _queues_ahead(self, plans: list[_Plan]) -> bool:
+        """Every row feeds its drawn token back unchanged and goes on, and no speculative round is due."""
+        spec = self.speculator
+        if spec is not None and len(self.rows) == 1 and spec.eligible(self.rows[0]):
+            return False
+        return all(p.draw is not None and s.queues_ahead for s, p in zip(self.rows, plans, strict=True))
 
     def _speculate(self) -> bool:
         """A round when one row decodes alone and may speculate; False when the plain step should run."""
@@ -148,7 +175,7 @@ class BatchDecoder:
 
     def take_all(self) -> list[RequestRun]:
         """Empty the batch (its KV is suspect after a failed step) and hand back its rows."""
-        rows, self.rows, self._cache = self.rows, [], []
+        rows, self.rows, self._cache, self._ahead = self.rows, [], [], None
         return rows
 
     def cancel_requested(self) -> None:
@@ -167,6 +194,8 @@ class BatchDecoder:
             return
         keep = [i for i in range(len(self.rows)) if i not in set(indices)]
         self.rows = [self.rows[i] for i in keep]
+        if self._ahead is not None:  # the queued step's KV for the leaving rows goes with the filter below
+            self._ahead = [self._ahead[i] for i in keep] or None
         if not keep:
             self._cache = []
             return

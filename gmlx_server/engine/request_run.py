@@ -216,6 +216,15 @@ class RequestRun:
         req = self.req
         return self.sampler.params.greedy and self.sampler.plain and not (req.logprobs or req.top_logprobs)
 
+    @property
+    def queues_ahead(self) -> bool:
+        """Its next step may be queued on this step's token before the host sees it: accepting a token feeds
+        nothing back (no thinking budget, grammar, penalty history, logprobs or host draw), and it goes on."""
+        req = self.req
+        return (self.budget is None and self.constraint is None and self.history is None
+                and self.sampler.on_device and not (req.logprobs or req.top_logprobs)
+                and self.stream.generated + 1 < req.max_tokens)
+
     def accept(self, draw: Draw | None, forced: int | None = None) -> bool:
         """Take this step's token (sampled, or forced by the thinking budget); emit; True when finished."""
         token = forced if forced is not None else int(draw.token.item())  # type: ignore[union-attr,arg-type]

@@ -154,7 +154,7 @@ class RequestSampler:
         self.params = params
         self._filters = _filters(params, special_ids) if not params.greedy else []
         self._procs = _processors(params)
-        self._history_procs = len(self._procs)  # the penalties read the token history
+        self._history_procs = len(self._procs) - bool(params.logit_bias)  # penalties read the history, a bias does not
         self._keys = KeyChain(seed_value(params.seed))
         self._temp = su.clamp_temperature(params.temperature)
         self._host = self._keys.ext is not None and _host_filters(params)
@@ -162,6 +162,12 @@ class RequestSampler:
     @property
     def needs_history(self) -> bool:
         return self._history_procs > 0
+
+    @property
+    def on_device(self) -> bool:
+        """A draw that never reads the logits on the host (top_p and top_k do): it can be queued a step ahead."""
+        p = self.params
+        return p.greedy or not (0.0 < p.top_p < 1.0 or p.top_k > 0)
 
     @property
     def reads_logprobs(self) -> bool:

@@ -229,17 +229,19 @@ class Scheduler:
         if self.prefilling is None:
             return
         job, seq = self.prefilling
-        try:
-            done = seq.finish("shed", error=job.shed_reason) if job.shed_reason else seq.prefill_step()
-        except Exception as e:  # one request's failure must not take the engine down
-            log.exception("prefill of %s failed", job.request.request_id)
-            done = seq.finish("error", error=f"{type(e).__name__}: {e}")
-        if done or seq.prefilled:
-            self.pace.prefilled(seq.spans)
-        if done:
-            self.prefilling = None
-            self.forget(job)
-        elif seq.prefilled:
+        if not seq.prefilled:
+            try:
+                done = seq.finish("shed", error=job.shed_reason) if job.shed_reason else seq.prefill_step()
+            except Exception as e:  # one request's failure must not take the engine down
+                log.exception("prefill of %s failed", job.request.request_id)
+                done = seq.finish("error", error=f"{type(e).__name__}: {e}")
+            if done or seq.prefilled:
+                self.pace.prefilled(seq.spans)
+            if done:
+                self.prefilling = None
+                self.forget(job)
+                return
+        if seq.prefilled and self.batch.settled:  # else it joins after the step queued ahead has run
             self.prefilling = None
             self._join(job, seq)
             self._joined = True
@@ -269,7 +271,7 @@ class Scheduler:
                 left = self._left or width < len(before)  # rows cancelled or shed just now leave in this step
                 ctx = sum(len(s.req.prompt_tokens) + len(s.output) for s in self.batch.rows)
                 t0 = time.perf_counter()
-                self.batch.step()
+                self.batch.step(ahead=not (self.waiting or self.resuming or self.prefilling))
                 # per token: a speculative round's several tokens must not read as one slow step
                 seconds = (time.perf_counter() - t0) / self.batch.last_tokens
                 self.pace.stepped(width, seconds, self._joined, ctx, left)

@@ -121,12 +121,12 @@ def test_a_failing_decode_step_is_recomputed_for_the_others(engine: MLXEngine, b
     advanced every row's KV cache: the batch is rebuilt by recomputation and the victim found by probation."""
     real = batch_mod.BatchDecoder.step
 
-    def step(self: Any) -> None:
+    def step(self: Any, ahead: bool = False) -> None:
         victim = next((s for s in self.rows if s.req.request_id == VICTIM), None)
         if victim is not None and len(victim.output) >= 3:
             self.model(batch_mod.mx.array([[s.next_input] for s in self.rows]), cache=self._cache)
             raise Injected("planted in the batched forward pass")
-        real(self)
+        real(self, ahead)
 
     monkeypatch.setattr(batch_mod.BatchDecoder, "step", step)
     assert "decode step failed" in _assert_only_victim_failed(engine, baseline, _victim(engine))
