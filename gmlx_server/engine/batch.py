@@ -40,6 +40,22 @@ def _as_batch(cache: Any) -> Any:
 
 
 @dataclass
+class _Forward:
+    """The batch's forward pass on one token a row: the last position's logits and what the rows' draws share."""
+
+    logits: mx.array
+    top: mx.array | None  # the batch's argmax, for its bulk greedy rows
+    lp: mx.array | None  # the batch's log-softmax, for its sampled rows that read one
+
+    def arrays(self) -> list[mx.array]:
+        return [a for a in (self.logits, self.top, self.lp) if a is not None]
+
+    def rows(self, keep: mx.array) -> _Forward:
+        return _Forward(self.logits[keep], None if self.top is None else self.top[keep],
+                        None if self.lp is None else self.lp[keep])
+
+
+@dataclass
 class _Plan:
     """One row's step before its token is accepted: a draw, a token the thinking budget forces, or an error."""
 
@@ -56,6 +72,12 @@ def _plan(seq: RequestRun, logits: mx.array, argmax: mx.array | None, logprobs: 
     except Exception as e:
         log.exception("sampling failed for %s", seq.req.request_id)
         return _Plan(error=describe(e))
+
+
+def _inputs(plans: list[_Plan]) -> mx.array:
+    """The next forward pass's tokens: each row's draw, still on the device, or the token forced on it."""
+    return mx.concatenate([p.draw.token.reshape(1, 1).astype(mx.int32) if p.draw is not None
+                           else mx.array([[p.forced]], dtype=mx.int32) for p in plans])
 
 
 def _accept(seq: RequestRun, plan: _Plan) -> bool:
@@ -79,7 +101,7 @@ class BatchDecoder:
         self.model, self.speculator = model, speculator
         self.rows: list[RequestRun] = []
         self._cache: list[Any] = []
-        self._ahead: list[_Plan] | None = None  # the next step, queued on this one's tokens still on the device
+        self._ahead: _Forward | None = None  # the next forward pass, queued on this step's tokens still on the device
         self.last_tokens = 1  # tokens the last step gave each row (a speculative round gives several)
 
     def __len__(self) -> int:
@@ -106,40 +128,43 @@ class BatchDecoder:
     def step(self, ahead: bool = False) -> None:
         """One token for every row; rows that finish, or fail on their own, leave the batch.
 
-        `ahead`: no row will join before the next step, so it may be queued now on this step's tokens while
-        they are still on the device, and its graph built while this one computes (the host's share of a
-        step, about a quarter of it on a small model, overlaps the device's). A failure of the shared forward
-        pass escapes: no row can be blamed for it, so the caller recovers."""
-        plans, self._ahead = self._ahead, None
-        if plans is None:
+        `ahead`: no row will join before the next step, so the next forward pass may be queued now on this
+        step's tokens while they are still on the device, and its graph built while this one computes (the
+        host's share of a step, about a quarter of it on a small model). Each row still draws at its own step,
+        after its last token was accepted: a grammar's mask, a forced token and the penalties' history see
+        the settled loop's state. A failure of the shared forward pass escapes: no row can be blamed for it,
+        so the caller recovers."""
+        fwd, self._ahead = self._ahead, None
+        if fwd is None:
             if self._speculate():
                 return
-            plans = self._forward(mx.array([[s.next_input] for s in self.rows], dtype=mx.int32))
+            fwd = self._forward(mx.array([[s.next_input] for s in self.rows], dtype=mx.int32))
         self.last_tokens = 1
+        plans = [_plan(s, fwd.logits[i: i + 1], fwd.top[i: i + 1] if fwd.top is not None else None,
+                       fwd.lp[i: i + 1] if fwd.lp is not None else None) for i, s in enumerate(self.rows)]
         if ahead and self._queues_ahead(plans):
-            drawn = mx.concatenate([p.draw.token.reshape(1, 1) for p in plans if p.draw is not None])
-            self._ahead = self._forward(drawn.astype(mx.int32))
-            mx.async_eval([p.draw.token for p in self._ahead if p.draw is not None])
+            # the draws first, as outputs of their own: waiting for them must not wait for the pass queued next
+            mx.async_eval([p.draw.token for p in plans if p.draw is not None])
+            self._ahead = self._forward(_inputs(plans))
+            mx.async_eval(self._ahead.arrays())
         self._evaluate(plans)
         done = [_accept(s, p) for s, p in zip(self.rows, plans, strict=True)]
         self._drop([i for i, d in enumerate(done) if d])
 
-    def _forward(self, tokens: mx.array) -> list[_Plan]:
-        """The batch's forward pass on one token a row, and each row's draw from it (lazy)."""
+    def _forward(self, tokens: mx.array) -> _Forward:
         logits = self.model(tokens, cache=self._cache).logits[:, -1, :]
         if any(s.constraint is not None for s in self.rows):
             mx.async_eval(logits)  # the forward pass runs while the rows' grammars compute their masks
         top = mx.argmax(logits, axis=-1) if any(s.bulk_greedy for s in self.rows) else None
         lp = _log_softmax(logits) if any(s.sampler.reads_logprobs for s in self.rows) else None
-        return [_plan(s, logits[i: i + 1], top[i: i + 1] if top is not None else None,
-                      lp[i: i + 1] if lp is not None else None) for i, s in enumerate(self.rows)]
+        return _Forward(logits, top, lp)
 
     def _queues_ahead(self, plans: list[_Plan]) -> bool:
-        """Every row feeds its drawn token back unchanged and goes on, and no speculative round is due."""
+        """Every row has a next token to feed and goes on past it, and no speculative round is due."""
         spec = self.speculator
         if spec is not None and len(self.rows) == 1 and spec.eligible(self.rows[0]):
             return False
-        return all(p.draw is not None and s.queues_ahead for s, p in zip(self.rows, plans, strict=True))
+        return all(p.error is None and s.queues_ahead for s, p in zip(self.rows, plans, strict=True))
 
     def _speculate(self) -> bool:
         """A round when one row decodes alone and may speculate; False when the plain step should run."""
@@ -194,11 +219,11 @@ class BatchDecoder:
             return
         keep = [i for i in range(len(self.rows)) if i not in set(indices)]
         self.rows = [self.rows[i] for i in keep]
-        if self._ahead is not None:  # the queued step's KV for the leaving rows goes with the filter below
-            self._ahead = [self._ahead[i] for i in keep] or None
         if not keep:
-            self._cache = []
+            self._cache, self._ahead = [], None
             return
         idx = mx.array(keep, dtype=mx.int32)
+        if self._ahead is not None:  # the queued pass's KV for the leaving rows goes with the filter below
+            self._ahead = self._ahead.rows(idx)
         for c in self._cache:
             c.filter(idx)

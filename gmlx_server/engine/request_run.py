@@ -218,12 +218,10 @@ class RequestRun:
 
     @property
     def queues_ahead(self) -> bool:
-        """Its next step may be queued on this step's token before the host sees it: accepting a token feeds
-        nothing back (no thinking budget, grammar, penalty history, logprobs or host draw), and it goes on."""
+        """Its next forward pass may be queued before this step's token is accepted: it goes on past that token,
+        and accepting it reads nothing of the step's arrays (logprobs would wait behind the queued pass)."""
         req = self.req
-        return (self.budget is None and self.constraint is None and self.history is None
-                and self.sampler.on_device and not (req.logprobs or req.top_logprobs)
-                and self.stream.generated + 1 < req.max_tokens)
+        return not (req.logprobs or req.top_logprobs) and self.stream.generated + 1 < req.max_tokens
 
     def accept(self, draw: Draw | None, forced: int | None = None) -> bool:
         """Take this step's token (sampled, or forced by the thinking budget); emit; True when finished."""

@@ -164,12 +164,6 @@ class RequestSampler:
         return self._history_procs > 0
 
     @property
-    def on_device(self) -> bool:
-        """A draw that never reads the logits on the host (top_p and top_k do): it can be queued a step ahead."""
-        p = self.params
-        return p.greedy or not (0.0 < p.top_p < 1.0 or p.top_k > 0)
-
-    @property
     def reads_logprobs(self) -> bool:
         """A draw that reads this row's log-softmax (filters; no processor): the batch computes them together."""
         return self.plain and bool(self._filters)

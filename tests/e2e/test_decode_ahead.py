@@ -1,6 +1,7 @@
-"""A decode step queued ahead, on the last step's tokens while they are still on the device, gives exactly the
+"""A forward pass queued ahead, on the last step's tokens while they are still on the device, gives exactly the
 tokens the settled loop gives: rows ending at different steps (length, a stop string), a seeded sampled row,
-a row joining and a row cancelled while a step is queued. Rows whose next input the host decides never queue."""
+rows the host steers at their own step (a grammar, a thinking budget's forced tokens, penalties, a top_p draw),
+a row joining and a row cancelled while a pass is queued. A row that reads logprobs never queues."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import pytest
 from gmlx_server.engine import batch as batch_mod
 from gmlx_server.engine.loader import load_gguf_model
 from gmlx_server.engine.mlx_engine import MLXEngine
-from gmlx_server.engine.types import GenerationRequest, SamplingParams, TokenEvent
+from gmlx_server.engine.structured import json_grammar
+from gmlx_server.engine.types import GenerationRequest, SamplingParams, ThinkingControl, TokenEvent
 from tests.conftest import smollm2_path
 
 pytestmark = pytest.mark.slow
@@ -110,9 +112,22 @@ def test_a_row_joining_or_cancelled_while_a_step_is_queued(engine: MLXEngine, qu
     assert _tokens(first)[0][: n - 1] == _together(engine, [long])[0][0][: n - 1]
 
 
-def test_rows_the_host_steers_never_queue(engine: MLXEngine, queued: list[bool]) -> None:
+def test_rows_the_host_steers_queue_and_keep_their_tokens(engine: MLXEngine, queued: list[bool],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    ids = _ids(engine, "Name three colors as JSON.")
+    schema = {"type": "object", "properties": {"colors": {"type": "array", "items": {"type": "string"}}}}
+    reqs = [GenerationRequest("grammar", ids, 24, GREEDY, grammar=json_grammar(schema)),
+            GenerationRequest("budget", ids, 16, GREEDY, thinking=ThinkingControl(budget=3), starts_in_thinking=True),
+            GenerationRequest("penalty", ids, 16, SamplingParams(temperature=0.0, repetition_penalty=1.3)),
+            GenerationRequest("top_p", ids, 16, SamplingParams(temperature=0.7, top_p=0.9, seed=3))]
+    ahead = _together(engine, reqs)
+    assert any(queued)
+    _settled_only(monkeypatch)
+    assert ahead == _together(engine, reqs)
+    assert "</think>" in engine.tokenizer.decode(ahead[1][0])  # the budget forced its close tag
+
+
+def test_a_row_reading_logprobs_never_queues(engine: MLXEngine, queued: list[bool]) -> None:
     ids = _ids(engine, "Name three colors.")
-    steered = [SamplingParams(temperature=0.0, repetition_penalty=1.3), SamplingParams(temperature=0.7, top_p=0.9)]
-    _together(engine, [GenerationRequest(f"s{i}", ids, 12, p) for i, p in enumerate(steered)])
     _together(engine, [GenerationRequest("lp", ids, 12, GREEDY, logprobs=True, top_logprobs=2)])
     assert queued and not any(queued)
