@@ -20,11 +20,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import bench.blas_first  # noqa: F401  (OpenBLAS before mlx is first imported)
 
 # isort: split
-from bench.engine import PATHS
+from bench.engine import PATHS, _one
 from gmlx_server.engine import batch
 from gmlx_server.engine.loader import load_gguf_model
 from gmlx_server.engine.mlx_engine import MLXEngine
-from gmlx_server.engine.types import GenerationRequest, SamplingParams, TokenEvent
 
 MESSAGES = [{"role": "user", "content": "Write a long story about a lighthouse keeper and the sea."}]
 QUEUES_AHEAD = batch.BatchDecoder._queues_ahead
@@ -34,28 +33,18 @@ def _settled(self: batch.BatchDecoder, plans: list[batch._Plan]) -> bool:
     return False
 
 
-def decode(engine: MLXEngine, ids: list[int], gen: int, rid: str) -> float:
-    final: list[TokenEvent] = []
-    bias = {t: -1e9 for t in engine.tokenizer.eos_ids}
-    req = GenerationRequest(rid, ids, gen, SamplingParams(temperature=0.0, logit_bias=bias))
-    engine.generate_sync(req, lambda ev: final.append(ev) if ev.finish_reason else None)
-    timings = final[0].timings
-    assert timings is not None and timings.generated == gen, final[0]
-    return timings.decode_tok_s
-
-
 def compare(name: str, gen: int, runs: int) -> None:
     engine = MLXEngine(lambda: load_gguf_model(PATHS[name](), name))
     try:
         ids = engine.tokenizer.encode(engine.template.render(MESSAGES, add_generation_prompt=True),
                                       add_special_tokens=False)
-        decode(engine, ids, 8, "warm")
+        _one(engine, ids, 8, "warm")
         best = {"ahead": 0.0, "settled": 0.0}
         for i in range(2 * runs):
             mode = "ahead" if i % 2 else "settled"
             # the bench's switch: the scheduler queues ahead whenever it may (no config key turns it off)
             batch.BatchDecoder._queues_ahead = QUEUES_AHEAD if mode == "ahead" else _settled  # type: ignore[method-assign]
-            best[mode] = max(best[mode], decode(engine, ids, gen, f"{mode}{i}"))
+            best[mode] = max(best[mode], _one(engine, ids, gen, f"{mode}{i}")[1])
         batch.BatchDecoder._queues_ahead = QUEUES_AHEAD  # type: ignore[method-assign]
         print(f"{name:8s} decode {gen} tokens, best of {runs}: settled {best['settled']:6.1f} tok/s, "
               f"ahead {best['ahead']:6.1f} tok/s -> {best['ahead'] / best['settled']:.2f}x")
