@@ -139,6 +139,8 @@ class BatchDecoder:
             if self._speculate():
                 return
             fwd = self._forward(mx.array([[s.next_input] for s in self.rows], dtype=mx.int32))
+            if any(s.constraint is not None for s in self.rows):
+                mx.async_eval(fwd.logits)  # the forward pass runs while the rows' grammars compute their masks
         self.last_tokens = 1
         plans = [_plan(s, fwd.logits[i: i + 1], fwd.top[i: i + 1] if fwd.top is not None else None,
                        fwd.lp[i: i + 1] if fwd.lp is not None else None) for i, s in enumerate(self.rows)]
@@ -146,15 +148,13 @@ class BatchDecoder:
             # the draws first, as outputs of their own: waiting for them must not wait for the pass queued next
             mx.async_eval([p.draw.token for p in plans if p.draw is not None])
             self._ahead = self._forward(_inputs(plans))
-            mx.async_eval(self._ahead.arrays())
+            mx.async_eval(self._ahead.arrays())  # a queued pass runs while the next step's grammars mask too
         self._evaluate(plans)
         done = [_accept(s, p) for s, p in zip(self.rows, plans, strict=True)]
         self._drop([i for i, d in enumerate(done) if d])
 
     def _forward(self, tokens: mx.array) -> _Forward:
         logits = self.model(tokens, cache=self._cache).logits[:, -1, :]
-        if any(s.constraint is not None for s in self.rows):
-            mx.async_eval(logits)  # the forward pass runs while the rows' grammars compute their masks
         top = mx.argmax(logits, axis=-1) if any(s.bulk_greedy for s in self.rows) else None
         lp = _log_softmax(logits) if any(s.sampler.reads_logprobs for s in self.rows) else None
         return _Forward(logits, top, lp)
