@@ -3,9 +3,11 @@
     .venv/bin/python bench/decode_step.py [--models smollm2,gemma,qwen0.5b] [--reps 3] [--steps 10]
 
 Per model, the width-1 decode step's median time (wall, and process CPU with the kernels on one thread so a
-busy machine's other jobs do not count) in four configurations of the native layout:
-  all on      the CPU norm/RoPE/attention primitives, the fused q/k/v and gate/up projections, and each attention
-              layer's heads (split, q/k norms, RoPE, KV cast) as one primitive (engine/kernels/heads.py)
+busy machine's other jobs do not count) in five configurations of the native layout:
+  all on      the CPU norm/RoPE/attention primitives, the fused q/k/v and gate/up projections, each attention
+              layer's heads (split, q/k norms, RoPE, KV cast) as one primitive (engine/kernels/heads.py), and
+              each residual add fused with the norm after it (engine/kernels/blocks.py)
+  no blocks   all on but the fused adds: the layers' own forward, each add and norm an op
   no heads    all on but the heads: mlx-vlm's attention forward around the same primitives
   no fusion   the primitives, each projection its own matmul
   no prims    the fused projections, MLX's own norm, RoPE and attention ops
@@ -38,16 +40,18 @@ MODELS: dict[str, Callable[[], str]] = {"smollm2": smollm2_path, "gemma": gemma_
                                         "qwen0.5b": lambda: qwen_coder_path("0.5b")}
 
 
-def _load(path: str, fuse: bool, heads: bool = True) -> Any:
-    real, real_heads = loader.fuse_projections, loader.use_heads_attention
+def _load(path: str, fuse: bool, heads: bool = True, blocks: bool = True) -> Any:
+    real, real_heads, real_blocks = loader.fuse_projections, loader.use_heads_attention, loader.use_fused_blocks
     if not fuse:
         loader.fuse_projections = lambda model: 0  # type: ignore[assignment]
     if not heads:
         loader.use_heads_attention = lambda model, prims: 0  # type: ignore[assignment]
+    if not blocks:
+        loader.use_fused_blocks = lambda model, prims: 0  # type: ignore[assignment]
     try:
         return loader.load_gguf_model(path)
     finally:
-        loader.fuse_projections, loader.use_heads_attention = real, real_heads
+        loader.fuse_projections, loader.use_heads_attention, loader.use_fused_blocks = real, real_heads, real_blocks
 
 
 def _step_ms(model: Any, clock: Callable[[], float], steps: int) -> float:
@@ -73,8 +77,9 @@ def main() -> None:
     for name in args.models.split(","):
         path = MODELS[name]()
         fused, plain, separate = _load(path, True), _load(path, False), _load(path, True, heads=False)
-        configs = {"all on": (fused, True), "no heads": (separate, True), "no fusion": (plain, True),
-                   "no prims": (fused, False)}
+        unblocked = _load(path, True, blocks=False)
+        configs = {"all on": (fused, True), "no blocks": (unblocked, True), "no heads": (separate, True),
+                   "no fusion": (plain, True), "no prims": (fused, False)}
         kernels = fused.kernels
         assert kernels is not None and plain.kernels is not None  # the native layout: the primitives swapped in
         for label, clock, threads in (("wall", time.perf_counter, 0), ("cpu 1 thread", time.process_time, 1)):

@@ -19,6 +19,7 @@ from gmlx_server.engine.blas import current_blas
 from gmlx_server.engine.chat_template import JinjaChatTemplate
 from gmlx_server.engine.gguf_tensors import LoadReport, load_gguf_tensors
 from gmlx_server.engine.kernels import probe
+from gmlx_server.engine.kernels.blocks import use_fused_blocks
 from gmlx_server.engine.kernels.fast_ops import Primitives, use_kernel_modules
 from gmlx_server.engine.kernels.heads import use_heads_attention
 from gmlx_server.engine.kernels.modules import fuse_projections
@@ -135,6 +136,7 @@ def _kernel_primitives(model: Any, wanted: bool) -> Primitives | None:
         return None
     prims = Primitives(ext)
     use_kernel_modules(model, prims)
+    use_fused_blocks(model, prims)  # after the norms are the kernels' own: each residual add with its norm
     return prims
 
 

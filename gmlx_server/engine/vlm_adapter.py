@@ -169,6 +169,32 @@ def with_attention(cls: type, attention: Callable[..., Any]) -> type:
     return type(f"Gmlx{cls.__name__}", (cls,), {"__call__": forward, "__module__": __name__})
 
 
+# The families whose decoder layer (TransformerBlock) is pre-norm: x + attn(norm(x)), then h + mlp(norm(h));
+# and Gemma 3's sandwich, whose sublayers' outputs are normed before each add and whose MLP has its own
+# norm. engine/kernels/blocks.py computes these forwards with each residual add fused with the norm after it.
+PRE_NORM_BLOCKS = ("llama", "qwen2", "qwen3")
+SANDWICH_BLOCKS = ("gemma3",)
+
+
+def block_kind(module: Any) -> str | None:
+    """"pre" or "sandwich" for one of those families' decoder layers (their own class, not a subclass), else None."""
+    cls = type(module)
+    for kind, families in (("pre", PRE_NORM_BLOCKS), ("sandwich", SANDWICH_BLOCKS)):
+        if any(cls is _models(f"{f}.language").TransformerBlock for f in families):
+            return kind
+    return None
+
+
+def decoder_layers(model: Any) -> list[Any]:
+    """The text model's decoder layers in order (`model.model.layers`)."""
+    return list(body_of(model).layers)
+
+
+def with_forward(cls: type, forward: Callable[..., Any]) -> type:
+    """A subclass of `cls` whose forward is `forward` (called as cls's would be); cls itself is left as it is."""
+    return type(f"Gmlx{cls.__name__}", (cls,), {"__call__": forward, "__module__": __name__})
+
+
 def recast(module: Any, cls: type) -> None:
     """Make one model's module instance an instance of `cls` (a with_attention subclass of its class)."""
     module.__class__ = cls

@@ -21,8 +21,20 @@ class GGUFLinear(nn.Module):
             self.bias = mx.zeros((out_dims,))
 
     def __call__(self, x: mx.array) -> mx.array:
-        y = self._ext.matmul(x, self.weight, self.qtype, self.in_dims)
-        return y + self.bias if "bias" in self else y
+        return _biased_matmul(self, x)
+
+
+def _biased_matmul(m: GGUFLinear | FusedGGUFLinear, x: mx.array) -> mx.array:
+    """x @ W^T (+ bias): the matmul adds a float32 bias to float32 rows itself (an add and a broadcast fewer)."""
+    if "bias" not in m:
+        out: mx.array = m._ext.matmul(x, m.weight, m.qtype, m.in_dims)
+        return out
+    bias = m["bias"]
+    if x.dtype == mx.float32 and bias.dtype == mx.float32:
+        out = m._ext.matmul(x, m.weight, m.qtype, m.in_dims, bias=bias)
+        return out
+    out = m._ext.matmul(x, m.weight, m.qtype, m.in_dims) + bias
+    return out
 
 
 class GGUFEmbedding(nn.Module):
@@ -75,8 +87,7 @@ class FusedGGUFLinear(nn.Module):
     def output(self, x: mx.array) -> mx.array:
         memo = self._memo
         if memo.x is not x or memo.y is None:
-            y = self._ext.matmul(x, self.weight, self.qtype, self.in_dims)
-            memo.x, memo.y = x, y + self.bias if "bias" in self else y
+            memo.x, memo.y = x, _biased_matmul(self, x)
         return memo.y
 
     def forget(self) -> None:

@@ -65,6 +65,55 @@ void RMSNorm::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::arr
   });
 }
 
+namespace {
+
+mx::array norm_weight(const mx::array& w, int d, mx::Stream stream) {
+  if (w.ndim() != 1 || w.shape(0) != d) throw std::invalid_argument("add_norm: weights must be 1-D with x's last dimension");
+  return w.dtype() == mx::float32 ? w : mx::astype(w, mx::float32, stream);
+}
+
+}  // namespace
+
+std::vector<mx::array> add_norm(const mx::array& x, const mx::array& r, const std::optional<mx::array>& r_w,
+                                const mx::array& w, float eps, float r_eps, mx::StreamOrDevice s) {
+  require_f32(x, "add_norm");
+  require_f32(r, "add_norm");
+  if (x.ndim() < 1 || x.shape() != r.shape()) throw std::invalid_argument("add_norm: x and r must have one shape");
+  const auto stream = mx::to_stream(s);
+  const int d = x.shape(-1);
+  std::vector<mx::array> inputs = {x, r, norm_weight(w, d, stream)};
+  if (r_w) inputs.push_back(norm_weight(*r_w, d, stream));
+  return mx::array::make_arrays({x.shape(), x.shape()}, {mx::float32, mx::float32},
+                                std::make_shared<AddNorm>(stream, eps, r_eps, r_w.has_value()), inputs);
+}
+
+void AddNorm::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  auto& enc = begin_eval(stream(), inputs, outputs);
+  enc.dispatch([inputs, outputs, eps = eps_, r_eps = r_eps_, r_normed = r_normed_]() mutable {
+    const mx::array& x = inputs[0];
+    const int64_t d = x.shape(-1);
+    const int64_t rows = d ? static_cast<int64_t>(x.size()) / d : 0;
+    std::vector<float> xbuf, rbuf, wbuf, rwbuf, normed(r_normed ? d : 0);
+    const float* xs = row_major(x, xbuf);
+    const float* rs = row_major(inputs[1], rbuf);
+    const float* ws = row_major(inputs[2], wbuf);
+    const float* rws = r_normed ? row_major(inputs[3], rwbuf) : nullptr;
+    float* sum = outputs[0].data<float>();
+    float* ys = outputs[1].data<float>();
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* xr = xs + i * d;
+      const float* rr = rs + i * d;
+      if (r_normed) {  // Gemma 3: the sublayer's output is normed before it joins the residual
+        norm_row(rr, rws, r_eps, d, normed.data());
+        rr = normed.data();
+      }
+      float* sr = sum + i * d;
+      for (int64_t j = 0; j < d; ++j) sr[j] = xr[j] + rr[j];
+      norm_row(sr, ws, eps, d, ys + i * d);
+    }
+  });
+}
+
 mx::array rope(const mx::array& x, int dims, bool traditional, std::optional<float> base, float scale,
                const std::variant<int, mx::array>& offset, const std::optional<mx::array>& freqs,
                mx::StreamOrDevice s) {
@@ -116,6 +165,10 @@ void RMSNorm::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
   throw std::runtime_error("GKRMSNorm runs on the CPU device only");
 }
 
+void AddNorm::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error("GKAddNorm runs on the CPU device only");
+}
+
 void RoPE::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
   throw std::runtime_error("GKRoPE runs on the CPU device only");
 }
@@ -123,6 +176,11 @@ void RoPE::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
 bool RMSNorm::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const RMSNorm&>(other);
   return eps_ == o.eps_ && weighted_ == o.weighted_;
+}
+
+bool AddNorm::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const AddNorm&>(other);
+  return eps_ == o.eps_ && r_eps_ == o.r_eps_ && r_normed_ == o.r_normed_;
 }
 
 bool RoPE::is_equivalent(const mx::Primitive& other) const {

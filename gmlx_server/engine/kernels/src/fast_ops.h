@@ -16,6 +16,11 @@ namespace mx = mlx::core;
 // x * rsqrt(mean(x^2, -1) + eps) * w, for float32 x (..., d) and w (d,) or none.
 mx::array rms_norm(const mx::array& x, const std::optional<mx::array>& w, float eps, mx::StreamOrDevice s = {});
 
+// A decoder layer's residual add and the norm after it: (x + r, rms_norm(x + r) * w), r first normed by r_w
+// (with r_eps) when given, as Gemma 3's sandwich norms do; float32 x and r of one shape, w and r_w (d,).
+std::vector<mx::array> add_norm(const mx::array& x, const mx::array& r, const std::optional<mx::array>& r_w,
+                                const mx::array& w, float eps, float r_eps, mx::StreamOrDevice s = {});
+
 // mx.fast.rope's contract for float32 x (B, *, T, D): offset an int or an int32 array of () or (B,);
 // inverse frequencies base^(-2i/dims), or 1/freqs when freqs is given.
 mx::array rope(const mx::array& x, int dims, bool traditional, std::optional<float> base, float scale,
@@ -127,6 +132,24 @@ class RMSNorm : public mx::Primitive {
  private:
   float eps_;
   bool weighted_;
+};
+
+class AddNorm : public mx::Primitive {
+ public:
+  // inputs: x, r, w, then r_w when r is normed first
+  AddNorm(mx::Stream stream, float eps, float r_eps, bool r_normed)
+      : mx::Primitive(stream), eps_(eps), r_eps_(r_eps), r_normed_(r_normed) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "GKAddNorm"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {inputs[0].shape(), inputs[0].shape()};
+  }
+
+ private:
+  float eps_, r_eps_;
+  bool r_normed_;
 };
 
 class RoPE : public mx::Primitive {

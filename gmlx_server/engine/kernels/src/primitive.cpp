@@ -22,16 +22,22 @@ void check_rows(const mx::array& w, int type, int k, const char* op) {
 
 }  // namespace
 
-mx::array gguf_matmul(const mx::array& x, const mx::array& w, int type, int k, mx::StreamOrDevice s) {
+mx::array gguf_matmul(const mx::array& x, const mx::array& w, int type, int k, const std::optional<mx::array>& bias,
+                      mx::StreamOrDevice s) {
   check_rows(w, type, k, "gguf_matmul");
   if (w.ndim() != 2) throw std::invalid_argument("gguf_matmul: weights must be 2-D (n, row_bytes)");
   if (x.ndim() < 1 || x.shape(-1) != k) throw std::invalid_argument("gguf_matmul: x's last dimension must be k");
   if (!mx::issubdtype(x.dtype(), mx::floating)) throw std::invalid_argument("gguf_matmul: x must be floating");
+  if (bias && (x.dtype() != mx::float32 || bias->dtype() != mx::float32 || bias->ndim() != 1 ||
+               bias->shape(0) != w.shape(0)))
+    throw std::invalid_argument("gguf_matmul: a bias must be float32 (n,), for float32 x");
   const auto stream = mx::to_stream(s);
   const mx::array xf = x.dtype() == mx::float32 ? x : mx::astype(x, mx::float32, stream);
   mx::Shape shape = x.shape();
   shape.back() = w.shape(0);
-  mx::array out(shape, mx::float32, std::make_shared<GGUFMatmul>(stream, type, k), {xf, w});
+  std::vector<mx::array> inputs = {xf, w};
+  if (bias) inputs.push_back(*bias);
+  mx::array out(shape, mx::float32, std::make_shared<GGUFMatmul>(stream, type, k, bias.has_value()), inputs);
   return x.dtype() == mx::float32 ? out : mx::astype(out, x.dtype(), stream);
 }
 
@@ -47,11 +53,17 @@ void GGUFMatmul::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::
   const mx::array& w = inputs[1];
   mx::array& out = outputs[0];
   auto& enc = begin_eval(stream(), inputs, out);
-  enc.dispatch([x, w, out, type = type_, k = k_]() mutable {
-    std::vector<float> xs;
+  const std::optional<mx::array> bias = biased_ ? std::optional<mx::array>(inputs[2]) : std::nullopt;
+  enc.dispatch([x, w, bias, out, type = type_, k = k_]() mutable {
+    std::vector<float> xs, bs;
     std::vector<uint8_t> ws;
-    const int64_t m = static_cast<int64_t>(x.size()) / k;
-    matmul(type, row_major(w, ws), w.shape(0), k, row_major(x, xs), m, out.data<float>());
+    const int64_t m = static_cast<int64_t>(x.size()) / k, n = w.shape(0);
+    float* y = out.data<float>();
+    matmul(type, row_major(w, ws), n, k, row_major(x, xs), m, y);
+    if (!bias) return;
+    const float* b = row_major(*bias, bs);
+    for (int64_t i = 0; i < m; ++i)  // as MLX's add would: one float32 sum per element
+      for (int64_t j = 0; j < n; ++j) y[i * n + j] += b[j];
   });
 }
 
@@ -76,7 +88,7 @@ void GGUFDequantize::eval_gpu(const std::vector<mx::array>&, std::vector<mx::arr
 
 bool GGUFMatmul::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const GGUFMatmul&>(other);
-  return type_ == o.type_ && k_ == o.k_;
+  return type_ == o.type_ && k_ == o.k_ && biased_ == o.biased_;
 }
 
 bool GGUFDequantize::is_equivalent(const mx::Primitive& other) const {

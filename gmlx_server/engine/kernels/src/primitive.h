@@ -1,6 +1,8 @@
 // MLX primitives over GGUF blocks: a matmul (x @ W^T) and a row dequantization, CPU device only.
 #pragma once
 
+#include <optional>
+
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
 
@@ -8,14 +10,17 @@ namespace gk {
 
 namespace mx = mlx::core;
 
-// x (..., k) float @ W^T for W (n, row_bytes) uint8 GGUF blocks of `type` -> (..., n) in x's dtype.
-mx::array gguf_matmul(const mx::array& x, const mx::array& w, int type, int k, mx::StreamOrDevice s = {});
+// x (..., k) float @ W^T for W (n, row_bytes) uint8 GGUF blocks of `type` -> (..., n) in x's dtype; plus
+// `bias` (n,) float32 when given, for float32 x (a projection's bias add without an op of its own).
+mx::array gguf_matmul(const mx::array& x, const mx::array& w, int type, int k,
+                      const std::optional<mx::array>& bias = std::nullopt, mx::StreamOrDevice s = {});
 // W (..., row_bytes) uint8 GGUF blocks -> (..., k) float32
 mx::array gguf_dequantize(const mx::array& w, int type, int k, mx::StreamOrDevice s = {});
 
 class GGUFMatmul : public mx::Primitive {
  public:
-  GGUFMatmul(mx::Stream stream, int type, int k) : mx::Primitive(stream), type_(type), k_(k) {}
+  GGUFMatmul(mx::Stream stream, int type, int k, bool biased)
+      : mx::Primitive(stream), type_(type), k_(k), biased_(biased) {}
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   const char* name() const override { return "GGUFMatmul"; }
@@ -24,6 +29,7 @@ class GGUFMatmul : public mx::Primitive {
 
  private:
   int type_, k_;
+  bool biased_;  // inputs: x, w, then the bias
 };
 
 class GGUFDequantize : public mx::Primitive {

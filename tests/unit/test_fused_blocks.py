@@ -1,0 +1,105 @@
+"""Issue 29 item 3, fewer ops a layer: each residual add fused with the norm after it (GKAddNorm, kernels/blocks.py)
+and a projection's bias added by its matmul. The same results as the separate ops, to the bit, and the graph
+nodes they save."""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from collections import Counter
+from collections.abc import Callable
+from types import ModuleType
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType
+
+from gmlx_server.engine import loader
+from gmlx_server.engine.batch import _as_batch
+from tests.conftest import gemma_path, qwen_coder_path, smollm2_path
+from tests.unit.test_heads_attention import _steps
+from tests.unit.test_kernels import random_blocks
+
+
+def _normal(rng: np.random.Generator, *shape: int) -> mx.array:
+    return mx.array(rng.standard_normal(shape).astype(np.float32))
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_add_norm_equals_the_add_and_the_norms(ext: ModuleType, case: int) -> None:
+    rng = np.random.default_rng(case)
+    rows, d = (1, 3, 7)[case % 3], (64, 576, 40)[case % 3]
+    x, r = _normal(rng, 2, rows, d), _normal(rng, 2, rows, d)
+    if case == 4:  # strided inputs are read as they are laid out
+        x, r = _normal(rng, 2, d, rows).swapaxes(1, 2), _normal(rng, rows, 2, d).swapaxes(0, 1)
+    w, rw = (mx.array(rng.uniform(0.5, 2, d).astype(np.float32)) for _ in range(2))
+    sandwich = case % 2 == 1
+    h, y = ext.add_norm(x, r, rw if sandwich else None, w, eps=1e-6, r_eps=1e-5)
+    want_h = x + (ext.rms_norm(r, rw, 1e-5) if sandwich else r)
+    np.testing.assert_array_equal(np.array(h), np.array(want_h))
+    np.testing.assert_array_equal(np.array(y), np.array(ext.rms_norm(want_h, w, 1e-6)))
+    ref = np.array(want_h, dtype=np.float64)  # and the norm against float64
+    ref = ref / np.sqrt((ref**2).mean(-1, keepdims=True) + 1e-6) * np.array(w, dtype=np.float64)
+    np.testing.assert_allclose(np.array(y), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_add_norm_refuses_bad_arguments(ext: ModuleType) -> None:
+    x, w = mx.zeros((1, 2, 8)), mx.ones((8,))
+    with pytest.raises(ValueError, match="one shape"):
+        ext.add_norm(x, mx.zeros((1, 1, 8)), None, w, eps=1e-6)
+    with pytest.raises(ValueError, match="float32"):
+        ext.add_norm(x.astype(mx.float16), x, None, w, eps=1e-6)
+    with pytest.raises(ValueError, match="weights"):
+        ext.add_norm(x, x, mx.ones((4,)), w, eps=1e-6)
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_matmul_adds_its_bias_as_the_add_did(ext: ModuleType, case: int) -> None:
+    rng = np.random.default_rng(case)
+    name, k = (("Q8_0", 64), ("Q4_K", 256), ("Q4_0", 96), ("Q6_K", 256))[case]
+    n, rows = 24, (1, 3, 9, 64)[case]  # a decode row, a few, and sgemm's panels
+    blocks, qtype = mx.array(random_blocks(rng, name, n, k)), int(GGMLQuantizationType[name])
+    x, bias = _normal(rng, rows, k), _normal(rng, n)
+    got = ext.matmul(x, blocks, qtype, k, bias=bias)
+    np.testing.assert_array_equal(np.array(got), np.array(ext.matmul(x, blocks, qtype, k) + bias))
+    with pytest.raises(ValueError, match="bias must be float32"):
+        ext.matmul(x.astype(mx.float16), blocks, qtype, k, bias=bias)
+    with pytest.raises(ValueError, match="bias must be float32"):
+        ext.matmul(x, blocks, qtype, k, bias=bias[:-1])
+
+
+def _step_ops(lm: loader.LoadedModel) -> Counter[str]:
+    cache = [_as_batch(c) for c in lm.make_cache()]
+    mx.eval(lm.model(mx.array([list(range(1, 40))]), cache=cache).logits)
+    for t in (5, 6):
+        mx.eval(lm.model(mx.array([[t]]), cache=cache).logits)
+    with tempfile.NamedTemporaryFile("r", suffix=".dot") as f:
+        mx.export_to_dot(f.name, lm.model(mx.array([[7]]), cache=cache).logits)
+        return Counter(re.findall(r'label ="([A-Za-z]+)', f.read()))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", [smollm2_path, gemma_path])
+def test_fused_blocks_keep_the_logits(ext: ModuleType, path: Callable[[], str],
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    ours = loader.load_gguf_model(path())
+    ops = _step_ops(ours)
+    layers = len(ours.model.model.layers)
+    # every layer's adds and norms are its two fused ops; only the first layer's input norm runs alone (the final
+    # norm was computed by the last layer's fused op); the one Add a layer left is its cache's offsets
+    assert ops["GKAddNorm"] == 2 * layers and ops["GKRMSNorm"] == 1 and ops["Add"] <= layers + 1
+    monkeypatch.setattr(loader, "use_fused_blocks", lambda model, prims: 0)
+    theirs = loader.load_gguf_model(path())
+    assert _step_ops(theirs)["GKAddNorm"] == 0
+    for half in (False, True):
+        for batch in (False, True):
+            for a, b in zip(_steps(ours, half, batch), _steps(theirs, half, batch), strict=True):
+                np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.slow
+def test_qwen2_biases_ride_their_matmuls(ext: ModuleType) -> None:
+    """Qwen 2's q/k/v biases are added by the projections' matmuls: no Add (and no Broadcast) of their own."""
+    ops = _step_ops(loader.load_gguf_model(qwen_coder_path("0.5b")))
+    assert ops["Add"] == 24 and ops["Broadcast"] <= 4  # the caches' offsets; the mask's broadcasts
