@@ -79,6 +79,8 @@ def load_gguf_model(path: str | Path, model_id: str | None = None, layout: Layou
     use_gmlx_attention(model, cpu=not on_gpu, prims=kernels or Primitives(None))
     if kernels is not None and chosen == "native":
         use_heads_attention(model, kernels)  # each layer's q/k/v heads in one primitive
+    if kernels is not None:  # last: the layers' norms, attention and MLP are what they will run
+        use_fused_blocks(model, kernels)  # each residual add with the norm after it
     mx.clear_cache()  # the buffers of replaced arrays (fused parts, transposed originals) stay cached otherwise
     trained = int(header.arch_value("context_length", DEFAULT_CONTEXT))
     held = resolve_kv_dtype(kv_dtype, kernels_attend=kernels is not None)
@@ -136,7 +138,6 @@ def _kernel_primitives(model: Any, wanted: bool) -> Primitives | None:
         return None
     prims = Primitives(ext)
     use_kernel_modules(model, prims)
-    use_fused_blocks(model, prims)  # after the norms are the kernels' own: each residual add with its norm
     return prims
 
 

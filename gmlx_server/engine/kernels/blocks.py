@@ -23,11 +23,12 @@ from gmlx_server.engine.kernels.fast_ops import Primitives, RMSNorm
 
 @dataclass(frozen=True)
 class _Links:
-    """A fused layer's route to the extension and the norm its output goes to next (a plain object, so the
-    module tree does not take that norm for a child)."""
+    """What a fused layer's forward reads beside its children, fixed at load: the norms its adds fuse, in the order
+    the forward applies them, and the norm its output goes to next (the last of them). A plain object, so the
+    module tree does not take these norms for children."""
 
     prims: Primitives
-    after: RMSNorm
+    norms: tuple[RMSNorm, ...]
 
 
 def _family_forward(layer: nn.Module, x: mx.array, mask: Any, cache: Any) -> mx.array:
@@ -37,36 +38,40 @@ def _family_forward(layer: nn.Module, x: mx.array, mask: Any, cache: Any) -> mx.
 
 def _pre_norm(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
     links: _Links = self._gmlx_links
-    if links.prims.covering(x) is None:
+    ext = links.prims.covering(x)
+    if ext is None:
         return _family_forward(self, x, mask, cache)
-    r = self.self_attn(self.input_layernorm(x), mask, cache)
-    h, normed = links.prims.add_norm(x, r, None, self.post_attention_layernorm)
-    out, ahead = links.prims.add_norm(h, self.mlp(normed), None, links.after)
-    links.after.expect(out, ahead)
+    post, after = links.norms
+    h, normed = ext.add_norm(x, self.self_attn(self.input_layernorm(x), mask, cache), None, post.weight, post.eps)
+    out, ahead = ext.add_norm(h, self.mlp(normed), None, after.weight, after.eps)
+    after.expect(out, ahead)
     return out
 
 
 def _sandwich(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
     """Gemma 3's layer in float32, where its clip_residual is a plain add."""
     links: _Links = self._gmlx_links
-    if links.prims.covering(x) is None:
+    ext = links.prims.covering(x)
+    if ext is None:
         return _family_forward(self, x, mask, cache)
+    post_attn, pre_mlp, post_mlp, after = links.norms
     r = self.self_attn(self.input_layernorm(x), mask, cache)
-    h, normed = links.prims.add_norm(x, r, self.post_attention_layernorm, self.pre_feedforward_layernorm)
-    out, ahead = links.prims.add_norm(h, self.mlp(normed), self.post_feedforward_layernorm, links.after)
-    links.after.expect(out, ahead)
+    h, normed = ext.add_norm(x, r, post_attn.weight, pre_mlp.weight, pre_mlp.eps, post_attn.eps)
+    out, ahead = ext.add_norm(h, self.mlp(normed), post_mlp.weight, after.weight, after.eps, post_mlp.eps)
+    after.expect(out, ahead)
     return out
 
 
-_FORWARDS = {"pre": (_pre_norm, ("input_layernorm", "post_attention_layernorm")),
-             "sandwich": (_sandwich, ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+# each kind's forward and the norms its adds fuse, in order (the input norm is every kind's first)
+_FORWARDS = {"pre": (_pre_norm, ("post_attention_layernorm",)),
+             "sandwich": (_sandwich, ("post_attention_layernorm", "pre_feedforward_layernorm",
                                       "post_feedforward_layernorm"))}
 
 
 def _fusable(layer: nn.Module) -> str | None:
     """The layer's kind when every norm it calls is a kernels RMSNorm (use_kernel_modules swapped them)."""
     kind = vlm_adapter.block_kind(layer)
-    if kind is None or not all(isinstance(layer.get(n), RMSNorm) for n in _FORWARDS[kind][1]):
+    if kind is None or not all(isinstance(layer.get(n), RMSNorm) for n in ("input_layernorm", *_FORWARDS[kind][1])):
         return None
     return kind
 
@@ -85,6 +90,6 @@ def use_fused_blocks(model: nn.Module, prims: Primitives) -> int:
         cls = type(layer)
         if cls not in own:
             own[cls] = vlm_adapter.with_forward(cls, _FORWARDS[str(kind)][0])
-        layer._gmlx_links = _Links(prims, after)
+        layer._gmlx_links = _Links(prims, (*(layer[n] for n in _FORWARDS[str(kind)][1]), after))
         vlm_adapter.recast(layer, own[cls])
     return len(layers)

@@ -43,16 +43,6 @@ class Primitives:
             return out
         return mx.fast.rms_norm(x, weight, eps)
 
-    def add_norm(self, x: mx.array, r: mx.array, r_norm: RMSNorm | None, norm: RMSNorm) -> tuple[mx.array, mx.array]:
-        """(h, norm(h)) for h = x + r, or x + r_norm(r): a layer's residual add and the norm after it, one op."""
-        ext = self.covering(x)
-        if ext is not None and r.dtype == mx.float32 and r.shape == x.shape and x.ndim >= 1:
-            h, y = ext.add_norm(x, r, r_norm.weight if r_norm else None, norm.weight, eps=norm.eps,
-                                r_eps=r_norm.eps if r_norm else 0.0)
-            return h, y
-        h = x + (r_norm(r) if r_norm else r)
-        return h, norm(h)
-
     def rope(self, x: mx.array, a: RopeArgs, offset: Any) -> mx.array:
         ext = self.covering(x)
         if ext is not None and _rope_covered(x, a, offset):

@@ -50,8 +50,8 @@ NB_MODULE(_gguf_kernels, m) {
         "uint8 GGUF block rows (..., row_bytes) -> (..., k) float32");
   m.def("rms_norm", &gk::rms_norm, "x"_a, "weight"_a.none(), "eps"_a, nb::kw_only(), "stream"_a = nb::none(),
         "mx.fast.rms_norm as one CPU primitive (float32)");
-  m.def("add_norm", &gk::add_norm, "x"_a, "r"_a, "r_weight"_a.none(), "weight"_a, nb::kw_only(), "eps"_a,
-        "r_eps"_a = 0.0f, "stream"_a = nb::none(),
+  m.def("add_norm", &gk::add_norm, "x"_a, "r"_a, "r_weight"_a.none(), "weight"_a, "eps"_a, "r_eps"_a = 0.0f,
+        nb::kw_only(), "stream"_a = nb::none(),
         "(x + r, rms_norm(x + r) * weight) as one CPU primitive (float32); r_weight: r is rms-normed first");
   m.def("rope", &gk::rope, "a"_a, "dims"_a, nb::kw_only(), "traditional"_a, "base"_a.none(), "scale"_a, "offset"_a,
         "freqs"_a = nb::none(), "stream"_a = nb::none(), "mx.fast.rope as one CPU primitive (float32)");
