@@ -10,9 +10,10 @@ lengths, so the batch caches are left-padded as in serving). Per width, ms per s
               accept (each row's detokenizing, stop strings and event), so step ~ forward + sample + accept
   sse         what the rows' token events then cost the HTTP thread as OpenAI chat SSE chunks (encoder and
               framing; off the engine thread, but on the same cores)
-  matmul ...  the forward's kernel calls by class (projections, output head, norms, RoPE, attention, gate,
-              embedding), replayed alone on the inputs they had in one recorded step, one eval per class
-  rest        forward minus those: KV-cache updates, the mask, reshapes, slices, residual adds, dispatch
+  matmul ...  the forward's kernel calls by class (projections, output head, norms with their fused residual
+              adds, RoPE, the attention layers' heads, attention, gate, embedding), replayed alone on the inputs
+              they had in one recorded step, one eval per class
+  rest        forward minus those: KV-cache writes, the mask, the offsets, slices, dispatch
 --clock cpu times the process's CPU instead of the wall, the kernels on one thread (decode_step.py's way of
 reading a shared machine: the other jobs' time does not count; the ratios are of work, not of a quiet wall).
 and the forward's graph nodes by op at the first and last width. `bench/engine.py --profile` runs this.
@@ -40,6 +41,7 @@ import mlx.core as mx
 
 from gmlx_server.engine.batch import BatchDecoder
 from gmlx_server.engine.kernels import probe
+from gmlx_server.engine.kernels.fast_ops import MLX_OPS
 from gmlx_server.engine.loader import LoadedModel, load_gguf_model
 from gmlx_server.engine.request_run import Progress, RequestRun
 from gmlx_server.engine.types import GenerationRequest, SamplingParams, TokenEvent
@@ -50,10 +52,10 @@ from tests.conftest import gemma_path, qwen_coder_path, smollm2_path
 PATHS = {"smollm2": smollm2_path, "gemma": gemma_path, "qwen0.5b": lambda: qwen_coder_path("0.5b"),
          "qwen1.5b": lambda: qwen_coder_path("1.5b")}
 SAMPLING = {"greedy": SamplingParams(temperature=0.0), "chat": SamplingParams(temperature=0.7, top_p=0.9)}
-KERNEL_CLASSES = {"matmul": "matmul", "dequantize": "embed", "rms_norm": "norm", "rope": "rope",
-                  "sdpa": "attention", "gated": "gate"}
-ROWS = ("step", "forward", "sample", "accept", "sse", "matmul", "head", "norm", "rope", "attention", "gate", "embed",
-        "rest")
+KERNEL_CLASSES = {"matmul": "matmul", "dequantize": "embed", "rms_norm": "norm", "add_norm": "norm", "rope": "rope",
+                  "heads": "heads", "sdpa": "attention", "gated": "gate"}
+ROWS = ("step", "forward", "sample", "accept", "sse", "matmul", "head", "norm", "rope", "heads", "attention", "gate",
+        "embed", "rest")
 Call = tuple[str, Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 CLOCK: Callable[[], float] = time.perf_counter  # --clock cpu: the process's CPU time, the kernels on one thread
 
@@ -105,7 +107,7 @@ class _Forward:
 def _batch(lm: LoadedModel, width: int, prompt: int, params: SamplingParams,
            events: list[TokenEvent] | None = None) -> BatchDecoder:
     """`width` rows prefilled as the engine prefills them, joined into one batch (unequal prompt lengths)."""
-    batch = BatchDecoder(lm.model)
+    batch = BatchDecoder(lm.model, prims=lm.kernels or MLX_OPS)
     emit = events.append if events is not None else (lambda ev: None)
     text = " ".join(f"word{i % 97} of the long benchmark prompt" for i in range(prompt))
     ids = lm.tokenizer.encode(text)

@@ -15,6 +15,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_vlm.models.cache import BatchKVCache, BatchRotatingKVCache, KVCache, RotatingKVCache
 
+from gmlx_server.engine.kernels.fast_ops import MLX_OPS, Primitives
 from gmlx_server.engine.kv_half import batch_half
 from gmlx_server.engine.kv_quant import as_batch_quantized
 from gmlx_server.engine.request_run import RequestRun, describe
@@ -97,8 +98,8 @@ def _log_softmax(logits: mx.array) -> mx.array:
 
 
 class BatchDecoder:
-    def __init__(self, model: Any, speculator: Speculator | None = None) -> None:
-        self.model, self.speculator = model, speculator
+    def __init__(self, model: Any, speculator: Speculator | None = None, prims: Primitives = MLX_OPS) -> None:
+        self.model, self.speculator, self._prims = model, speculator, prims  # prims: the model's (its argmax)
         self.rows: list[RequestRun] = []
         self._cache: list[Any] = []
         self._ahead: _Forward | None = None  # the next forward pass, queued on this step's tokens still on the device
@@ -155,7 +156,7 @@ class BatchDecoder:
 
     def _forward(self, tokens: mx.array) -> _Forward:
         logits = self.model(tokens, cache=self._cache).logits[:, -1, :]
-        top = mx.argmax(logits, axis=-1) if any(s.bulk_greedy for s in self.rows) else None
+        top = self._prims.argmax(logits) if any(s.bulk_greedy for s in self.rows) else None
         lp = _log_softmax(logits) if any(s.sampler.reads_logprobs for s in self.rows) else None
         return _Forward(logits, top, lp)
 

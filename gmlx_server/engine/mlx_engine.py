@@ -19,6 +19,7 @@ from gmlx_server.engine.base import EngineBase
 from gmlx_server.engine.cache_tiers import CacheTiers
 from gmlx_server.engine.disk_cache import DiskCache
 from gmlx_server.engine.drafter import Drafter, with_drafter
+from gmlx_server.engine.kernels.fast_ops import MLX_OPS
 from gmlx_server.engine.prompt_cache import PromptCache
 from gmlx_server.engine.scheduler import Inbox, Pace, Scheduler
 from gmlx_server.engine.scheduler import Job as _Job
@@ -117,7 +118,8 @@ class MLXEngine(EngineBase):
         try:
             Scheduler(loaded.model, loaded.tokenizer, self._decode_batch, self._jobs, self._forget, self._measured,
                       grammar_tokenizer, self._prompt_cache, self.pace, loaded.make_cache,
-                      Speculator(self._drafter) if self._drafter is not None else None, loaded.vision).run()
+                      Speculator(self._drafter) if self._drafter is not None else None, loaded.vision,
+                      loaded.kernels or MLX_OPS).run()
         except BaseException as e:  # the loop itself broke: say why, and end every request it held
             self._fault = f"{type(e).__name__}: {e}"
             log.critical("the engine thread of %s died: %s", loaded.info.model_id, self._fault, exc_info=e)

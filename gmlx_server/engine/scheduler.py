@@ -21,6 +21,7 @@ from gmlx_plan.pace import PrefillPace, Span, fit_prefill, fit_step_depth
 from gmlx_plan.queueing import step_time
 from gmlx_server.engine.batch import BatchDecoder
 from gmlx_server.engine.cache_tiers import CacheTiers
+from gmlx_server.engine.kernels.fast_ops import MLX_OPS, Primitives
 from gmlx_server.engine.request_run import GrammarTokenizer, Progress, RequestRun
 from gmlx_server.engine.spec_round import Speculator
 from gmlx_server.engine.types import GenerationRequest, MemorySnapshot, SpeculativeStats, TokenEvent
@@ -115,7 +116,8 @@ class Scheduler:
                  forget: Callable[[Job], None], memory: MemorySnapshot,
                  grammar_tokenizer: GrammarTokenizer | None = None, prompt_cache: CacheTiers | None = None,
                  pace: Pace | None = None, caches: Callable[[], list[Any]] | None = None,
-                 speculator: Speculator | None = None, vision: VisionRuntime | None = None) -> None:
+                 speculator: Speculator | None = None, vision: VisionRuntime | None = None,
+                 prims: Primitives = MLX_OPS) -> None:
         self.model, self.tokenizer, self.width, self.caches, self.vision = model, tokenizer, width, caches, vision
         self.grammar_tokenizer, self.prompt_cache = grammar_tokenizer, prompt_cache
         self.inbox, self.forget, self.memory = inbox, forget, memory
@@ -125,8 +127,8 @@ class Scheduler:
         self.waiting: deque[Job] = deque()
         self.resuming: deque[tuple[Job, RequestRun]] = deque()  # rows rewound after a failed batched step
         self.prefilling: tuple[Job, RequestRun] | None = None
-        self.speculator = speculator
-        self.batch = BatchDecoder(model, speculator)
+        self.speculator, self.prims = speculator, prims
+        self.batch = BatchDecoder(model, speculator, prims)
         self._jobs: dict[int, Job] = {}  # id(RequestRun) -> its job, to forget finished rows
 
     def run(self) -> None:
@@ -155,7 +157,7 @@ class Scheduler:
         self.waiting.clear()
         self.resuming.clear()
         self.prefilling = None
-        self.batch = BatchDecoder(self.model, self.speculator)
+        self.batch = BatchDecoder(self.model, self.speculator, self.prims)
         self._jobs.clear()
         for job in jobs:
             self._fail(job, error)

@@ -89,3 +89,21 @@ def test_a_native_and_a_kernels_off_model_each_run_their_own_path(ext: ModuleTyp
     load_gguf_model(smollm2_path(), "again")  # a kernels-on load after it leaves the kernels-off model alone
     assert mx.array_equal(_logits(off), off_alone)
     assert _bindings() == before  # identity of every function: nothing reassigned by the three loads
+
+
+def test_the_engine_draws_greedy_rows_with_the_models_argmax(ext: ModuleType) -> None:
+    """The batch's argmax over the vocabulary (its bulk greedy rows' token) is the model's kernels primitive."""
+    from gmlx_server.engine.mlx_engine import MLXEngine
+    from gmlx_server.engine.types import GenerationRequest, SamplingParams, TokenEvent
+
+    native = load_gguf_model(smollm2_path(), "on")
+    assert native.kernels is not None
+    counting = _Counting(ext)
+    native.kernels.ext = counting  # type: ignore[assignment]
+    engine = MLXEngine(lambda: native)
+    try:
+        events: list[TokenEvent] = []
+        engine.generate_sync(GenerationRequest("g", [1, 2, 3, 4], 6, SamplingParams(temperature=0.0)), events.append)
+    finally:
+        engine.close()
+    assert events[-1].finish_reason is not None and counting.calls["argmax"] >= 5

@@ -1,6 +1,6 @@
 """Issue 29 item 3, fewer ops a layer: each residual add fused with the norm after it (GKAddNorm, kernels/blocks.py)
-and a projection's bias added by its matmul. The same results as the separate ops, to the bit, and the graph
-nodes they save."""
+and a projection's bias added by its matmul; and the batch's argmax over the vocabulary as one vector primitive.
+The same results as the separate ops, to the bit, and the graph nodes they save."""
 
 from __future__ import annotations
 
@@ -14,9 +14,13 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gmlx_server.engine import loader
 from gmlx_server.engine.batch import _as_batch
+from gmlx_server.engine.kernels import probe
+from gmlx_server.engine.kernels.fast_ops import Primitives
 from tests.conftest import gemma_path, qwen_coder_path, smollm2_path
 from tests.unit.test_heads_attention import _steps
 from tests.unit.test_kernels import random_blocks
@@ -67,6 +71,41 @@ def test_matmul_adds_its_bias_as_the_add_did(ext: ModuleType, case: int) -> None
         ext.matmul(x.astype(mx.float16), blocks, qtype, k, bias=bias)
     with pytest.raises(ValueError, match="bias must be float32"):
         ext.matmul(x, blocks, qtype, k, bias=bias[:-1])
+
+
+SPECIAL = [np.nan, np.inf, -np.inf, 0.0, -0.0, 3.0]
+
+
+@given(st.lists(st.sampled_from(SPECIAL[1:]) | st.floats(-4, 4, width=32), min_size=1, max_size=70),
+       st.integers(0, 69), st.booleans())
+@settings(max_examples=200, deadline=None)
+def test_argmax_is_mlxs(values: list[float], at: int, with_nan: bool) -> None:
+    """The first index of the maximum, ties, infinities and signed zeros, and the first NaN wins, as mx.argmax."""
+    ext = probe().ext
+    if ext is None:
+        pytest.skip("no kernels")
+    row = np.array(values, dtype=np.float32)
+    if with_nan:
+        row[at % row.size] = np.nan
+    x = mx.array(np.stack([row, row[::-1], np.sort(row)]))
+    assert ext.argmax(x).tolist() == mx.argmax(x, axis=-1).tolist()
+
+
+@pytest.mark.parametrize("case", range(3))
+def test_argmax_over_a_vocabulary(ext: ModuleType, case: int) -> None:
+    rng = np.random.default_rng(case)
+    shape = ((1, 49152), (4, 262144), (2, 3, 151936))[case]
+    x = mx.array(rng.standard_normal(shape).astype(np.float32))
+    got = ext.argmax(x)
+    assert got.dtype == mx.uint32 and mx.array_equal(got, mx.argmax(x, axis=-1))
+    if case == 1:  # strided rows (a batch's last positions) read as laid out
+        x = mx.array(rng.standard_normal((4, 2, 4096)).astype(np.float32))[:, 1, :]
+        assert mx.array_equal(ext.argmax(x), mx.argmax(x, axis=-1))
+    prims = Primitives(ext)
+    half = x.astype(mx.float16)  # what the primitive does not take goes to MLX's own
+    assert mx.array_equal(prims.argmax(half), mx.argmax(half, axis=-1))
+    with pytest.raises(ValueError, match="float32"):
+        ext.argmax(half)
 
 
 def _step_ops(lm: loader.LoadedModel) -> Counter[str]:

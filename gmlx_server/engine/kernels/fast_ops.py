@@ -43,6 +43,14 @@ class Primitives:
             return out
         return mx.fast.rms_norm(x, weight, eps)
 
+    def argmax(self, x: mx.array) -> mx.array:
+        """mx.argmax(x, axis=-1), the same indices (the first of each row's maximum, or of its first NaN)."""
+        ext = self.covering(x)
+        if ext is not None and x.ndim >= 1 and x.shape[-1] > 0:
+            out: mx.array = ext.argmax(x)
+            return out
+        return mx.argmax(x, axis=-1)
+
     def rope(self, x: mx.array, a: RopeArgs, offset: Any) -> mx.array:
         ext = self.covering(x)
         if ext is not None and _rope_covered(x, a, offset):

@@ -53,6 +53,8 @@ NB_MODULE(_gguf_kernels, m) {
   m.def("add_norm", &gk::add_norm, "x"_a, "r"_a, "r_weight"_a.none(), "weight"_a, "eps"_a, "r_eps"_a = 0.0f,
         nb::kw_only(), "stream"_a = nb::none(),
         "(x + r, rms_norm(x + r) * weight) as one CPU primitive (float32); r_weight: r is rms-normed first");
+  m.def("argmax", &gk::argmax, "x"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "mx.argmax(x, axis=-1) for float32 x as one CPU primitive (uint32)");
   m.def("rope", &gk::rope, "a"_a, "dims"_a, nb::kw_only(), "traditional"_a, "base"_a.none(), "scale"_a, "offset"_a,
         "freqs"_a = nb::none(), "stream"_a = nb::none(), "mx.fast.rope as one CPU primitive (float32)");
   m.def(

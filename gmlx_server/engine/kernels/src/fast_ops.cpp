@@ -1,6 +1,8 @@
 #include "fast_ops.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
 #include <vector>
 
@@ -112,6 +114,72 @@ void AddNorm::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::arr
       norm_row(sr, ws, eps, d, ys + i * d);
     }
   });
+}
+
+mx::array argmax(const mx::array& x, mx::StreamOrDevice s) {
+  require_f32(x, "argmax");
+  if (x.ndim() < 1 || x.shape(-1) < 1) throw std::invalid_argument("argmax: x must have a non-empty last dimension");
+  mx::Shape shape = x.shape();
+  shape.pop_back();
+  return mx::array(shape, mx::uint32, std::make_shared<ArgMax>(mx::to_stream(s)), {x});
+}
+
+namespace {
+
+typedef float f4 __attribute__((vector_size(16)));
+typedef int32_t i4 __attribute__((vector_size(16)));
+
+// The first index of the row's largest value, or of its first NaN, as MLX's argmax finds it (a later value
+// replaces the best only when greater, and a NaN replaces anything but a NaN).
+uint32_t argmax_row(const float* x, int64_t n) {
+  int64_t i = 0;
+  float best = x[0];
+  bool nan = false;
+  if (n >= 8) {
+    f4 m, u;
+    std::memcpy(&m, x, sizeof m);
+    i4 unordered = {0, 0, 0, 0};
+    for (; i + 4 <= n; i += 4) {
+      std::memcpy(&u, x + i, sizeof u);
+      m = m > u ? m : u;
+      unordered |= u != u;
+    }
+    nan = (unordered[0] | unordered[1] | unordered[2] | unordered[3]) != 0;
+    best = std::max(std::max(m[0], m[1]), std::max(m[2], m[3]));
+  }
+  for (; i < n; ++i) {
+    nan = nan || x[i] != x[i];
+    best = x[i] > best ? x[i] : best;
+  }
+  int64_t j = 0;  // where it first is: four at a time, then within the four
+  const f4 b4 = {best, best, best, best};
+  for (f4 u; j + 4 <= n; j += 4) {
+    std::memcpy(&u, x + j, sizeof u);
+    const i4 hit = nan ? u != u : u == b4;
+    if (hit[0] | hit[1] | hit[2] | hit[3]) break;
+  }
+  for (; j < n; ++j)
+    if (nan ? x[j] != x[j] : x[j] == best) return static_cast<uint32_t>(j);
+  return 0;
+}
+
+}  // namespace
+
+void ArgMax::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  const mx::array& x = inputs[0];
+  mx::array& out = outputs[0];
+  auto& enc = begin_eval(stream(), inputs, out);
+  enc.dispatch([x, out]() mutable {
+    std::vector<float> xbuf;
+    const float* xs = row_major(x, xbuf);
+    const int64_t n = x.shape(-1), rows = static_cast<int64_t>(x.size()) / n;
+    uint32_t* ys = out.data<uint32_t>();
+    for (int64_t r = 0; r < rows; ++r) ys[r] = argmax_row(xs + r * n, n);
+  });
+}
+
+void ArgMax::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error("GKArgMax runs on the CPU device only");
 }
 
 mx::array rope(const mx::array& x, int dims, bool traditional, std::optional<float> base, float scale,

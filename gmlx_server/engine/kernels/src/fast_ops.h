@@ -21,6 +21,10 @@ mx::array rms_norm(const mx::array& x, const std::optional<mx::array>& w, float 
 std::vector<mx::array> add_norm(const mx::array& x, const mx::array& r, const std::optional<mx::array>& r_w,
                                 const mx::array& w, float eps, float r_eps, mx::StreamOrDevice s = {});
 
+// mx.argmax(x, axis=-1) for float32 x (..., n): the first index of each row's largest value, or of its first NaN
+// (as MLX's own), as uint32. Two vector passes (the maximum, then where it first is) instead of a scalar loop.
+mx::array argmax(const mx::array& x, mx::StreamOrDevice s = {});
+
 // mx.fast.rope's contract for float32 x (B, *, T, D): offset an int or an int32 array of () or (B,);
 // inverse frequencies base^(-2i/dims), or 1/freqs when freqs is given.
 mx::array rope(const mx::array& x, int dims, bool traditional, std::optional<float> base, float scale,
@@ -150,6 +154,20 @@ class AddNorm : public mx::Primitive {
  private:
   float eps_, r_eps_;
   bool r_normed_;
+};
+
+class ArgMax : public mx::Primitive {
+ public:
+  explicit ArgMax(mx::Stream stream) : mx::Primitive(stream) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "GKArgMax"; }
+  bool is_equivalent(const mx::Primitive&) const override { return true; }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    mx::Shape shape = inputs[0].shape();
+    shape.pop_back();
+    return {shape};
+  }
 };
 
 class RoPE : public mx::Primitive {
