@@ -16,6 +16,7 @@ import numpy as np
 from mlx_vlm import sample_utils as su
 
 from gmlx_server.engine.kernels import probe
+from gmlx_server.engine.kernels.fast_ops import Primitives
 from gmlx_server.engine.types import SamplingParams
 
 Filter = Callable[[mx.array], mx.array]
@@ -158,6 +159,7 @@ class RequestSampler:
         self._keys = KeyChain(seed_value(params.seed))
         self._temp = su.clamp_temperature(params.temperature)
         self._host = self._keys.ext is not None and _host_filters(params)
+        self._argmax = Primitives(self._keys.ext).argmax  # MLX's indices, in one vector op where the kernels are built
 
     @property
     def needs_history(self) -> bool:
@@ -199,7 +201,7 @@ class RequestSampler:
         if logprobs is None or self._procs:
             logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # lazy: computed only when read
         if self.params.greedy:  # the logits' argmax: the log-softmax (a pass of exp over the vocabulary) is not needed
-            return Draw(mx.argmax(logits, axis=-1), logprobs)
+            return Draw(self._argmax(logits), logprobs)
         if self._host:
             host = self._host_draw(logprobs)
             if host is not None:

@@ -21,6 +21,8 @@ from gmlx_server.engine import loader
 from gmlx_server.engine.batch import _as_batch
 from gmlx_server.engine.kernels import probe
 from gmlx_server.engine.kernels.fast_ops import Primitives
+from gmlx_server.engine.sampling import RequestSampler
+from gmlx_server.engine.types import SamplingParams
 from tests.conftest import gemma_path, qwen_coder_path, smollm2_path
 from tests.unit.test_heads_attention import _steps
 from tests.unit.test_kernels import random_blocks
@@ -106,6 +108,18 @@ def test_argmax_over_a_vocabulary(ext: ModuleType, case: int) -> None:
     assert mx.array_equal(prims.argmax(half), mx.argmax(half, axis=-1))
     with pytest.raises(ValueError, match="float32"):
         ext.argmax(half)
+
+
+def test_a_greedy_sampler_with_processors_takes_the_primitive(ext: ModuleType) -> None:
+    """A greedy row with a logit bias (or penalties, or a grammar) draws its own argmax: the primitive's too."""
+    logits = mx.array(np.random.default_rng(0).standard_normal((1, 5000)).astype(np.float32))
+    top = int(mx.argmax(logits, axis=-1).item())
+    draw = RequestSampler(SamplingParams(temperature=0.0, logit_bias={top: -100.0}), [])(logits, None)
+    with tempfile.NamedTemporaryFile("r", suffix=".dot") as f:
+        mx.export_to_dot(f.name, draw.token)
+        assert "GKArgMax" in f.read()
+    biased = logits + mx.array(np.eye(5000, dtype=np.float32)[top] * -100.0)
+    assert draw.token.tolist() == mx.argmax(biased, axis=-1).tolist() != [top]
 
 
 def _step_ops(lm: loader.LoadedModel) -> Counter[str]:
