@@ -11,7 +11,9 @@ norm_row). A call the kernels do not cover (not float32, not on the CPU device) 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import mlx.core as mx
@@ -20,58 +22,60 @@ import mlx.nn as nn
 from gmlx_server.engine import vlm_adapter
 from gmlx_server.engine.kernels.fast_ops import Primitives, RMSNorm
 
+Body = Callable[[Any, ModuleType, mx.array, Any, Any, tuple[RMSNorm, ...]], tuple[mx.array, mx.array]]
+
 
 @dataclass(frozen=True)
 class _Links:
-    """What a fused layer's forward reads beside its children, fixed at load: the norms its adds fuse, in the order
-    the forward applies them, and the norm its output goes to next (the last of them). A plain object, so the
-    module tree does not take these norms for children."""
+    """What a fused layer's forward reads beside its children, fixed at load: its kind's body, the norms its adds
+    fuse, in the order the body applies them, and the norm its output goes to next (the last of them). A plain
+    object, so the module tree does not take these norms for children."""
 
     prims: Primitives
+    body: Body
     norms: tuple[RMSNorm, ...]
 
 
-def _family_forward(layer: nn.Module, x: mx.array, mask: Any, cache: Any) -> mx.array:
-    out: mx.array = type(layer).__bases__[0].__call__(layer, x, mask, cache)
-    return out
-
-
-def _pre_norm(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+def _fused(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+    """Every fused layer's forward: its kind's body where the kernels cover x, else the family's own forward."""
     links: _Links = self._gmlx_links
     ext = links.prims.covering(x)
     if ext is None:
-        return _family_forward(self, x, mask, cache)
-    post, after = links.norms
-    h, normed = ext.add_norm(x, self.self_attn(self.input_layernorm(x), mask, cache), None, post.weight, post.eps)
-    out, ahead = ext.add_norm(h, self.mlp(normed), None, after.weight, after.eps)
-    after.expect(out, ahead)
+        family: mx.array = type(self).__bases__[0].__call__(self, x, mask, cache)
+        return family
+    out, ahead = links.body(self, ext, x, mask, cache, links.norms)
+    links.norms[-1].expect(out, ahead)
     return out
 
 
-def _sandwich(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+def _pre_norm(layer: Any, ext: ModuleType, x: mx.array, mask: Any, cache: Any,
+              norms: tuple[RMSNorm, ...]) -> tuple[mx.array, mx.array]:
+    post, after = norms
+    h, normed = ext.add_norm(x, layer.self_attn(layer.input_layernorm(x), mask, cache), None, post.weight, post.eps)
+    out, ahead = ext.add_norm(h, layer.mlp(normed), None, after.weight, after.eps)
+    return out, ahead
+
+
+def _sandwich(layer: Any, ext: ModuleType, x: mx.array, mask: Any, cache: Any,
+              norms: tuple[RMSNorm, ...]) -> tuple[mx.array, mx.array]:
     """Gemma 3's layer in float32, where its clip_residual is a plain add."""
-    links: _Links = self._gmlx_links
-    ext = links.prims.covering(x)
-    if ext is None:
-        return _family_forward(self, x, mask, cache)
-    post_attn, pre_mlp, post_mlp, after = links.norms
-    r = self.self_attn(self.input_layernorm(x), mask, cache)
+    post_attn, pre_mlp, post_mlp, after = norms
+    r = layer.self_attn(layer.input_layernorm(x), mask, cache)
     h, normed = ext.add_norm(x, r, post_attn.weight, pre_mlp.weight, pre_mlp.eps, post_attn.eps)
-    out, ahead = ext.add_norm(h, self.mlp(normed), post_mlp.weight, after.weight, after.eps, post_mlp.eps)
-    after.expect(out, ahead)
-    return out
+    out, ahead = ext.add_norm(h, layer.mlp(normed), post_mlp.weight, after.weight, after.eps, post_mlp.eps)
+    return out, ahead
 
 
-# each kind's forward and the norms its adds fuse, in order (the input norm is every kind's first)
-_FORWARDS = {"pre": (_pre_norm, ("post_attention_layernorm",)),
-             "sandwich": (_sandwich, ("post_attention_layernorm", "pre_feedforward_layernorm",
-                                      "post_feedforward_layernorm"))}
+# each kind's body and the norms its adds fuse, in order (the input norm is every kind's first)
+_BODIES: dict[str, tuple[Body, tuple[str, ...]]] = {
+    "pre": (_pre_norm, ("post_attention_layernorm",)),
+    "sandwich": (_sandwich, ("post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"))}
 
 
 def _fusable(layer: nn.Module) -> str | None:
     """The layer's kind when every norm it calls is a kernels RMSNorm (use_kernel_modules swapped them)."""
     kind = vlm_adapter.block_kind(layer)
-    if kind is None or not all(isinstance(layer.get(n), RMSNorm) for n in ("input_layernorm", *_FORWARDS[kind][1])):
+    if kind is None or not all(isinstance(layer.get(n), RMSNorm) for n in ("input_layernorm", *_BODIES[kind][1])):
         return None
     return kind
 
@@ -89,7 +93,8 @@ def use_fused_blocks(model: nn.Module, prims: Primitives) -> int:
     for layer, kind, after in zip(layers, kinds, afters, strict=True):
         cls = type(layer)
         if cls not in own:
-            own[cls] = vlm_adapter.with_forward(cls, _FORWARDS[str(kind)][0])
-        layer._gmlx_links = _Links(prims, (*(layer[n] for n in _FORWARDS[str(kind)][1]), after))
+            own[cls] = vlm_adapter.with_forward(cls, _fused)
+        body, names = _BODIES[str(kind)]
+        layer._gmlx_links = _Links(prims, body, (*(layer[n] for n in names), after))
         vlm_adapter.recast(layer, own[cls])
     return len(layers)
