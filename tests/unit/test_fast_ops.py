@@ -137,6 +137,17 @@ def test_sdpa_matches_float64(ext: ModuleType, b: int, hk: int, r: int, lq: int,
     check_sdpa(ext, b, hk, r, lq, extra, d, kind, seed, half)
 
 
+@settings(max_examples=25, deadline=None)
+@given(hk=st.sampled_from([1, 2, 3]), r=st.sampled_from([1, 3, 7]), lq=st.integers(1, 4), extra=st.integers(60, 400),
+       d=st.sampled_from([16, 32, 48, 64, 80, 256]), kind=st.sampled_from(["none", "causal", "add"]),
+       seed=st.integers(0, 2**16), half=st.booleans())
+def test_sdpa_decode_over_many_keys_matches_float64(ext: ModuleType, hk: int, r: int, lq: int, extra: int, d: int,
+                                                    kind: str, seed: int, half: bool) -> None:
+    """A few query rows over 64 keys or more (decode at depth) take the key-block path; every count of
+    value vectors a block weighs in registers (1 to 4 of 16 floats, and 16 for Gemma's 256)."""
+    check_sdpa(ext, 1, hk, r, lq, extra, d, kind, seed, half)
+
+
 def check_sdpa(ext: ModuleType, b: int, hk: int, r: int, lq: int, extra: int, d: int, kind: str, seed: int,
                half: bool = False) -> None:
     """ext.sdpa on random q/k/v (keys sliced from a longer cache buffer) and a mask of `kind` vs float64; `half`:
