@@ -1,5 +1,6 @@
-"""Issue 29 item 3, fewer ops a layer: each residual add fused with the norm after it (GKAddNorm, kernels/blocks.py)
-and a projection's bias added by its matmul; and the batch's argmax over the vocabulary as one vector primitive.
+"""Issue 29 item 3, fewer ops a layer: each residual add fused with the norm after it (GKAddNorm, kernels/blocks.py),
+a projection's bias added by its matmul and an MLP's gate computed by its down projection's matmul; and the batch's
+argmax over the vocabulary as one vector primitive.
 The same results as the separate ops, to the bit, and the graph nodes they save."""
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from hypothesis import strategies as st
 
 from gmlx_server.engine import loader
 from gmlx_server.engine.batch import _as_batch
-from gmlx_server.engine.kernels import probe
+from gmlx_server.engine.kernels import fast_ops, probe
 from gmlx_server.engine.kernels.fast_ops import Primitives
 from gmlx_server.engine.sampling import RequestSampler
 from gmlx_server.engine.types import SamplingParams
@@ -73,6 +74,42 @@ def test_matmul_adds_its_bias_as_the_add_did(ext: ModuleType, case: int) -> None
         ext.matmul(x.astype(mx.float16), blocks, qtype, k, bias=bias)
     with pytest.raises(ValueError, match="bias must be float32"):
         ext.matmul(x, blocks, qtype, k, bias=bias[:-1])
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_matmul_gates_its_rows_as_gated_did(ext: ModuleType, case: int) -> None:
+    """An MLP's down projection takes act(gate) * up as its rows, computed as GKGated computes them: the same
+    products to the bit, for a fused gate/up output (halves) and for separate gate and up, strided or not."""
+    rng = np.random.default_rng(case)
+    name, k = (("Q8_0", 64), ("Q4_K", 256), ("Q5_0", 96), ("Q6_K", 256), ("Q4_1", 64), ("Q4_K", 512))[case]
+    n, rows, kind = 24, (1, 3, 9, 64, 2, 5)[case], case % 2
+    blocks, qtype = mx.array(random_blocks(rng, name, n, k)), int(GGMLQuantizationType[name])
+    y = _normal(rng, rows, 2 * k)
+    if case == 4:  # a fused output's rows read where they lie, one wider row apart
+        y = _normal(rng, rows, 3 * k)[:, k:]
+    got = ext.matmul(y, blocks, qtype, k, gate=kind)
+    want = ext.matmul(ext.gated(y, None, kind, halves=True), blocks, qtype, k)
+    np.testing.assert_array_equal(np.array(got), np.array(want))
+    g, u = _normal(rng, 2, rows, k), _normal(rng, 2, rows, k)
+    if case == 5:
+        g = _normal(rng, rows, 2, k).swapaxes(0, 1)
+    want = ext.matmul(ext.gated(g, u, kind), blocks, qtype, k)
+    np.testing.assert_array_equal(np.array(ext.matmul(g, blocks, qtype, k, gate=kind, up=u)), np.array(want))
+
+
+def test_a_gated_matmul_refuses_bad_arguments(ext: ModuleType) -> None:
+    rng = np.random.default_rng(0)
+    blocks, qtype, k = mx.array(random_blocks(rng, "Q8_0", 8, 64)), int(GGMLQuantizationType["Q8_0"]), 64
+    x = mx.zeros((2, 2 * k))
+    bad = (({"gate": 2}, "gate -1"), ({"gate": -2}, "gate -1"), ({"up": x}, "only with a gate"),
+           ({"gate": 0, "up": x}, "a gate takes x"), ({"gate": 1, "up": mx.zeros((2, k))}, "a gate takes x"))
+    for kwargs, match in bad:
+        with pytest.raises(ValueError, match=match):
+            ext.matmul(x, blocks, qtype, k, **kwargs)
+    with pytest.raises(ValueError, match="float32"):
+        ext.matmul(x.astype(mx.float16), blocks, qtype, k, gate=0)
+    with pytest.raises(ValueError, match="a gate takes x"):
+        ext.matmul(mx.zeros((2, k)), blocks, qtype, k, gate=0)  # halves need 2k columns
 
 
 SPECIAL = [np.nan, np.inf, -np.inf, 0.0, -0.0, 3.0]
@@ -140,11 +177,15 @@ def test_fused_blocks_keep_the_logits(ext: ModuleType, path: Callable[[], str],
     ops = _step_ops(ours)
     layers = len(ours.model.model.layers)
     # every layer's adds and norms are its two fused ops; only the first layer's input norm runs alone (the final
-    # norm was computed by the last layer's fused op); the one Add a layer left is its cache's offsets
+    # norm was computed by the last layer's fused op); the one Add a layer left is its cache's offsets; each MLP's
+    # gate is computed by its down projection's matmul
     assert ops["GKAddNorm"] == 2 * layers and ops["GKRMSNorm"] == 1 and ops["Add"] <= layers + 1
+    assert ops["GKGated"] == 0
+    # the same model with the family's forward and a gate op of its own (no down projection GatedMLP can gate)
     monkeypatch.setattr(loader, "use_fused_blocks", lambda model, prims: 0)
+    monkeypatch.setattr(fast_ops, "GGUFLinear", type("NotGating", (), {}))
     theirs = loader.load_gguf_model(path())
-    assert _step_ops(theirs)["GKAddNorm"] == 0
+    assert _step_ops(theirs)["GKAddNorm"] == 0 and _step_ops(theirs)["GKGated"] == layers
     for half in (False, True):
         for batch in (False, True):
             for a, b in zip(_steps(ours, half, batch), _steps(theirs, half, batch), strict=True):

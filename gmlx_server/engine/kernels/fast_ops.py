@@ -18,7 +18,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from gmlx_server.engine import vlm_adapter
-from gmlx_server.engine.kernels.modules import FusedPart
+from gmlx_server.engine.kernels.modules import FusedPart, GGUFLinear
 from gmlx_server.engine.mlx_adapter import replace_module
 
 SILU, GELU_TANH = 0, 1  # the extension's gated activations: swiglu's silu(gate) * up, gelu_approx(gate) * up
@@ -163,21 +163,30 @@ class RoPE(nn.Module):
 
 
 class GatedMLP(nn.Module):
-    """down(act(gate(x)) * up(x)) with the activation and the product one primitive; the gate is called first,
-    as mlx-vlm's MLPs do (a fused gate/up projection computes both on that call)."""
+    """down(act(gate(x)) * up(x)) with the activation and the product one primitive, or none of its own where the
+    down projection is GGUF blocks without a bias (its matmul gates its rows). The gate is called first, as
+    mlx-vlm's MLPs do (a fused gate/up projection computes both on that call)."""
 
     def __init__(self, mlp: nn.Module, kind: int, prims: Primitives) -> None:
         super().__init__()
         self.gate_proj, self.up_proj, self.down_proj = mlp["gate_proj"], mlp["up_proj"], mlp["down_proj"]
         self._kind, self._prims = kind, prims
+        down = self.down_proj
+        self._gating_down = down if isinstance(down, GGUFLinear) and "bias" not in down else None
 
     def __call__(self, x: mx.array) -> mx.array:
         gate, up = self.gate_proj, self.up_proj
+        down = self._gating_down
         if isinstance(gate, FusedPart) and isinstance(up, FusedPart) and gate.halves_with(up):
             y, _ = up.source(x)  # one fused output, gate then up in each row: no slices
+            if down is not None and self._prims.covering(y) is not None:
+                return down.gated(y, self._kind)
             return self.down_proj(self._prims.gated_halves(y, self._kind))
         g = gate(x)
-        return self.down_proj(self._prims.gated(g, up(x), self._kind))
+        u = up(x)
+        if down is not None and self._prims.covering(g) is not None and u.dtype == mx.float32 and u.shape == g.shape:
+            return down.gated(g, self._kind, up=u)
+        return self.down_proj(self._prims.gated(g, u, self._kind))
 
 
 def _kernel_module(m: nn.Module, prims: Primitives) -> nn.Module | None:

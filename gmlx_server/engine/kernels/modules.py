@@ -23,6 +23,12 @@ class GGUFLinear(nn.Module):
     def __call__(self, x: mx.array) -> mx.array:
         return _biased_matmul(self, x)
 
+    def gated(self, x: mx.array, kind: int, up: mx.array | None = None) -> mx.array:
+        """(act(x) * up) @ W^T for float32 rows, or without `up` act(x's first half) * its second half (a fused
+        gate/up output): the MLP's gate computed by this projection's matmul, not an op of its own."""
+        out: mx.array = self._ext.matmul(x, self.weight, self.qtype, self.in_dims, gate=kind, up=up)
+        return out
+
 
 def _biased_matmul(m: GGUFLinear | FusedGGUFLinear, x: mx.array) -> mx.array:
     """x @ W^T (+ bias): the matmul adds a float32 bias to float32 rows itself (an add and a broadcast fewer)."""

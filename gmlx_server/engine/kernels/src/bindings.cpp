@@ -44,8 +44,9 @@ NB_MODULE(_gguf_kernels, m) {
   m.attr("mlx_version") = GK_MLX_VERSION;  // the MLX this was compiled against
   m.attr("sdpa_float16") = true;           // sdpa reads float16 keys and values (a float16 KV cache)
   m.def("matmul", &gk::gguf_matmul, "x"_a, "w"_a, "type"_a, "k"_a, nb::kw_only(), "bias"_a = nb::none(),
-        "stream"_a = nb::none(),
-        "x (..., k) @ W^T (+ bias, float32 (n,) for float32 x) for W (n, row_bytes) uint8 GGUF blocks of ggml `type`");
+        "gate"_a = -1, "up"_a = nb::none(), "stream"_a = nb::none(),
+        "x (..., k) @ W^T (+ bias, float32 (n,) for float32 x) for W (n, row_bytes) uint8 GGUF blocks of ggml `type`; "
+        "gate 0 (silu) or 1 (gelu, tanh form): the rows are act(x) * up, or act(x[..., :k]) * x[..., k:] without up");
   m.def("dequantize", &gk::gguf_dequantize, "w"_a, "type"_a, "k"_a, nb::kw_only(), "stream"_a = nb::none(),
         "uint8 GGUF block rows (..., row_bytes) -> (..., k) float32");
   m.def("rms_norm", &gk::rms_norm, "x"_a, "weight"_a.none(), "eps"_a, nb::kw_only(), "stream"_a = nb::none(),

@@ -82,6 +82,9 @@ mx::array sdpa(const mx::array& q, const mx::array& k, const mx::array& v, float
 // holds each row's gate then its up (a fused gate/up projection's output), and the result is half as wide.
 mx::array gated(const mx::array& gate, const std::optional<mx::array>& up, int kind, bool halves = false,
                 mx::StreamOrDevice s = {});
+// act(gate) * up row by row into y (rows of `cols` floats), gate and up read in place where their layout allows;
+// halves: gate's rows hold their gate, then their up (up absent). Gated's evaluation, and a gated matmul's input.
+void gate_rows(const mx::array& gate, const mx::array* up, int kind, bool halves, int64_t cols, float* y);
 
 class Gated : public mx::Primitive {
  public:

@@ -47,24 +47,28 @@ mx::array gated(const mx::array& gate, const std::optional<mx::array>& up, int k
   return mx::array(shape, mx::float32, std::make_shared<Gated>(stream, kind, up.has_value(), halves), inputs);
 }
 
+void gate_rows(const mx::array& gate, const mx::array* up, int kind, bool halves, int64_t cols, float* y) {
+  // rows of the last dimension: a fused projection's gate and up are column slices of one output
+  const int64_t rows = cols ? static_cast<int64_t>(gate.size()) / (halves ? 2 * cols : cols) : 0;
+  std::vector<float> gbuf, ubuf;
+  int64_t gs = cols, us = cols;
+  const float* g = rows_of(gate, gbuf, gs);
+  const float* u = up != nullptr ? rows_of(*up, ubuf, us) : nullptr;
+  if (halves) u = g + cols, us = gs;  // a fused gate/up output: each row's gate, then its up
+  const int64_t per = cols >= kChunk ? 1 : kChunk / cols;
+  const auto gate_span = active_isa().gate_span;
+  parallel_for((rows + per - 1) / per, [&](int64_t t) {
+    for (int64_t r = t * per; r < rows && r < (t + 1) * per; ++r)
+      gate_span(kind, g + r * gs, u != nullptr ? u + r * us : nullptr, y + r * cols, cols);
+  });
+}
+
 void Gated::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   mx::array& out = outputs[0];
   auto& enc = begin_eval(stream(), inputs, out);
   enc.dispatch([inputs, out, kind = kind_, with_up = with_up_, halves = halves_]() mutable {
-    // rows of the last dimension: a fused projection's gate and up are column slices of one output
-    const int64_t cols = out.ndim() ? out.shape(-1) : 1, rows = cols ? static_cast<int64_t>(out.size()) / cols : 0;
-    std::vector<float> gbuf, ubuf;
-    int64_t gs = cols, us = cols;
-    const float* g = rows_of(inputs[0], gbuf, gs);
-    const float* u = with_up ? rows_of(inputs[1], ubuf, us) : nullptr;
-    if (halves) u = g + cols, us = gs;  // a fused gate/up output: each row's gate, then its up
-    float* y = out.data<float>();
-    const int64_t per = cols >= kChunk ? 1 : kChunk / cols;
-    const auto gate_span = active_isa().gate_span;
-    parallel_for((rows + per - 1) / per, [&](int64_t t) {
-      for (int64_t r = t * per; r < rows && r < (t + 1) * per; ++r)
-        gate_span(kind, g + r * gs, u != nullptr ? u + r * us : nullptr, y + r * cols, cols);
-    });
+    const int64_t cols = out.ndim() ? out.shape(-1) : 1;
+    gate_rows(inputs[0], with_up ? &inputs[1] : nullptr, kind, halves, cols, out.data<float>());
   });
 }
 
