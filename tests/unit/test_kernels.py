@@ -99,6 +99,39 @@ def check_matmul(ext: ModuleType, rng: np.random.Generator, name: str, n: int, b
     np.testing.assert_array_less(np.abs(y - x.astype(np.float64) @ w.T), bound + 1e-30)
 
 
+def extreme_blocks(name: str, rows: int, k: int) -> npt.NDArray[np.uint8]:
+    """K-quant blocks whose every code times its sub-block scale is the format's largest product (d = 1, no mins):
+    Q4_K 15 * 63, Q5_K 31 * 63, Q6_K (0 - 32) * -128."""
+    qk, size = GGML_QUANT_SIZES[GGMLQuantizationType[name]]
+    blocks = np.full((rows, k // qk, size), 0xFF, dtype=np.uint8)
+    one = np.frombuffer(np.float16(1.0).tobytes(), dtype=np.uint8)
+    if name == "Q6_K":
+        blocks[..., :192] = 0  # ql and qh: code 0, so -32
+        blocks[..., 192:208] = 0x80  # int8 scales -128
+        blocks[..., 208:210] = one
+    else:
+        blocks[..., 0:2] = one
+        blocks[..., 2:4] = 0  # dmin
+    return blocks.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K"])
+def test_int16_sums_hold_the_largest_products(ext: ModuleType, every_isa: list[str], name: str) -> None:
+    """Every activation at its int16 extreme (32767) against the largest code-times-scale products: a row's int32
+    lane sums stay below 2^31 on every ISA, one row and a tile of four alike."""
+    k, n = 512, 8
+    blocks = extreme_blocks(name, n, k)
+    w = gguf.quants.dequantize(blocks, GGMLQuantizationType[name]).astype(np.float64)
+    ext.set_activations("int16")
+    for isa in every_isa:
+        ext.set_isa(isa)
+        for m in (1, 2, 3, 4, 5, 8):
+            for sign in (1.0, -1.0):
+                x = np.full((m, k), sign, dtype=np.float32)
+                y = np.array(ext.matmul(mx.array(x), mx.array(blocks), NATIVE_TYPES[name], k))
+                np.testing.assert_allclose(y, x.astype(np.float64) @ w.T, rtol=1e-6)
+
+
 @pytest.mark.parametrize("name", list(NATIVE_TYPES))
 @settings(max_examples=12, deadline=None)
 @given(n=st.integers(1, 40), blocks_per_row=st.integers(1, 3), m=st.integers(1, 112), threads=st.integers(1, 3),

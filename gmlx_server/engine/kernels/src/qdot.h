@@ -43,6 +43,7 @@ inline V halves(int16_t a, int16_t b) {
 inline V add16(V a, uint32_t bits) {
   return {_mm512_mask_add_epi16(a.v, static_cast<__mmask32>(bits), a.v, _mm512_set1_epi16(16))};
 }
+constexpr bool kOneChain = false;  // vpdpwssd waits ~5 cycles a link: several chains a row
 inline A azero() { return {_mm512_setzero_si512()}; }
 inline A dot(A acc, V a, V b) { return {_mm512_dpwssd_epi32(acc.v, a.v, b.v)}; }
 inline A add(A a, A b) { return {_mm512_add_epi32(a.v, b.v)}; }
@@ -83,7 +84,14 @@ inline void f8_scaled(const uint8_t* m, float scale, float* out) {
 #if defined(GK_AVX512VNNI)
 #elif defined(GK_AVX2)
 struct V { __m256i lo, hi; };  // elements 0..15, 16..31
-struct A { __m256i lo, hi; };
+#if defined(GK_AVXVNNI)
+struct A { __m256i lo, hi; };  // vpdpwssd's accumulators, one per half (a chain of two would wait ~10 cycles)
+#else
+// 8 int32 lanes, each summing 4 products of a 32-element dot (vpmaddwd twice, then adds of 1-cycle latency): four
+// rows' accumulators fit the 16 registers beside a block's codes. The widest sum, Q6_K's 128-element half
+// block, is 16 products of at most 4096 * 32767 a lane: below 2^31.
+struct A { __m256i v; };
+#endif
 struct F { __m256 lo, hi; };
 inline __m256i w16(const uint8_t* p) { return _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 inline V ld(const int16_t* p) {
@@ -121,25 +129,33 @@ inline __m256i bits16(uint32_t bits) {  // bit i of the low 16 -> lane i = 16 or
 inline V add16(V a, uint32_t bits) {
   return {_mm256_add_epi16(a.lo, bits16(bits)), _mm256_add_epi16(a.hi, bits16(bits >> 16))};
 }
-inline A azero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
-inline __m256i dot8(__m256i acc, __m256i a, __m256i b) {
 #if defined(GK_AVXVNNI)
-  return _mm256_dpwssd_avx_epi32(acc, a, b);
-#else
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
-#endif
+constexpr bool kOneChain = false;
+inline A azero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
+inline A dot(A acc, V a, V b) {
+  return {_mm256_dpwssd_avx_epi32(acc.lo, a.lo, b.lo), _mm256_dpwssd_avx_epi32(acc.hi, a.hi, b.hi)};
 }
-inline A dot(A acc, V a, V b) { return {dot8(acc.lo, a.lo, b.lo), dot8(acc.hi, a.hi, b.hi)}; }
 inline A add(A a, A b) { return {_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)}; }
-inline F fzero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+inline __m256i whole(A a) { return _mm256_add_epi32(a.lo, a.hi); }
 inline F fma(A a, float s, F acc) {
   const __m256 k = _mm256_set1_ps(s);
   return {_mm256_fmadd_ps(_mm256_cvtepi32_ps(a.lo), k, acc.lo), _mm256_fmadd_ps(_mm256_cvtepi32_ps(a.hi), k, acc.hi)};
 }
+#else
+constexpr bool kOneChain = true;  // an accumulator's chain is one add a dot: one per row keeps the ports busy
+inline A azero() { return {_mm256_setzero_si256()}; }
+inline A dot(A acc, V a, V b) {
+  return {_mm256_add_epi32(acc.v, _mm256_add_epi32(_mm256_madd_epi16(a.lo, b.lo), _mm256_madd_epi16(a.hi, b.hi)))};
+}
+inline A add(A a, A b) { return {_mm256_add_epi32(a.v, b.v)}; }
+inline __m256i whole(A a) { return a.v; }
+inline F fma(A a, float s, F acc) { return {_mm256_fmadd_ps(_mm256_cvtepi32_ps(a.v), _mm256_set1_ps(s), acc.lo), acc.hi}; }
+#endif
+inline F fzero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
 inline F fadd(F a, F b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
 // one block's dot (both halves share its scale): the int32 halves summed first, one conversion and one FMA
 inline F fma1(A a, float s, F acc) {
-  return {_mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(a.lo, a.hi)), _mm256_set1_ps(s), acc.lo), acc.hi};
+  return {_mm256_fmadd_ps(_mm256_cvtepi32_ps(whole(a)), _mm256_set1_ps(s), acc.lo), acc.hi};
 }
 inline float hsum(F a) { return hsum256(_mm256_add_ps(a.lo, a.hi)); }
 #else
@@ -188,6 +204,7 @@ inline V add16(V a, uint32_t bits) {
   for (int i = 0; i < 32; ++i) a.v[i] += static_cast<int16_t>(((bits >> i) & 1) << 4);
   return a;
 }
+constexpr bool kOneChain = false;
 inline A azero() { return {i32x16{}}; }
 inline A dot(A acc, V a, V b) {
   for (int l = 0; l < 16; ++l)
@@ -324,7 +341,7 @@ inline void k45_codes(const uint8_t* w, int c, const V& qh, V& lo, V& hi) {
 // the mins' term is summed per group lane, elementwise, and reduced once at the end.
 template <int NR, bool Q5>
 inline void row_q45k(const uint8_t* w, int64_t nb, const XRows& x, int64_t r0, float* y, int64_t ldy) {
-  constexpr int BYTES = Q5 ? 176 : 144, NA = NR <= 2 ? 4 : 2;
+  constexpr int BYTES = Q5 ? 176 : 144, NA = kOneChain ? 1 : NR <= 2 ? 4 : 2;
   F acc[NR];
   F8 bias[NR];
   for (int r = 0; r < NR; ++r) acc[r] = fzero(), bias[r] = f8zero();
@@ -456,8 +473,8 @@ inline void row_any(int type, const uint8_t* w, int64_t nb, const XRows& x, int6
 
 }  // namespace q16
 
-// Activation rows sharing each weight block's decode: four where an accumulator is one register (AVX-512);
-// AVX2's take two each (F, A and V are register pairs), so four rows' accumulators spilled to the stack.
+// Activation rows sharing each weight block's decode: four, a row's int32 accumulator one register (AVX-512 and
+// AVX2; AVX-VNNI's are register pairs). An ISA may set fewer.
 #ifndef GK_Q16_TILE
 #define GK_Q16_TILE 4
 #endif
