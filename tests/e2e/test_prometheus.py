@@ -161,7 +161,7 @@ def test_every_dashboard_query_returns_series_from_a_real_prometheus(tmp_path: P
 ROUTER_WIDTH = 2
 ROUTER = ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc")
 # EOS banned: each runs to its cap, long enough that one round of two streams spans several 1 s scrapes
-LONG = {**BODY, "max_tokens": 96, "logit_bias": {"0": -100, "2": -100}}
+LONG = {**BODY, "max_tokens": 256, "logit_bias": {"0": -100, "2": -100}}
 
 
 def _series(base: str, name: str, start: float, end: float) -> list[float]:
@@ -174,8 +174,9 @@ def _series(base: str, name: str, start: float, end: float) -> list[float]:
 
 @pytest.mark.skipif(PROMETHEUS is None, reason="no prometheus binary: run scripts/install_prometheus.sh (as root)")
 def test_router_gauges_move_in_a_real_prometheus_during_a_burst(tmp_path: Path) -> None:
-    """Four 96-token streams at a decode width of 2: two wait, two run, the KV share grows as they decode
-    (with 40-token streams a round was shorter than a scrape, and the scrapes caught only later rounds' starts)."""
+    """Four 256-token streams at a decode width of 2: two wait, two run, the KV share grows as they decode
+    (a round must span several 1 s scrapes: at 40 and then, once decode got faster, 96 tokens the scrapes caught
+    only each round's start)."""
     env = {"GMLX_DECODE_BATCH": str(ROUTER_WIDTH), "GMLX_QUEUE_DEPTH_CAP": "8"}
     with gmlx_serve([], tmp_path, env=env) as server, \
             prometheus(_config([server], tmp_path / "prometheus.yml"), tmp_path / "tsdb") as prom:
