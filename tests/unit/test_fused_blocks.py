@@ -181,6 +181,8 @@ def test_fused_blocks_keep_the_logits(ext: ModuleType, path: Callable[[], str],
     # gate is computed by its down projection's matmul
     assert ops["GKAddNorm"] == 2 * layers and ops["GKRMSNorm"] == 1 and ops["Add"] <= layers + 1
     assert ops["GKGated"] == 0
+    modules = [id(m) for _, m in ours.model.named_modules()]
+    assert len(modules) == len(set(modules))  # the MLP only notes that its down projection gates: no second child
     # the same model with the family's forward and a gate op of its own (no down projection GatedMLP can gate)
     monkeypatch.setattr(loader, "use_fused_blocks", lambda model, prims: 0)
     monkeypatch.setattr(fast_ops, "GGUFLinear", type("NotGating", (), {}))

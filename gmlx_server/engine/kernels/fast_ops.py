@@ -171,12 +171,12 @@ class GatedMLP(nn.Module):
         super().__init__()
         self.gate_proj, self.up_proj, self.down_proj = mlp["gate_proj"], mlp["up_proj"], mlp["down_proj"]
         self._kind, self._prims = kind, prims
-        down = self.down_proj
-        self._gating_down = down if isinstance(down, GGUFLinear) and "bias" not in down else None
+        down = self.down_proj  # a flag, not the module: a module attribute would be a second child (named_modules)
+        self._down_gates = isinstance(down, GGUFLinear) and "bias" not in down
 
     def __call__(self, x: mx.array) -> mx.array:
         gate, up = self.gate_proj, self.up_proj
-        down = self._gating_down
+        down = self.down_proj if self._down_gates else None
         if isinstance(gate, FusedPart) and isinstance(up, FusedPart) and gate.halves_with(up):
             y, _ = up.source(x)  # one fused output, gate then up in each row: no slices
             if down is not None and self._prims.covering(y) is not None:
