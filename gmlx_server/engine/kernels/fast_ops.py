@@ -62,9 +62,14 @@ class Primitives:
         return mx.fast.rope(x, a.dims, traditional=a.traditional, base=a.base, scale=a.scale, offset=offset,
                             freqs=a.freqs)
 
-    def gated(self, gate: mx.array, up: mx.array, kind: int) -> mx.array:
+    def covering_gate(self, gate: mx.array, up: mx.array) -> ModuleType | None:
+        """The extension when it gates `gate` with `up`: both float32 on the CPU, of one shape."""
         ext = self.covering(gate)
-        if ext is not None and up.dtype == mx.float32 and up.shape == gate.shape:
+        return ext if ext is not None and up.dtype == mx.float32 and up.shape == gate.shape else None
+
+    def gated(self, gate: mx.array, up: mx.array, kind: int) -> mx.array:
+        ext = self.covering_gate(gate, up)
+        if ext is not None:
             out: mx.array = ext.gated(gate, up, kind)
             return out
         if kind == SILU:
@@ -184,7 +189,7 @@ class GatedMLP(nn.Module):
             return self.down_proj(self._prims.gated_halves(y, self._kind))
         g = gate(x)
         u = up(x)
-        if down is not None and self._prims.covering(g) is not None and u.dtype == mx.float32 and u.shape == g.shape:
+        if down is not None and self._prims.covering_gate(g, u) is not None:
             return down.gated(g, self._kind, up=u)
         return self.down_proj(self._prims.gated(g, u, self._kind))
 
