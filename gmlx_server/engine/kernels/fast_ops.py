@@ -141,7 +141,7 @@ class RMSNorm(nn.Module):
 
     def __call__(self, x: mx.array) -> mx.array:
         ahead = self._ahead.take(x)
-        return ahead if ahead is not None else self._prims.rms_norm(x, self.weight, self.eps)
+        return ahead if ahead is not None else self._prims.rms_norm(x, self["weight"], self.eps)
 
 
 class RoPE(nn.Module):
@@ -180,18 +180,18 @@ class GatedMLP(nn.Module):
         self._down_gates = isinstance(down, GGUFLinear) and "bias" not in down
 
     def __call__(self, x: mx.array) -> mx.array:
-        gate, up = self.gate_proj, self.up_proj
-        down = self.down_proj if self._down_gates else None
+        gate, up = self["gate_proj"], self["up_proj"]
+        down = self["down_proj"] if self._down_gates else None
         if isinstance(gate, FusedPart) and isinstance(up, FusedPart) and gate.halves_with(up):
             y, _ = up.source(x)  # one fused output, gate then up in each row: no slices
             if down is not None and self._prims.covering(y) is not None:
                 return down.gated(y, self._kind)
-            return self.down_proj(self._prims.gated_halves(y, self._kind))
+            return self["down_proj"](self._prims.gated_halves(y, self._kind))
         g = gate(x)
         u = up(x)
         if down is not None and self._prims.covering_gate(g, u) is not None:
             return down.gated(g, self._kind, up=u)
-        return self.down_proj(self._prims.gated(g, u, self._kind))
+        return self["down_proj"](self._prims.gated(g, u, self._kind))
 
 
 def _kernel_module(m: nn.Module, prims: Primitives) -> nn.Module | None:

@@ -100,7 +100,7 @@ class HeadsAttention(nn.Module):
         out: list[mx.array] = ext.heads(
             [s[0] for s in arrays], [s[1] for s in arrays], self.n_heads, self.n_kv_heads, self.head_dim,
             dims=a.dims, traditional=a.traditional, base=a.base, scale=a.scale, offset=_offset(cache), freqs=a.freqs,
-            q_norm=qn.weight if qn else None, k_norm=kn.weight if kn else None, eps=qn.eps if qn else 0.0,
+            q_norm=qn["weight"] if qn else None, k_norm=kn["weight"] if kn else None, eps=qn.eps if qn else 0.0,
             half_kv=half)
         return out
 

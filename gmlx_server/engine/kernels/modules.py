@@ -26,20 +26,20 @@ class GGUFLinear(nn.Module):
     def gated(self, x: mx.array, kind: int, up: mx.array | None = None) -> mx.array:
         """(act(x) * up) @ W^T for float32 rows, or without `up` act(x's first half) * its second half (a fused
         gate/up output): the MLP's gate computed by this projection's matmul, not an op of its own."""
-        out: mx.array = self._ext.matmul(x, self.weight, self.qtype, self.in_dims, gate=kind, up=up)
+        out: mx.array = self._ext.matmul(x, self["weight"], self.qtype, self.in_dims, gate=kind, up=up)
         return out
 
 
 def _biased_matmul(m: GGUFLinear | FusedGGUFLinear, x: mx.array) -> mx.array:
     """x @ W^T (+ bias): the matmul adds a float32 bias to float32 rows itself (an add and a broadcast fewer)."""
     if "bias" not in m:
-        out: mx.array = m._ext.matmul(x, m.weight, m.qtype, m.in_dims)
+        out: mx.array = m._ext.matmul(x, m["weight"], m.qtype, m.in_dims)
         return out
     bias = m["bias"]
     if x.dtype == mx.float32 and bias.dtype == mx.float32:
-        out = m._ext.matmul(x, m.weight, m.qtype, m.in_dims, bias=bias)
+        out = m._ext.matmul(x, m["weight"], m.qtype, m.in_dims, bias=bias)
         return out
-    out = m._ext.matmul(x, m.weight, m.qtype, m.in_dims) + bias
+    out = m._ext.matmul(x, m["weight"], m.qtype, m.in_dims) + bias
     return out
 
 
