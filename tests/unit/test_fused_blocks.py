@@ -1,5 +1,6 @@
-"""Issue 29 item 3, fewer ops a layer: each residual add fused with the norm after it (GKAddNorm, kernels/blocks.py),
-a projection's bias added by its matmul and an MLP's gate computed by its down projection's matmul; and the batch's
+"""Issue 29 item 3, fewer ops a layer: each residual add fused with the norm after it (GKAddNorm, kernels/blocks.py)
+and both computed by the sublayer's last projection's matmul, a projection's bias added by its matmul and an MLP's
+gate computed by its down projection's matmul; and the batch's
 argmax over the vocabulary as one vector primitive.
 The same results as the separate ops, to the bit, and the graph nodes they save."""
 
@@ -20,7 +21,7 @@ from hypothesis import strategies as st
 
 from gmlx_server.engine import loader
 from gmlx_server.engine.batch import _as_batch
-from gmlx_server.engine.kernels import fast_ops, probe
+from gmlx_server.engine.kernels import blocks, fast_ops, probe
 from gmlx_server.engine.kernels.fast_ops import Primitives
 from gmlx_server.engine.sampling import RequestSampler
 from gmlx_server.engine.types import SamplingParams
@@ -112,6 +113,47 @@ def test_a_gated_matmul_refuses_bad_arguments(ext: ModuleType) -> None:
         ext.matmul(mx.zeros((2, k)), blocks, qtype, k, gate=0)  # halves need 2k columns
 
 
+@pytest.mark.parametrize("case", range(6))
+def test_matmul_add_norm_is_the_matmul_then_add_norm(ext: ModuleType, case: int) -> None:
+    """A sublayer's last projection with the residual add and norm after it as its epilogue: the same sum and
+    norm as the matmul then GKAddNorm, to the bit: plain, biased, gated (halves and separate up), a sandwich's
+    normed product, and sgemm's rows."""
+    rng = np.random.default_rng(case)
+    name, k = (("Q8_0", 64), ("Q4_K", 256), ("Q5_0", 96), ("Q6_K", 256), ("Q4_1", 64), ("Q4_K", 512))[case]
+    n, rows = 32, (1, 3, 9, 64, 2, 5)[case]
+    blocks, qtype = mx.array(random_blocks(rng, name, n, k)), int(GGMLQuantizationType[name])
+    w, rw = (mx.array(rng.uniform(0.5, 2, n).astype(np.float32)) for _ in range(2))
+    residual = _normal(rng, 1, rows, n)
+    x, gate, up, bias = _normal(rng, 1, rows, k), -1, None, None
+    if case in (1, 4):  # a gated down projection: a fused gate/up output, or separate gate and up
+        x, gate = _normal(rng, 1, rows, 2 * k), case % 2
+        if case == 4:
+            x, up = x[..., :k], _normal(rng, 1, rows, k)
+    if case == 2:
+        bias = _normal(rng, n)
+    r_weight = rw if case in (3, 4) else None  # Gemma 3's sandwich: the product normed before the add
+    product = ext.matmul(x, blocks, qtype, k, bias=bias, gate=gate, up=up)
+    want = ext.add_norm(residual, product, r_weight, w, 1e-6, 1e-5)
+    got = ext.matmul_add_norm(x, blocks, qtype, k, residual, w, 1e-6, r_weight=r_weight, r_eps=1e-5, bias=bias,
+                              gate=gate, up=up)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(np.array(a), np.array(b))
+
+
+def test_matmul_add_norm_refuses_bad_arguments(ext: ModuleType) -> None:
+    rng = np.random.default_rng(0)
+    blocks, qtype, k = mx.array(random_blocks(rng, "Q8_0", 8, 64)), int(GGMLQuantizationType["Q8_0"]), 64
+    x, res, w = mx.zeros((2, k)), mx.zeros((2, 8)), mx.ones((8,))
+    bad = (((x.astype(mx.float16), res, w), "float32 x and residual"), ((x, res.astype(mx.float16), w), "float32 x"),
+           ((x, mx.zeros((1, 8)), w), "the product's shape"), ((x, res, mx.ones((4,))), "weights must be 1-D"),
+           ((mx.zeros((2, 32)), res, w), "last dimension must be k"))
+    for (a, r, nw), match in bad:
+        with pytest.raises(ValueError, match=match):
+            ext.matmul_add_norm(a, blocks, qtype, k, r, nw, 1e-6)
+    with pytest.raises(ValueError, match="weights must be 1-D"):
+        ext.matmul_add_norm(x, blocks, qtype, k, res, w, 1e-6, r_weight=mx.ones((3,)))
+
+
 SPECIAL = [np.nan, np.inf, -np.inf, 0.0, -0.0, 3.0]
 
 
@@ -176,22 +218,29 @@ def test_fused_blocks_keep_the_logits(ext: ModuleType, path: Callable[[], str],
     ours = loader.load_gguf_model(path())
     ops = _step_ops(ours)
     layers = len(ours.model.model.layers)
-    # every layer's adds and norms are its two fused ops; only the first layer's input norm runs alone (the final
-    # norm was computed by the last layer's fused op); the one Add a layer left is its cache's offsets; each MLP's
-    # gate is computed by its down projection's matmul
-    assert ops["GKAddNorm"] == 2 * layers and ops["GKRMSNorm"] == 1 and ops["Add"] <= layers + 1
+    # every layer's adds and norms ride its o_proj's and down projection's matmuls; only the first layer's input
+    # norm runs alone (the final norm was computed by the last layer's down projection); the one Add a layer left
+    # is its cache's offsets; each MLP's gate is computed by its down projection's matmul too
+    assert ops["GKAddNorm"] == 0 and ops["GKRMSNorm"] == 1 and ops["Add"] <= layers + 1
     assert ops["GKGated"] == 0
     modules = [id(m) for _, m in ours.model.named_modules()]
     assert len(modules) == len(set(modules))  # the MLP only notes that its down projection gates: no second child
+    # the fused layers with their adds and norms as ops of their own (each sublayer projects itself)
+    cases = [(half, batch) for half in (False, True) for batch in (False, True)]
+    with monkeypatch.context() as m:
+        m.setattr(blocks, "_sublayer", lambda module, *args: module(*args))
+        apart = loader.load_gguf_model(path())
+        assert _step_ops(apart)["GKAddNorm"] == 2 * layers
+        apart_steps = [_steps(apart, half, batch) for half, batch in cases]
     # the same model with the family's forward and a gate op of its own (no down projection GatedMLP can gate)
     monkeypatch.setattr(loader, "use_fused_blocks", lambda model, prims: 0)
     monkeypatch.setattr(fast_ops, "GGUFLinear", type("NotGating", (), {}))
     theirs = loader.load_gguf_model(path())
     assert _step_ops(theirs)["GKAddNorm"] == 0 and _step_ops(theirs)["GKGated"] == layers
-    for half in (False, True):
-        for batch in (False, True):
-            for a, b in zip(_steps(ours, half, batch), _steps(theirs, half, batch), strict=True):
-                np.testing.assert_array_equal(a, b)
+    for (half, batch), apart_run in zip(cases, apart_steps, strict=True):
+        for a, b, c in zip(_steps(ours, half, batch), apart_run, _steps(theirs, half, batch), strict=True):
+            np.testing.assert_array_equal(a, c)
+            np.testing.assert_array_equal(b, c)
 
 
 @pytest.mark.slow

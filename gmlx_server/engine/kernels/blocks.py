@@ -2,10 +2,11 @@
 
 A pre-norm layer (Llama, Qwen 2/3) adds its attention's output to the residual and norms the sum for the MLP,
 then adds the MLP's output and the next layer norms that sum: four ops of little work, each a dispatch on MLX's
-CPU backend. Here each add and its norm are one op, and the second norm (the next layer's input norm, or the
-final norm after the last layer) is handed to that norm module with the array it is of (RMSNorm.expect), so
-the next layer's call returns it instead of dispatching again. Gemma 3's sandwich layer also norms each
-sublayer's output before its add: one op again. The results are the separate ops' to the bit (rows.h's
+CPU backend. Here each add and its norm are one op (the sublayer's last projection's matmul where the attention
+or MLP leaves its output unprojected, `Projected`; else GKAddNorm), and the second norm (the next layer's input
+norm, or the final norm after the last layer) is handed to that norm module with the array it is of
+(RMSNorm.expect), so the next layer's call returns it instead of dispatching again. Gemma 3's sandwich layer
+also norms each sublayer's output before its add: one op again. The results are the separate ops' to the bit (rows.h's
 norm_row). A call the kernels do not cover (not float32, not on the CPU device) runs the family's forward.
 """
 
@@ -20,7 +21,9 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from gmlx_server.engine import vlm_adapter
-from gmlx_server.engine.kernels.fast_ops import Primitives, RMSNorm
+from gmlx_server.engine.kernels.fast_ops import GatedMLP, Primitives, RMSNorm
+from gmlx_server.engine.kernels.heads import HeadsAttention
+from gmlx_server.engine.kernels.modules import Projected
 
 Body = Callable[[Any, ModuleType, mx.array, Any, Any, tuple[RMSNorm, ...]], tuple[mx.array, mx.array]]
 
@@ -48,24 +51,40 @@ def _fused(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.ar
     return out
 
 
+def _sublayer(module: Any, *args: Any) -> Projected | mx.array:
+    """The attention's or MLP's output, left before its last projection where the module can (Projected)."""
+    if isinstance(module, HeadsAttention | GatedMLP):
+        return module.projected(*args)
+    out: mx.array = module(*args)
+    return out
+
+
+def _joined(ext: ModuleType, x: mx.array, r: Projected | mx.array, norm: RMSNorm,
+            r_norm: RMSNorm | None = None) -> tuple[mx.array, mx.array]:
+    """(x + r, norm(x + r)), r normed by r_norm first when given: in r's last projection's matmul where r is
+    still to be projected (a graph node fewer), else GKAddNorm."""
+    r_weight, r_eps = (r_norm["weight"], r_norm.eps) if r_norm is not None else (None, 0.0)
+    if isinstance(r, Projected):
+        return r.add_norm(x, norm["weight"], norm.eps, r_weight, r_eps)
+    h, normed = ext.add_norm(x, r, r_weight, norm["weight"], norm.eps, r_eps)
+    return h, normed
+
+
 def _pre_norm(layer: Any, ext: ModuleType, x: mx.array, mask: Any, cache: Any,
               norms: tuple[RMSNorm, ...]) -> tuple[mx.array, mx.array]:
     post, after = norms
     # children by item: nn.Module's attribute lookup is Python (~1.5 us, 20x a dict item), paid per layer per step
-    h, normed = ext.add_norm(x, layer["self_attn"](layer["input_layernorm"](x), mask, cache), None, post["weight"],
-                             post.eps)
-    out, ahead = ext.add_norm(h, layer["mlp"](normed), None, after["weight"], after.eps)
-    return out, ahead
+    h, normed = _joined(ext, x, _sublayer(layer["self_attn"], layer["input_layernorm"](x), mask, cache), post)
+    return _joined(ext, h, _sublayer(layer["mlp"], normed), after)
 
 
 def _sandwich(layer: Any, ext: ModuleType, x: mx.array, mask: Any, cache: Any,
               norms: tuple[RMSNorm, ...]) -> tuple[mx.array, mx.array]:
     """Gemma 3's layer in float32, where its clip_residual is a plain add."""
     post_attn, pre_mlp, post_mlp, after = norms
-    r = layer["self_attn"](layer["input_layernorm"](x), mask, cache)
-    h, normed = ext.add_norm(x, r, post_attn["weight"], pre_mlp["weight"], pre_mlp.eps, post_attn.eps)
-    out, ahead = ext.add_norm(h, layer["mlp"](normed), post_mlp["weight"], after["weight"], after.eps, post_mlp.eps)
-    return out, ahead
+    r = _sublayer(layer["self_attn"], layer["input_layernorm"](x), mask, cache)
+    h, normed = _joined(ext, x, r, pre_mlp, post_attn)
+    return _joined(ext, h, _sublayer(layer["mlp"], normed), after, post_mlp)
 
 
 # each kind's body and the norms its adds fuse, in order (the input norm is every kind's first)

@@ -18,7 +18,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from gmlx_server.engine import vlm_adapter
-from gmlx_server.engine.kernels.modules import FusedPart, GGUFLinear
+from gmlx_server.engine.kernels.modules import FusedPart, GGUFLinear, Projected
 from gmlx_server.engine.mlx_adapter import replace_module
 
 SILU, GELU_TANH = 0, 1  # the extension's gated activations: swiglu's silu(gate) * up, gelu_approx(gate) * up
@@ -180,17 +180,22 @@ class GatedMLP(nn.Module):
         self._down_gates = isinstance(down, GGUFLinear) and "bias" not in down
 
     def __call__(self, x: mx.array) -> mx.array:
+        out = self.projected(x)
+        return out() if isinstance(out, Projected) else out
+
+    def projected(self, x: mx.array) -> Projected | mx.array:
+        """The output, or where the down projection gates, its rows still to be projected (Projected)."""
         gate, up = self["gate_proj"], self["up_proj"]
         down = self["down_proj"] if self._down_gates else None
         if isinstance(gate, FusedPart) and isinstance(up, FusedPart) and gate.halves_with(up):
             y, _ = up.source(x)  # one fused output, gate then up in each row: no slices
             if down is not None and self._prims.covering(y) is not None:
-                return down.gated(y, self._kind)
+                return Projected(down, y, self._kind)
             return self["down_proj"](self._prims.gated_halves(y, self._kind))
         g = gate(x)
         u = up(x)
         if down is not None and self._prims.covering_gate(g, u) is not None:
-            return down.gated(g, self._kind, up=u)
+            return Projected(down, g, self._kind, u)
         return self["down_proj"](self._prims.gated(g, u, self._kind))
 
 

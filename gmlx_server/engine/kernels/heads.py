@@ -18,7 +18,7 @@ import mlx.nn as nn
 
 from gmlx_server.engine import kv_append, vlm_adapter
 from gmlx_server.engine.kernels.fast_ops import Primitives, RMSNorm, RoPE, RopeArgs
-from gmlx_server.engine.kernels.modules import FusedPart, GGUFLinear
+from gmlx_server.engine.kernels.modules import FusedPart, GGUFLinear, Projected
 from gmlx_server.engine.kv_half import stores_half
 from gmlx_server.engine.mlx_adapter import child, replace_module, set_child
 
@@ -79,6 +79,8 @@ class HeadsAttention(nn.Module):
         self.n_heads, self.n_kv_heads = vlm_adapter.attention_heads(layer)
         self.head_dim = (_width(self["q_proj"]) or 0) // self.n_heads
         rope, norms = self["rope"], self._norms()
+        o_proj = self["o_proj"]
+        self._o_rides = isinstance(o_proj, GGUFLinear) and o_proj.rides()  # a flag: the module is a child already
         self._parts: _Parts | None = None  # fixed at load: None where the primitive never covers this layer
         if isinstance(rope, RoPE) and rope.plain() and norms is not None:
             self._parts = _Parts(tuple(self[n] for n in ("q_proj", "k_proj", "v_proj")), norms[0], norms[1],
@@ -105,6 +107,12 @@ class HeadsAttention(nn.Module):
         return out
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+        out = self.projected(x, mask, cache)
+        return out() if isinstance(out, Projected) else out
+
+    def projected(self, x: mx.array, mask: Any = None, cache: Any = None) -> Projected | mx.array:
+        """The output, or where the primitive covered the call and o_proj can take an epilogue, the attention's
+        rows still to be projected (Projected)."""
         heads = self._heads(x, cache)
         if heads is None:
             own: mx.array = self._layer()(x, mask, cache)
@@ -119,9 +127,11 @@ class HeadsAttention(nn.Module):
         keys = k.shape[2] if length is None else length
         if isinstance(mask, mx.array) and mask.shape[-1] != keys:  # a sliding layer's keys (Gemma 3)
             mask = mask[..., -keys:]
-        y: mx.array = self["o_proj"](self._attend(q, k, v, cache, scale=self.scale, mask=mask, flat=True,
-                                                  length=length))
-        return y
+        y: mx.array = self._attend(q, k, v, cache, scale=self.scale, mask=mask, flat=True, length=length)
+        if self._o_rides:
+            return Projected(self["o_proj"], y)
+        out: mx.array = self["o_proj"](y)
+        return out
 
 
 def _offset(cache: Any) -> Any:

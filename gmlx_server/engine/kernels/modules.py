@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import ModuleType
 
 import mlx.core as mx
@@ -28,6 +29,38 @@ class GGUFLinear(nn.Module):
         gate/up output): the MLP's gate computed by this projection's matmul, not an op of its own."""
         out: mx.array = self._ext.matmul(x, self["weight"], self.qtype, self.in_dims, gate=kind, up=up)
         return out
+
+
+    def rides(self) -> bool:
+        """A residual add and norm after this projection can ride its matmul (float32 bias or none: add_norm)."""
+        return "bias" not in self or self["bias"].dtype == mx.float32
+
+    def add_norm(self, x: mx.array, residual: mx.array, weight: mx.array, eps: float, r_weight: mx.array | None = None,
+                 r_eps: float = 0.0, gate: int = -1, up: mx.array | None = None) -> tuple[mx.array, mx.array]:
+        """(residual + y, rms_norm(residual + y) * weight) for this projection's y of float32 rows (gated first when
+        gate >= 0, as gated), y first normed by r_weight when given: GKAddNorm's work in the matmul's op."""
+        h, normed = self._ext.matmul_add_norm(x, self["weight"], self.qtype, self.in_dims, residual, weight, eps,
+                                              r_weight=r_weight, r_eps=r_eps, bias=self.get("bias"), gate=gate, up=up)
+        return h, normed
+
+
+@dataclass(frozen=True)
+class Projected:
+    """A sublayer's output before its last projection: that projection's float32 input rows (gated first when
+    gate >= 0), so that the residual add and the norm after the sublayer ride its matmul (add_norm) instead of
+    running as an op of their own. Calling it runs the projection alone."""
+
+    linear: GGUFLinear
+    rows: mx.array
+    gate: int = -1
+    up: mx.array | None = None
+
+    def __call__(self) -> mx.array:
+        return self.linear(self.rows) if self.gate < 0 else self.linear.gated(self.rows, self.gate, self.up)
+
+    def add_norm(self, residual: mx.array, weight: mx.array, eps: float, r_weight: mx.array | None = None,
+                 r_eps: float = 0.0) -> tuple[mx.array, mx.array]:
+        return self.linear.add_norm(self.rows, residual, weight, eps, r_weight, r_eps, self.gate, self.up)
 
 
 def _biased_matmul(m: GGUFLinear | FusedGGUFLinear, x: mx.array) -> mx.array:

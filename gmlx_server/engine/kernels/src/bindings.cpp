@@ -47,6 +47,11 @@ NB_MODULE(_gguf_kernels, m) {
         "gate"_a = -1, "up"_a = nb::none(), "stream"_a = nb::none(),
         "x (..., k) @ W^T (+ bias, float32 (n,) for float32 x) for W (n, row_bytes) uint8 GGUF blocks of ggml `type`; "
         "gate 0 (silu) or 1 (gelu, tanh form): the rows are act(x) * up, or act(x[..., :k]) * x[..., k:] without up");
+  m.def("matmul_add_norm", &gk::gguf_matmul_add_norm, "x"_a, "w"_a, "type"_a, "k"_a, "residual"_a, "weight"_a,
+        "eps"_a, nb::kw_only(), "r_weight"_a = nb::none(), "r_eps"_a = 0.0f, "bias"_a = nb::none(), "gate"_a = -1,
+        "up"_a = nb::none(), "stream"_a = nb::none(),
+        "matmul's product r joined to the residual as add_norm joins a sublayer's output, in one op (float32): "
+        "(residual + r, rms_norm(residual + r) * weight), r first normed by r_weight when given");
   m.def("dequantize", &gk::gguf_dequantize, "w"_a, "type"_a, "k"_a, nb::kw_only(), "stream"_a = nb::none(),
         "uint8 GGUF block rows (..., row_bytes) -> (..., k) float32");
   m.def("rms_norm", &gk::rms_norm, "x"_a, "weight"_a.none(), "eps"_a, nb::kw_only(), "stream"_a = nb::none(),

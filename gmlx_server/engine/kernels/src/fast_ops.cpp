@@ -67,14 +67,26 @@ void RMSNorm::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::arr
   });
 }
 
-namespace {
-
 mx::array norm_weight(const mx::array& w, int d, mx::Stream stream) {
   if (w.ndim() != 1 || w.shape(0) != d) throw std::invalid_argument("add_norm: weights must be 1-D with x's last dimension");
   return w.dtype() == mx::float32 ? w : mx::astype(w, mx::float32, stream);
 }
 
-}  // namespace
+void add_norm_rows(const float* x, const float* r, const float* w, const float* r_w, float eps, float r_eps,
+                   int64_t rows, int64_t d, float* sum, float* y) {
+  std::vector<float> normed(r_w ? d : 0);
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* xr = x + i * d;
+    const float* rr = r + i * d;
+    if (r_w) {  // Gemma 3: the sublayer's output is normed before it joins the residual
+      norm_row(rr, r_w, r_eps, d, normed.data());
+      rr = normed.data();
+    }
+    float* sr = sum + i * d;
+    for (int64_t j = 0; j < d; ++j) sr[j] = xr[j] + rr[j];
+    norm_row(sr, w, eps, d, y + i * d);
+  }
+}
 
 std::vector<mx::array> add_norm(const mx::array& x, const mx::array& r, const std::optional<mx::array>& r_w,
                                 const mx::array& w, float eps, float r_eps, mx::StreamOrDevice s) {
@@ -95,24 +107,10 @@ void AddNorm::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::arr
     const mx::array& x = inputs[0];
     const int64_t d = x.shape(-1);
     const int64_t rows = d ? static_cast<int64_t>(x.size()) / d : 0;
-    std::vector<float> xbuf, rbuf, wbuf, rwbuf, normed(r_normed ? d : 0);
-    const float* xs = row_major(x, xbuf);
-    const float* rs = row_major(inputs[1], rbuf);
-    const float* ws = row_major(inputs[2], wbuf);
-    const float* rws = r_normed ? row_major(inputs[3], rwbuf) : nullptr;
-    float* sum = outputs[0].data<float>();
-    float* ys = outputs[1].data<float>();
-    for (int64_t i = 0; i < rows; ++i) {
-      const float* xr = xs + i * d;
-      const float* rr = rs + i * d;
-      if (r_normed) {  // Gemma 3: the sublayer's output is normed before it joins the residual
-        norm_row(rr, rws, r_eps, d, normed.data());
-        rr = normed.data();
-      }
-      float* sr = sum + i * d;
-      for (int64_t j = 0; j < d; ++j) sr[j] = xr[j] + rr[j];
-      norm_row(sr, ws, eps, d, ys + i * d);
-    }
+    std::vector<float> xbuf, rbuf, wbuf, rwbuf;
+    add_norm_rows(row_major(x, xbuf), row_major(inputs[1], rbuf), row_major(inputs[2], wbuf),
+                  r_normed ? row_major(inputs[3], rwbuf) : nullptr, eps, r_eps, rows, d, outputs[0].data<float>(),
+                  outputs[1].data<float>());
   });
 }
 

@@ -21,6 +21,13 @@ mx::array rms_norm(const mx::array& x, const std::optional<mx::array>& w, float 
 std::vector<mx::array> add_norm(const mx::array& x, const mx::array& r, const std::optional<mx::array>& r_w,
                                 const mx::array& w, float eps, float r_eps, mx::StreamOrDevice s = {});
 
+// add_norm's rows, for GKAddNorm and a matmul's epilogue (GGUFMatmul): sum = x + r (r first normed by r_w
+// with r_eps when r_w is given), y = rms_norm(sum) * w; `rows` rows of d floats each.
+void add_norm_rows(const float* x, const float* r, const float* w, const float* r_w, float eps, float r_eps,
+                   int64_t rows, int64_t d, float* sum, float* y);
+// A norm weight as float32 (d,); invalid_argument when it is not 1-D of d.
+mx::array norm_weight(const mx::array& w, int d, mx::Stream stream);
+
 // mx.argmax(x, axis=-1) for float32 x (..., n): the first index of each row's largest value, or of its first NaN
 // (as MLX's own), as uint32. Two vector passes (the maximum, then where it first is) instead of a scalar loop.
 mx::array argmax(const mx::array& x, mx::StreamOrDevice s = {});
