@@ -74,9 +74,10 @@ def test_a_native_and_a_kernels_off_model_each_run_their_own_path(ext: ModuleTyp
     counting = _Counting(ext)
     native.kernels.ext = counting  # type: ignore[assignment]  # the same primitives, counted
     alone = _logits(native)
-    # RoPE: in each layer's heads op; the MLPs' gate and the residual adds with their norms: in the projections'
-    # matmuls (GGUFLinear.gated and add_norm, each on the layout's own extension)
-    assert {"rms_norm", "heads", "sdpa"} <= set(counting.calls)
+    # RoPE and the fused q/k/v projection's matmul: in each layer's heads op (heads_of); the MLPs' gate and the
+    # residual adds with their norms: in the projections' matmuls (GGUFLinear.gated and add_norm, on the layout's
+    # own extension)
+    assert {"rms_norm", "heads_of", "sdpa"} <= set(counting.calls)
 
     off = load_gguf_model(smollm2_path(), "off", native_kernels=False)  # GMLX_NATIVE_KERNELS=0's path
     assert off.kernels is None and off.info.weights_layout != "native"

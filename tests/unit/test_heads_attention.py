@@ -11,6 +11,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType
 from mlx.utils import tree_flatten
 
 from gmlx_server.engine import loader
@@ -19,6 +20,7 @@ from gmlx_server.engine.batch import _as_batch
 from gmlx_server.engine.kernels.heads import HeadsAttention
 from gmlx_server.engine.kv_half import as_half
 from tests.conftest import gemma_path, smollm2_path
+from tests.unit.test_kernels import random_blocks
 
 H, HK, D = 4, 2, 16
 
@@ -52,6 +54,36 @@ def test_heads_equal_the_separate_ops(ext: ModuleType, case: int) -> None:
     for g, w in zip(got, want, strict=True):
         assert g.shape == w.shape and g.dtype == w.dtype
         np.testing.assert_array_equal(np.array(g.astype(mx.float32)), np.array(w.astype(mx.float32)))
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_heads_of_a_projection_equal_its_matmul_then_heads(ext: ModuleType, case: int) -> None:
+    """A fused q/k/v projection and its heads as one op: the matmul's product (and bias) then GKHeads, to the bit;
+    decode rows, a few, and sgemm's."""
+    rng = np.random.default_rng(case)
+    name, k = (("Q8_0", 64), ("Q4_K", 256), ("Q4_1", 96), ("Q6_K", 256))[case]
+    B, L = 1 + case % 2, (1, 3, 40, 1)[case]
+    n = (H + 2 * HK) * D + 16 * (case % 2)
+    blocks, qtype = mx.array(random_blocks(rng, name, n, k)), int(GGMLQuantizationType[name])
+    x = mx.array(rng.standard_normal((B, L, k)).astype(np.float32))
+    bias = mx.array(rng.standard_normal(n).astype(np.float32)) if case in (1, 2) else None
+    cols = [16, 16 + H * D, 16 + (H + HK) * D] if case % 2 else [0, H * D, (H + HK) * D]
+    norms = (mx.ones((D,)) * 1.5, mx.ones((D,)) * 0.5) if case == 3 else (None, None)
+    rope = {"dims": D, "traditional": False, "base": 1e4, "scale": 1.0, "offset": 5 + case, "q_norm": norms[0],
+            "k_norm": norms[1], "eps": 1e-6, "half_kv": case % 2 == 0}
+    y = ext.matmul(x, blocks, qtype, k, bias=bias)
+    want = ext.heads([y, y, y], cols, H, HK, D, **rope)
+    got = ext.heads_of(x, blocks, qtype, k, bias, cols, H, HK, D, **rope)
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        np.testing.assert_array_equal(np.array(g.astype(mx.float32)), np.array(w.astype(mx.float32)))
+    good = {key: v for key, v in rope.items() if key not in ("q_norm", "k_norm")}
+    with pytest.raises(ValueError, match="past its source"):
+        ext.heads_of(x, blocks, qtype, k, None, [0, H * D, n - HK * D + 1], H, HK, D, **good)
+    with pytest.raises(ValueError, match="float32 x"):
+        ext.heads_of(x.astype(mx.float16), blocks, qtype, k, None, cols, H, HK, D, **good)
+    with pytest.raises(ValueError, match="last dimension must be k"):
+        ext.heads_of(x[..., :-32], blocks, qtype, k, None, cols, H, HK, D, **good)
 
 
 def test_heads_refuses_bad_arguments(ext: ModuleType) -> None:

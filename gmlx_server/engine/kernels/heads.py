@@ -18,7 +18,7 @@ import mlx.nn as nn
 
 from gmlx_server.engine import kv_append, vlm_adapter
 from gmlx_server.engine.kernels.fast_ops import Primitives, RMSNorm, RoPE, RopeArgs
-from gmlx_server.engine.kernels.modules import FusedPart, GGUFLinear, Projected
+from gmlx_server.engine.kernels.modules import FusedGGUFLinear, FusedPart, GGUFLinear, Projected, float_bias
 from gmlx_server.engine.kv_half import stores_half
 from gmlx_server.engine.mlx_adapter import child, replace_module, set_child
 
@@ -63,6 +63,17 @@ class _Parts:
     q_norm: RMSNorm | None
     k_norm: RMSNorm | None
     rope: RopeArgs
+    whole: tuple[FusedGGUFLinear, list[int]] | None  # one fused projection of q, k and v, and where each starts
+
+
+def _one_projection(projections: tuple[Any, ...]) -> tuple[FusedGGUFLinear, list[int]] | None:
+    """The fused projection q, k and v are all parts of (GKHeads then computes its matmul), and each's column."""
+    if not all(isinstance(p, FusedPart) for p in projections):
+        return None
+    fused = projections[0].projection()
+    if any(p.projection() is not fused for p in projections) or not float_bias(fused):
+        return None
+    return fused, [p.start for p in projections]
 
 
 class HeadsAttention(nn.Module):
@@ -80,11 +91,11 @@ class HeadsAttention(nn.Module):
         self.head_dim = (_width(self["q_proj"]) or 0) // self.n_heads
         rope, norms = self["rope"], self._norms()
         o_proj = self["o_proj"]
-        self._o_rides = isinstance(o_proj, GGUFLinear) and o_proj.rides()  # a flag: the module is a child already
+        self._o_rides = isinstance(o_proj, GGUFLinear) and float_bias(o_proj)  # a flag: the module is a child
         self._parts: _Parts | None = None  # fixed at load: None where the primitive never covers this layer
         if isinstance(rope, RoPE) and rope.plain() and norms is not None:
-            self._parts = _Parts(tuple(self[n] for n in ("q_proj", "k_proj", "v_proj")), norms[0], norms[1],
-                                 rope.args)
+            projections = tuple(self[n] for n in ("q_proj", "k_proj", "v_proj"))
+            self._parts = _Parts(projections, norms[0], norms[1], rope.args, _one_projection(projections))
 
     def _norms(self) -> tuple[RMSNorm | None, RMSNorm | None] | None:
         qn, kn = child(self, "q_norm"), child(self, "k_norm")
@@ -97,13 +108,19 @@ class HeadsAttention(nn.Module):
         ext, parts = self._prims.covering(x), self._parts
         if ext is None or parts is None or not _plain_cache(cache):
             return None
+        a, qn, kn = parts.rope, parts.q_norm, parts.k_norm
+        spec = {"dims": a.dims, "traditional": a.traditional, "base": a.base, "scale": a.scale,
+                "offset": _offset(cache), "freqs": a.freqs, "q_norm": qn["weight"] if qn else None,
+                "k_norm": kn["weight"] if kn else None, "eps": qn.eps if qn else 0.0, "half_kv": stores_half(cache)}
+        out: list[mx.array]
+        if parts.whole is not None:  # the projection's matmul in the heads op: one node fewer
+            fused, cols = parts.whole
+            out = ext.heads_of(x, fused["weight"], fused.qtype, fused.in_dims, fused.get("bias"), cols, self.n_heads,
+                               self.n_kv_heads, self.head_dim, **spec)
+            return out
         arrays = [_source(p, x) for p in parts.projections]  # float32, as x is (covering)
-        a, qn, kn, half = parts.rope, parts.q_norm, parts.k_norm, stores_half(cache)
-        out: list[mx.array] = ext.heads(
-            [s[0] for s in arrays], [s[1] for s in arrays], self.n_heads, self.n_kv_heads, self.head_dim,
-            dims=a.dims, traditional=a.traditional, base=a.base, scale=a.scale, offset=_offset(cache), freqs=a.freqs,
-            q_norm=qn["weight"] if qn else None, k_norm=kn["weight"] if kn else None, eps=qn.eps if qn else 0.0,
-            half_kv=half)
+        out = ext.heads([s[0] for s in arrays], [s[1] for s in arrays], self.n_heads, self.n_kv_heads, self.head_dim,
+                        **spec)
         return out
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:

@@ -31,10 +31,6 @@ class GGUFLinear(nn.Module):
         return out
 
 
-    def rides(self) -> bool:
-        """A residual add and norm after this projection can ride its matmul (float32 bias or none: add_norm)."""
-        return "bias" not in self or self["bias"].dtype == mx.float32
-
     def add_norm(self, x: mx.array, residual: mx.array, weight: mx.array, eps: float, r_weight: mx.array | None = None,
                  r_eps: float = 0.0, gate: int = -1, up: mx.array | None = None) -> tuple[mx.array, mx.array]:
         """(residual + y, rms_norm(residual + y) * weight) for this projection's y of float32 rows (gated first when
@@ -61,6 +57,12 @@ class Projected:
     def add_norm(self, residual: mx.array, weight: mx.array, eps: float, r_weight: mx.array | None = None,
                  r_eps: float = 0.0) -> tuple[mx.array, mx.array]:
         return self.linear.add_norm(self.rows, residual, weight, eps, r_weight, r_eps, self.gate, self.up)
+
+
+def float_bias(m: GGUFLinear | FusedGGUFLinear) -> bool:
+    """The projection's bias, if any, is float32: an op computing its product in place of its matmul (an add_norm
+    epilogue, GKHeads) adds it as the matmul does."""
+    return "bias" not in m or m["bias"].dtype == mx.float32
 
 
 def _biased_matmul(m: GGUFLinear | FusedGGUFLinear, x: mx.array) -> mx.array:
@@ -152,6 +154,15 @@ class FusedPart(nn.Module):
     def width(self) -> int:
         """This part's output columns."""
         return self._end - self._start
+
+    @property
+    def start(self) -> int:
+        """The column this part starts at in the fused projection's output."""
+        return self._start
+
+    def projection(self) -> FusedGGUFLinear:
+        """The fused projection this is a part of."""
+        return self._fused()
 
     def halves_with(self, other: FusedPart) -> bool:
         """This part and `other` are the two equal halves of one fused projection, in that order (gate, up)."""

@@ -78,6 +78,21 @@ NB_MODULE(_gguf_kernels, m) {
       "k_norm"_a = nb::none(), "eps"_a = 0.0f, "half_kv"_a = false, "stream"_a = nb::none(),
       "an attention layer's (q, k, v) heads from its projections' outputs: split, q/k norms, RoPE and the KV "
       "cast as one CPU primitive");
+  m.def(
+      "heads_of",
+      [](const gk::mx::array& x, const gk::mx::array& w, int type, int k, const std::optional<gk::mx::array>& bias,
+         const std::vector<int>& cols, int heads, int kv_heads, int head_dim, int dims, bool traditional,
+         std::optional<float> base, float scale, const std::variant<int, gk::mx::array>& offset,
+         const std::optional<gk::mx::array>& freqs, const std::optional<gk::mx::array>& q_norm,
+         const std::optional<gk::mx::array>& k_norm, float eps, bool half_kv, gk::mx::StreamOrDevice s) {
+        return gk::heads_of(x, w, type, k, bias, cols, {heads, kv_heads, head_dim, eps, dims, traditional, scale},
+                            q_norm, k_norm, base, offset, freqs, half_kv, s);
+      },
+      "x"_a, "w"_a, "type"_a, "k"_a, "bias"_a.none(), "cols"_a, "heads"_a, "kv_heads"_a, "head_dim"_a, nb::kw_only(),
+      "dims"_a, "traditional"_a, "base"_a.none(), "scale"_a, "offset"_a, "freqs"_a = nb::none(),
+      "q_norm"_a = nb::none(), "k_norm"_a = nb::none(), "eps"_a = 0.0f, "half_kv"_a = false, "stream"_a = nb::none(),
+      "heads() of one projection's output computed in the same op: x (B, L, k) float32 @ W^T (+ bias) for W GGUF "
+      "blocks of `type`, q, k and v its columns from cols");
   m.def("sdpa", &gk::sdpa, "q"_a, "k"_a, "v"_a, "scale"_a, "mask"_a.none(), "causal"_a, nb::kw_only(),
         "flat"_a = false, "keys"_a = -1, "stream"_a = nb::none(),
         "attention as one CPU primitive (float32 queries; float32 or float16 keys and values; keys >= 0 reads "

@@ -59,11 +59,26 @@ std::vector<mx::array> heads(const std::vector<mx::array>& src, const std::vecto
                              std::optional<float> base, const std::variant<int, mx::array>& offset,
                              const std::optional<mx::array>& freqs, bool half_kv, mx::StreamOrDevice s = {});
 
+// heads() of one projection's output, computed in the same op (a fused q/k/v projection and its heads one node):
+// x (B, L, k) float32 @ W^T (+ bias) for W (n, row_bytes) GGUF blocks of `type`, as gguf_matmul computes it.
+struct HeadsProjection {
+  int type = -1;  // -1: the op reads three sources
+  int k = 0;
+  bool biased = false;
+};
+std::vector<mx::array> heads_of(const mx::array& x, const mx::array& w, int type, int k,
+                                const std::optional<mx::array>& bias, const std::vector<int>& cols,
+                                const HeadsSpec& spec, const std::optional<mx::array>& q_norm,
+                                const std::optional<mx::array>& k_norm, std::optional<float> base,
+                                const std::variant<int, mx::array>& offset, const std::optional<mx::array>& freqs,
+                                bool half_kv, mx::StreamOrDevice s = {});
+
 class Heads : public mx::Primitive {
  public:
-  // inputs: the three sources, offsets, periods, then the q and k norm weights when normed
-  Heads(mx::Stream stream, const HeadsSpec& spec, std::vector<int> cols, bool normed)
-      : mx::Primitive(stream), spec_(spec), cols_(std::move(cols)), normed_(normed) {}
+  // inputs: the three sources (or x, w and the bias of a projection), offsets, periods, then the q and k norm
+  // weights when normed
+  Heads(mx::Stream stream, const HeadsSpec& spec, std::vector<int> cols, bool normed, HeadsProjection proj = {})
+      : mx::Primitive(stream), spec_(spec), cols_(std::move(cols)), normed_(normed), proj_(proj) {}
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   const char* name() const override { return "GKHeads"; }
@@ -73,6 +88,7 @@ class Heads : public mx::Primitive {
   HeadsSpec spec_;
   std::vector<int> cols_;
   bool normed_;
+  HeadsProjection proj_;
 };
 
 // softmax(scale * q k^T + mask) v: q (B, H, L, D) float32, k (B, Hk, S, D) and v (B, Hk, S, Dv) both float32

@@ -35,9 +35,6 @@ void check_gate(const mx::array& x, int k, int gate, const std::optional<mx::arr
 
 }  // namespace
 
-namespace {
-
-// gguf_matmul's checked inputs (x as float32, w, then the bias and up as given) and its output's shape
 std::vector<mx::array> matmul_inputs(const mx::array& x, const mx::array& w, int type, int k,
                                      const std::optional<mx::array>& bias, int gate, const std::optional<mx::array>& up,
                                      mx::Stream stream, mx::Shape& shape) {
@@ -57,8 +54,6 @@ std::vector<mx::array> matmul_inputs(const mx::array& x, const mx::array& w, int
   if (up) inputs.push_back(*up);
   return inputs;
 }
-
-}  // namespace
 
 mx::array gguf_matmul(const mx::array& x, const mx::array& w, int type, int k, const std::optional<mx::array>& bias,
                       int gate, const std::optional<mx::array>& up, mx::StreamOrDevice s) {

@@ -25,6 +25,10 @@ std::vector<mx::array> gguf_matmul_add_norm(const mx::array& x, const mx::array&
                                             const std::optional<mx::array>& bias = std::nullopt, int gate = -1,
                                             const std::optional<mx::array>& up = std::nullopt,
                                             mx::StreamOrDevice s = {});
+// gguf_matmul's checked inputs (x as float32, w, then the bias and up as given); shape: the product's
+std::vector<mx::array> matmul_inputs(const mx::array& x, const mx::array& w, int type, int k,
+                                     const std::optional<mx::array>& bias, int gate, const std::optional<mx::array>& up,
+                                     mx::Stream stream, mx::Shape& shape);
 // W (..., row_bytes) uint8 GGUF blocks -> (..., k) float32
 mx::array gguf_dequantize(const mx::array& w, int type, int k, mx::StreamOrDevice s = {});
 
