@@ -10,8 +10,9 @@ lengths, so the batch caches are left-padded as in serving). Per width, ms per s
               accept (each row's detokenizing, stop strings and event), so step ~ forward + sample + accept
   sse         what the rows' token events then cost the HTTP thread as OpenAI chat SSE chunks (encoder and
               framing; off the engine thread, but on the same cores)
-  matmul ...  the forward's kernel calls by class (projections, output head, norms with their fused residual
-              adds, RoPE, the attention layers' heads, attention, gate, embedding), replayed alone on the inputs
+  matmul ...  the forward's kernel calls by class (projections with the residual adds and norms they carry,
+              output head, norms with their fused residual adds, RoPE, the attention layers' heads with the
+              q/k/v matmul where heads_of computes it, attention, gate, embedding), replayed alone on the inputs
               they had in one recorded step, one eval per class
   rest        forward minus those: KV-cache writes, the mask, the offsets, slices, dispatch
 --clock cpu times the process's CPU instead of the wall, the kernels on one thread (decode_step.py's way of
@@ -52,8 +53,9 @@ from tests.conftest import gemma_path, qwen_coder_path, smollm2_path
 PATHS = {"smollm2": smollm2_path, "gemma": gemma_path, "qwen0.5b": lambda: qwen_coder_path("0.5b"),
          "qwen1.5b": lambda: qwen_coder_path("1.5b")}
 SAMPLING = {"greedy": SamplingParams(temperature=0.0), "chat": SamplingParams(temperature=0.7, top_p=0.9)}
-KERNEL_CLASSES = {"matmul": "matmul", "dequantize": "embed", "rms_norm": "norm", "add_norm": "norm", "rope": "rope",
-                  "heads": "heads", "sdpa": "attention", "gated": "gate"}
+KERNEL_CLASSES = {"matmul": "matmul", "matmul_add_norm": "matmul", "dequantize": "embed", "rms_norm": "norm",
+                  "add_norm": "norm", "rope": "rope", "heads": "heads", "heads_of": "heads", "sdpa": "attention",
+                  "gated": "gate"}
 ROWS = ("step", "forward", "sample", "accept", "sse", "matmul", "head", "norm", "rope", "heads", "attention", "gate",
         "embed", "rest")
 Call = tuple[str, Callable[..., Any], tuple[Any, ...], dict[str, Any]]
