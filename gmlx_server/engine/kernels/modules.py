@@ -30,7 +30,6 @@ class GGUFLinear(nn.Module):
         out: mx.array = self._ext.matmul(x, self["weight"], self.qtype, self.in_dims, gate=kind, up=up)
         return out
 
-
     def add_norm(self, x: mx.array, residual: mx.array, weight: mx.array, eps: float, r_weight: mx.array | None = None,
                  r_eps: float = 0.0, gate: int = -1, up: mx.array | None = None) -> tuple[mx.array, mx.array]:
         """(residual + y, rms_norm(residual + y) * weight) for this projection's y of float32 rows (gated first when

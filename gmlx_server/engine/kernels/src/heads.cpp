@@ -6,7 +6,6 @@
 
 #include "encode.h"
 #include "fast_ops.h"
-#include "kernels.h"
 #include "mlx/types/half_types.h"
 #include "primitive.h"
 #include "rows.h"
@@ -94,17 +93,10 @@ namespace {
 // x @ W^T (+ bias) for a projected Heads (inputs x, w, then the bias), into ys; xs: x's row-major copy if needed
 const float* project(const std::vector<mx::array>& inputs, const HeadsProjection& proj, std::vector<float>& xs,
                      std::vector<float>& ys) {
-  const mx::array &x = inputs[0], &w = inputs[1];
-  const int64_t m = static_cast<int64_t>(x.size()) / proj.k, n = w.shape(0);
-  std::vector<uint8_t> ws;
-  std::vector<float> bs;
-  ys.resize(static_cast<size_t>(m * n));
-  matmul(proj.type, row_major(w, ws), n, proj.k, row_major(x, xs), m, ys.data());
-  if (proj.biased) {
-    const float* b = row_major(inputs[2], bs);
-    for (int64_t i = 0; i < m; ++i)  // as GGUFMatmul's bias: one float32 sum per element
-      for (int64_t j = 0; j < n; ++j) ys[i * n + j] += b[j];
-  }
+  const int64_t m = static_cast<int64_t>(inputs[0].size()) / proj.k;
+  ys.resize(static_cast<size_t>(m * inputs[1].shape(0)));
+  gguf_product(row_major(inputs[0], xs), m, inputs[1], proj.type, proj.k, proj.biased ? &inputs[2] : nullptr,
+               ys.data());
   return ys.data();
 }
 

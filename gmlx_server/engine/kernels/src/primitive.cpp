@@ -93,6 +93,17 @@ mx::array gguf_dequantize(const mx::array& w, int type, int k, mx::StreamOrDevic
   return mx::array(shape, mx::float32, std::make_shared<GGUFDequantize>(mx::to_stream(s), type, k), {w});
 }
 
+void gguf_product(const float* rows, int64_t m, const mx::array& w, int type, int k, const mx::array* bias, float* y) {
+  std::vector<uint8_t> ws;
+  std::vector<float> bs;
+  const int64_t n = w.shape(0);
+  matmul(type, row_major(w, ws), n, k, rows, m, y);
+  if (!bias) return;
+  const float* b = row_major(*bias, bs);
+  for (int64_t i = 0; i < m; ++i)  // as MLX's add would: one float32 sum per element
+    for (int64_t j = 0; j < n; ++j) y[i * n + j] += b[j];
+}
+
 void GGUFMatmul::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   auto& enc = begin_eval(stream(), inputs, outputs);
   enc.dispatch([inputs, outputs, type = type_, k = k_, biased = biased_, gate = gate_, with_up = with_up_,
@@ -101,8 +112,7 @@ void GGUFMatmul::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::
     const mx::array* bias = biased ? &inputs[next++] : nullptr;
     const mx::array* up = with_up ? &inputs[next++] : nullptr;
     const mx::array &x = inputs[0], &w = inputs[1];
-    std::vector<float> xs, bs, product;
-    std::vector<uint8_t> ws;
+    std::vector<float> xs, product;
     const int64_t m = static_cast<int64_t>(x.size()) / (gate >= 0 && !up ? 2 * k : k), n = w.shape(0);
     if (norm >= 0) product.resize(static_cast<size_t>(m * n));  // the epilogue's r: not an output of its own
     float* y = norm >= 0 ? product.data() : outputs[0].data<float>();
@@ -114,12 +124,7 @@ void GGUFMatmul::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::
     } else {
       rows = row_major(x, xs);
     }
-    matmul(type, row_major(w, ws), n, k, rows, m, y);
-    if (bias) {
-      const float* b = row_major(*bias, bs);
-      for (int64_t i = 0; i < m; ++i)  // as MLX's add would: one float32 sum per element
-        for (int64_t j = 0; j < n; ++j) y[i * n + j] += b[j];
-    }
+    gguf_product(rows, m, w, type, k, bias, y);
     if (norm < 0) return;
     std::vector<float> rb, wb, rwb;  // then GKAddNorm's rows, the residual its x and the product its r
     add_norm_rows(row_major(inputs[next], rb), y, row_major(inputs[next + 1], wb),

@@ -29,6 +29,8 @@ std::vector<mx::array> gguf_matmul_add_norm(const mx::array& x, const mx::array&
 std::vector<mx::array> matmul_inputs(const mx::array& x, const mx::array& w, int type, int k,
                                      const std::optional<mx::array>& bias, int gate, const std::optional<mx::array>& up,
                                      mx::Stream stream, mx::Shape& shape);
+// rows (m, k) float32 @ W^T (+ bias) into y (m, n): GGUFMatmul's product, and GKHeads' of a projection
+void gguf_product(const float* rows, int64_t m, const mx::array& w, int type, int k, const mx::array* bias, float* y);
 // W (..., row_bytes) uint8 GGUF blocks -> (..., k) float32
 mx::array gguf_dequantize(const mx::array& w, int type, int k, mx::StreamOrDevice s = {});
 
