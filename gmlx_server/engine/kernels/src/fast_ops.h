@@ -22,7 +22,7 @@ std::vector<mx::array> add_norm(const mx::array& x, const mx::array& r, const st
                                 const mx::array& w, float eps, float r_eps, mx::StreamOrDevice s = {});
 
 // add_norm's rows, for GKAddNorm and a matmul's epilogue (GGUFMatmul): sum = x + r (r first normed by r_w
-// with r_eps when r_w is given), y = rms_norm(sum) * w; `rows` rows of d floats each.
+// with r_eps when r_w is given), y = rms_norm(sum) * w; `rows` rows of d floats each. sum may be r itself.
 void add_norm_rows(const float* x, const float* r, const float* w, const float* r_w, float eps, float r_eps,
                    int64_t rows, int64_t d, float* sum, float* y);
 // A norm weight as float32 (d,); invalid_argument when it is not 1-D of d.

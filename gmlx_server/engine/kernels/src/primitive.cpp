@@ -112,10 +112,11 @@ void GGUFMatmul::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::
     const mx::array* bias = biased ? &inputs[next++] : nullptr;
     const mx::array* up = with_up ? &inputs[next++] : nullptr;
     const mx::array &x = inputs[0], &w = inputs[1];
-    std::vector<float> xs, product;
+    std::vector<float> xs;
     const int64_t m = static_cast<int64_t>(x.size()) / (gate >= 0 && !up ? 2 * k : k), n = w.shape(0);
-    if (norm >= 0) product.resize(static_cast<size_t>(m * n));  // the epilogue's r: not an output of its own
-    float* y = norm >= 0 ? product.data() : outputs[0].data<float>();
+    // the product; with an epilogue, into the sum's own output, which add_norm_rows then overwrites element by
+    // element (each sum reads its product first): no buffer of its own on the decode path
+    float* y = outputs[0].data<float>();
     const float* rows = nullptr;
     if (gate >= 0) {  // the gated rows, as GKGated computes them, in a buffer of this op's own
       xs.resize(static_cast<size_t>(m * k));
@@ -128,8 +129,7 @@ void GGUFMatmul::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::
     if (norm < 0) return;
     std::vector<float> rb, wb, rwb;  // then GKAddNorm's rows, the residual its x and the product its r
     add_norm_rows(row_major(inputs[next], rb), y, row_major(inputs[next + 1], wb),
-                  norm == 1 ? row_major(inputs[next + 2], rwb) : nullptr, eps, r_eps, m, n, outputs[0].data<float>(),
-                  outputs[1].data<float>());
+                  norm == 1 ? row_major(inputs[next + 2], rwb) : nullptr, eps, r_eps, m, n, y, outputs[1].data<float>());
   });
 }
 
