@@ -47,7 +47,7 @@ from gguf import GGMLQuantizationType
 
 from gmlx_plan.gguf_header import GGML_TYPES, GGUFFormatError, TensorInfo, ggml_type_name
 from gmlx_plan.memory import FLOAT_TYPES, PACKED_BITS, Layout
-from gmlx_server.engine.kernels import NATIVE_TYPES
+from gmlx_server.engine.kernels import NATIVE_TYPES, probe
 from gmlx_server.engine.quant_repack import GROUP, REPACKERS, U8, Affine, pack_bits, quantize_affine
 
 # Types with no exact affine form: dequantize with gguf, then requantize at the planner's bits (table above).
@@ -174,7 +174,11 @@ def _native_tensor(raw: U8, info: TensorInfo, type_name: str) -> ConvertedTensor
         dense = np.array(_convert_dense(raw, info, type_name, mx.float32)).reshape(rows, -1)  # covers Q8_K too
         blocks = gguf.quants.quantize(dense, GGMLQuantizationType.Q8_0)
         became, native = "native Q8_0 blocks (requantized)", "Q8_0"
-    return ConvertedTensor({"weight": mx.array(blocks)}, None, None, type_name, became, NATIVE_TYPES[native])
+    type_id = NATIVE_TYPES[native]
+    ext = probe().ext
+    if native == "Q4_K" and ext is not None:  # the int16 kernels' layout: the same bytes, reordered (src/repack.h)
+        blocks, became, type_id = ext.repack_q4k(np.ascontiguousarray(blocks)), f"{became} (repacked)", ext.Q4_K_R
+    return ConvertedTensor({"weight": mx.array(blocks)}, None, None, type_name, became, type_id)
 
 
 def _is_float(type_name: str) -> bool:

@@ -20,7 +20,7 @@ from gmlx_server.engine.gguf_tensors import (
     convert_tensor,
     load_gguf_tensors,
 )
-from gmlx_server.engine.kernels import NATIVE_TYPES
+from gmlx_server.engine.kernels import NATIVE_TYPES, probe
 from gmlx_server.engine.quant_repack import pack_bits, quantize_affine
 from tests.gguf_factory import FakeTensor, quantize, random_blocks, reference, write_gguf
 
@@ -73,6 +73,10 @@ def _check_native(t: ConvertedTensor, raw: np.ndarray, ref: np.ndarray, qtype: Q
     """Kernel types keep their blocks byte for byte; the rest become Q8_0 blocks within Q8_0's rounding."""
     blocks = np.array(t.arrays["weight"])
     assert set(t.arrays) == {"weight"} and blocks.dtype == np.uint8 and blocks.shape[0] == SHAPE[0]
+    if qtype == QT.Q4_K and (ext := probe().ext) is not None:  # repacked for the int16 kernels (src/repack.h)
+        assert t.became == "native Q4_K blocks (repacked)" and t.native_type == ext.Q4_K_R
+        assert np.array_equal(blocks, ext.repack_q4k(raw.reshape(SHAPE[0], -1)))
+        return
     if qtype.name in NATIVE_TYPES:
         assert t.became == f"native {qtype.name} blocks" and t.native_type == qtype.value
         assert np.array_equal(blocks, raw.reshape(SHAPE[0], -1))

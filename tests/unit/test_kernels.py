@@ -37,6 +37,7 @@ SGEMM_ROWS = 48  # from this many rows on the kernels use a preloaded BLAS's sge
 # (activations, sgemm for many rows); levels of the rounding (0: none)
 MODES = [("f32", False), ("int16", False), ("int8", False), ("auto", False), ("f32", True)]
 LEVELS = {"int16": 32767, "int8": 127, "f32": 0, "auto": 32767}
+KERNEL_TYPES = [*NATIVE_TYPES, "Q4_K_R"]  # Q4_K_R: Q4_K's blocks repacked at load (src/repack.h)
 # fp16 field offsets (scale, min) and a scale range keeping |w| comparable across formats
 FP16_FIELDS: dict[str, tuple[tuple[int, ...], float]] = {
     "Q4_0": ((0,), 0.1), "Q4_1": ((0, 2), 0.1), "Q5_0": ((0,), 0.1), "Q5_1": ((0, 2), 0.1), "Q8_0": ((0,), 0.01),
@@ -65,6 +66,17 @@ def random_blocks(rng: np.random.Generator, name: str, rows: int, k: int) -> npt
     return blocks.reshape(rows, -1)
 
 
+def ggml_type(name: str) -> GGMLQuantizationType:
+    return GGMLQuantizationType[name.removesuffix("_R")]
+
+
+def as_stored(ext: ModuleType, name: str, blocks: npt.NDArray[np.uint8]) -> tuple[mx.array, int]:
+    """The blocks as the kernels read them, and their type id."""
+    if name == "Q4_K_R":
+        return mx.array(ext.repack_q4k(blocks)), ext.Q4_K_R
+    return mx.array(blocks), NATIVE_TYPES[name]
+
+
 def quantized_activations(x: npt.NDArray[np.float32], levels: int, group: int) -> F64:
     """The kernels' activation rounding, in numpy's IEEE fp32 arithmetic (the same operations)."""
     xb = x.reshape(x.shape[0], -1, group)
@@ -77,13 +89,13 @@ def check_matmul(ext: ModuleType, rng: np.random.Generator, name: str, n: int, b
                  m: int, levels: int, exact_only: bool = False) -> None:
     """levels: the activations' rounding (0: none); exact_only: check only the bound against the exact
     activations (auto, which may take either path)."""
-    qk = GGML_QUANT_SIZES[GGMLQuantizationType[name]][0]
+    qk = GGML_QUANT_SIZES[ggml_type(name)][0]
     group = qk if levels == LEVELS["int16"] else 32  # int16 scales a K-quant's whole 256-block
     k = qk * blocks_per_row
-    w_blocks = random_blocks(rng, name, n, k)
-    w = gguf.quants.dequantize(w_blocks, GGMLQuantizationType[name]).astype(np.float64)
+    w_blocks = random_blocks(rng, ggml_type(name).name, n, k)
+    w = gguf.quants.dequantize(w_blocks, ggml_type(name)).astype(np.float64)
     x = rng.standard_normal((m, k)).astype(np.float32) * rng.uniform(0.01, 10.0, (m, 1)).astype(np.float32)
-    y = np.array(ext.matmul(mx.array(x), mx.array(w_blocks), NATIVE_TYPES[name], k))
+    y = np.array(ext.matmul(mx.array(x), *as_stored(ext, name, w_blocks), k))
     assert y.shape == (m, n) and y.dtype == np.float32
     if not levels:  # fp32 activations (or sgemm): only fp32 sums differ
         ref = x.astype(np.float64) @ w.T
@@ -115,24 +127,25 @@ def extreme_blocks(name: str, rows: int, k: int) -> npt.NDArray[np.uint8]:
     return blocks.reshape(rows, -1)
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K", "Q4_K_R"])
 def test_int16_sums_hold_the_largest_products(ext: ModuleType, every_isa: list[str], name: str) -> None:
     """Every activation at its int16 extreme (32767) against the largest code-times-scale products: a row's int32
     lane sums stay below 2^31 on every ISA, one row and a tile of four alike."""
     k, n = 512, 8
-    blocks = extreme_blocks(name, n, k)
-    w = gguf.quants.dequantize(blocks, GGMLQuantizationType[name]).astype(np.float64)
+    blocks = extreme_blocks(ggml_type(name).name, n, k)
+    w = gguf.quants.dequantize(blocks, ggml_type(name)).astype(np.float64)
+    stored, type_id = as_stored(ext, name, blocks)
     ext.set_activations("int16")
     for isa in every_isa:
         ext.set_isa(isa)
         for m in (1, 2, 3, 4, 5, 8):
             for sign in (1.0, -1.0):
                 x = np.full((m, k), sign, dtype=np.float32)
-                y = np.array(ext.matmul(mx.array(x), mx.array(blocks), NATIVE_TYPES[name], k))
+                y = np.array(ext.matmul(mx.array(x), stored, type_id, k))
                 np.testing.assert_allclose(y, x.astype(np.float64) @ w.T, rtol=1e-6)
 
 
-@pytest.mark.parametrize("name", list(NATIVE_TYPES))
+@pytest.mark.parametrize("name", KERNEL_TYPES)
 @settings(max_examples=12, deadline=None)
 @given(n=st.integers(1, 40), blocks_per_row=st.integers(1, 3), m=st.integers(1, 112), threads=st.integers(1, 3),
        seed=st.integers(0, 2**32 - 1))
@@ -151,15 +164,15 @@ def test_matmul_matches_float64_reference(ext: ModuleType, every_isa: list[str],
             check_matmul(ext, rng, name, n, blocks_per_row, m, levels, exact_only=mode == "auto")
 
 
-@pytest.mark.parametrize("name", list(NATIVE_TYPES))
+@pytest.mark.parametrize("name", KERNEL_TYPES)
 def test_dequantize_matches_gguf(ext: ModuleType, every_isa: list[str], name: str) -> None:
     rng = np.random.default_rng(7)
-    qk = GGML_QUANT_SIZES[GGMLQuantizationType[name]][0]
-    blocks = random_blocks(rng, name, 9, 2 * qk)
-    expected = gguf.quants.dequantize(blocks, GGMLQuantizationType[name])
+    qk = GGML_QUANT_SIZES[ggml_type(name)][0]
+    blocks = random_blocks(rng, ggml_type(name).name, 9, 2 * qk)
+    expected = gguf.quants.dequantize(blocks, ggml_type(name))
     for isa in every_isa:
         ext.set_isa(isa)
-        got = np.array(ext.dequantize(mx.array(blocks), NATIVE_TYPES[name], 2 * qk))
+        got = np.array(ext.dequantize(*as_stored(ext, name, blocks), 2 * qk))
         np.testing.assert_allclose(got, expected, rtol=1e-6, atol=0)  # fp32, one rounding apart at most
 
 
@@ -202,6 +215,9 @@ def test_bad_arguments_are_refused(ext: ModuleType) -> None:
     with pytest.raises(ValueError, match="auto, int16, int8 or f32"):
         ext.set_activations("int4")
     assert ext.row_bytes(NATIVE_TYPES["Q6_K"], 512) == 420 and ext.row_bytes(NATIVE_TYPES["Q4_K"], 640) == -1
+    assert ext.row_bytes(ext.Q4_K_R, 512) == 288
+    with pytest.raises(ValueError, match="whole 144-byte Q4_K blocks"):
+        ext.repack_q4k(np.zeros((2, 100), dtype=np.uint8))
 
 
 def _greedy(lm: LoadedModel, prompt: list[int], steps: int) -> tuple[list[int], npt.NDArray[np.float32]]:

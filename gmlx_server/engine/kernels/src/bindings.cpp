@@ -1,4 +1,6 @@
 // Python bindings (nanobind, in MLX's binding domain so mx.array converts both ways).
+#include <algorithm>
+
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/array.h>
@@ -12,6 +14,7 @@
 #include "fast_ops.h"
 #include "kernels.h"
 #include "primitive.h"
+#include "repack.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -31,6 +34,26 @@ int64_t categorical_at(uint32_t k0, uint32_t k1, int64_t n, Positions idx, Value
       throw nb::index_error("categorical_at: positions must ascend within [0, n)");
   }
   return gk::categorical_at(k0, k1, n, idx.data(), vals.data(), m);
+}
+
+using Blocks = nb::ndarray<const uint8_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+using OwnBlocks = nb::ndarray<nb::numpy, uint8_t, nb::ndim<2>>;
+
+// Q4_K rows (n, row_bytes) as a new array in the repacked layout (repack.h), on the kernel threads
+OwnBlocks repack_q4k(Blocks in) {
+  const size_t rows = in.shape(0), cols = in.shape(1);
+  if (cols == 0 || cols % 144 != 0) throw nb::value_error("repack_q4k: rows must be whole 144-byte Q4_K blocks");
+  auto* out = new uint8_t[rows * cols];
+  nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<uint8_t*>(p); });
+  {
+    nb::gil_scoped_release unlocked;
+    const int64_t blocks = static_cast<int64_t>(rows * cols / 144), per = 4096;
+    gk::parallel_for((blocks + per - 1) / per, [&](int64_t t) {
+      const int64_t b0 = t * per;
+      gk::repack_q4k(in.data() + b0 * 144, out + b0 * 144, std::min(per, blocks - b0));
+    });
+  }
+  return OwnBlocks(out, {rows, cols}, owner);
 }
 
 }  // namespace
@@ -104,6 +127,9 @@ NB_MODULE(_gguf_kernels, m) {
   m.def("split_key", &gk::split_key, "k0"_a, "k1"_a, "mx.random.split of the key (k0, k1): (next k0, k1, sub k0, k1)");
   m.def("categorical_at", &categorical_at, "k0"_a, "k1"_a, "n"_a, "idx"_a, "vals"_a,
         "mx.random.categorical(x, key=(k0, k1)) for x (1, n) -inf but vals at idx: the same token, from those alone");
+  m.attr("Q4_K_R") = gk::kQ4KR;
+  m.def("repack_q4k", &repack_q4k, "blocks"_a,
+        "Q4_K rows (n, row_bytes) repacked for the int16 kernels: the same size, read as type Q4_K_R");
   m.def("row_bytes", &gk::row_bytes, "type"_a, "k"_a, "bytes of one row, or -1 when no kernel reads `type`");
   m.def("isa", &gk::isa_name);
   m.def("isas", &gk::isa_names);

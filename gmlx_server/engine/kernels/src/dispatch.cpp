@@ -27,6 +27,7 @@
 
 #include "formats.h"
 #include "kernels.h"
+#include "repack.h"
 #include "simd.h"  // GK_X86, cpu_relax
 
 namespace gk {
@@ -210,7 +211,8 @@ int64_t int16_rows(int type) {
     case 2: case 3: return 2;            // Q4_0, Q4_1: 1.5x at 1 row, 0.8x at 8
     case 7: case 8: case 12: return 4;   // Q5_1, Q8_0, Q4_K: 1.1-1.2x at 4, even at 8
     case 6: return 8;                    // Q5_0: 1.1x at 8
-    default: return 1 << 30;             // Q5_K, Q6_K: 1.3-1.8x up to the sgemm rows
+    default: return 1 << 30;             // Q5_K, Q6_K: 1.3-1.8x up to the sgemm rows; repacked Q4_K (read
+                                         // as stored by the int16 kernels alone)
   }
 }
 
@@ -257,6 +259,16 @@ void set_threads(int n) {
 
 namespace {
 
+// Repacked Q4_K rows (repack.h) back in Q4_K's order, in `scratch`, for the kernels that read blocks in
+// their natural order (fp32, int8, dequantizing); other types' rows as they are.
+const uint8_t* natural_rows(int& type, const uint8_t* w, int64_t rb, int64_t rows, std::vector<uint8_t>& scratch) {
+  if (type != kQ4KR) return w;
+  scratch.resize(static_cast<size_t>(rows * rb));
+  unrepack_q4k(w, scratch.data(), rows * rb / 144);
+  type = 12;  // Q4_K
+  return scratch.data();
+}
+
 // cblas_sgemm of an optimized BLAS already loaded into the global namespace (gmlx preloads OpenBLAS);
 // null when there is none, e.g. only the mlx-cpu wheel's private reference BLAS.
 using Sgemm = void (*)(int, int, int, int, int, int, float, const float*, int, const float*, int, float, float*, int);
@@ -289,8 +301,12 @@ void matmul_sgemm(Sgemm sgemm, int type, const uint8_t* w, int64_t rb, int64_t n
     const int64_t rows = std::min(prows, n - n0);
     const int64_t per = (rows + p.size() - 1) / p.size();
     p.run(p.size(), [&](int64_t t) {
-      for (int64_t r = t * per; r < std::min(rows, (t + 1) * per); ++r)
-        s.dequant_row(type, w + (n0 + r) * rb, k, panel + r * k);
+      thread_local std::vector<uint8_t> natural;
+      for (int64_t r = t * per; r < std::min(rows, (t + 1) * per); ++r) {
+        int rt = type;
+        const uint8_t* row = natural_rows(rt, w + (n0 + r) * rb, rb, 1, natural);
+        s.dequant_row(rt, row, k, panel + r * k);
+      }
     });
     // y[:, n0:n0+rows] = x (m, k) @ panel^T (k, rows): row-major, no-trans x trans, ldc n
     sgemm(101, 111, 112, static_cast<int>(m), static_cast<int>(rows), static_cast<int>(k), 1.0f, x,
@@ -319,15 +335,16 @@ void run_quantized(Pool& p, const float* x, int64_t m, int64_t k, Quantize quant
 // Activations to int16 once (one scale per 32, or per 256 for the K-quants), then the weight-row chunks.
 void run_q16(Pool& p, const Isa& s, int type, const uint8_t* w, int64_t rb, int64_t n, int64_t k, const float* x,
              int64_t m, float* y, int64_t per, int64_t chunks) {
-  const int group = type == 12 || type == 13 || type == 14 ? 256 : 32;  // Q4_K, Q5_K, Q6_K
+  const int group = type == 12 || type == 13 || type == 14 || type == kQ4KR ? 256 : 32;  // the K-quants
   thread_local std::vector<int16_t> codes;  // the caller's own (a thread_local named in a lambda is the runner's)
   thread_local std::vector<float> scales;
   if (static_cast<int64_t>(codes.size()) < m * k) codes.resize(m * k);
   if (static_cast<int64_t>(scales.size()) < 2 * m * (k / 32)) scales.resize(2 * m * (k / 32));
   const XRows xr{codes.data(), scales.data(), scales.data() + m * (k / 32), k};
+  const uint8_t* order = type == kQ4KR ? kQ4KROrder.at : nullptr;
   const int64_t qtasks = m >= 8 ? p.size() : 1;
   p.run(qtasks, [&](int64_t t) {
-    for (int64_t i = t; i < m; i += qtasks) s.quantize_q16(x + i * k, k, group, i, xr);
+    for (int64_t i = t; i < m; i += qtasks) s.quantize_q16(x + i * k, k, group, order, i, xr);
   });
   p.run(chunks, [&](int64_t c) {
     const int64_t n0 = c * per;
@@ -352,13 +369,19 @@ void matmul(int type, const uint8_t* w, int64_t n, int64_t k, const float* x, in
   if (mode == kF32) {
     p.run(chunks, [&](int64_t c) {
       const int64_t n0 = c * per, n1 = std::min(n, n0 + per);
-      s.rows_f(type, w, rb, n0, n1, x, m, k, y, n);
+      thread_local std::vector<uint8_t> natural;
+      int t = type;
+      const uint8_t* rows = natural_rows(t, w + n0 * rb, rb, n1 - n0, natural);
+      s.rows_f(t, rows, rb, 0, n1 - n0, x, m, k, y + n0, n);
     });
   } else if (mode == kInt16) {
     run_q16(p, s, type, w, rb, n, k, x, m, y, per, chunks);
   } else {
     run_quantized<XBlock>(p, x, m, k, s.quantize_row, [&](const XBlock* xb, int64_t n0, int64_t n1) {
-      s.rows(type, w, rb, n0, n1, xb, m, k / 32, y, n);
+      thread_local std::vector<uint8_t> natural;
+      int t = type;
+      const uint8_t* rows = natural_rows(t, w + n0 * rb, rb, n1 - n0, natural);
+      s.rows(t, rows, rb, 0, n1 - n0, xb, m, k / 32, y + n0, n);
     }, per, chunks, n);
   }
 }
@@ -383,7 +406,12 @@ void dequantize(int type, const uint8_t* w, int64_t r, int64_t k, float* out) {
   const int64_t rb = row_bytes(type, k);
   if (rb <= 0) throw std::invalid_argument("gguf dequantize: unsupported type or row length");
   const Isa& s = isa();
-  for (int64_t i = 0; i < r; ++i) s.dequant_row(type, w + i * rb, k, out + i * k);
+  std::vector<uint8_t> natural;
+  for (int64_t i = 0; i < r; ++i) {
+    int t = type;
+    const uint8_t* row = natural_rows(t, w + i * rb, rb, 1, natural);
+    s.dequant_row(t, row, k, out + i * k);
+  }
 }
 
 void parallel_for(int64_t tasks, const std::function<void(int64_t)>& fn) { pool().run(tasks, fn); }

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "repack.h"
 #include "simd.h"
 
 namespace gk {
@@ -22,7 +23,8 @@ typedef int8_t i8x32 __attribute__((vector_size(32)));
 typedef int32_t i32x8 __attribute__((vector_size(32)));
 typedef float f32x8 __attribute__((vector_size(32)));
 
-enum QType : int { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+// Q4_KR: Q4_K repacked at load (repack.h); only the int16 kernels read it as stored
+enum QType : int { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q4_KR = kQ4KR };
 
 inline u8x16 load16(const uint8_t* p) {
   u8x16 v;
@@ -220,9 +222,17 @@ inline bool with_format(int type, Fn&& f) {
   return by_type<FQ4_0, FQ4_1, FQ5_0, FQ5_1, FQ8_0, FQ4_K, FQ5_K, FQ6_K>(type, f);
 }
 
+// Bytes of one block of `type` (0 when no kernel reads it).
+inline int block_bytes(int type) {
+  int out = 0;
+  with_format(type == Q4_KR ? Q4_K : type, [&]<class F>() { out = F::BYTES; });
+  return out;
+}
+
 // Bytes of one row of `k` elements, or -1 when `type` has no kernel or k does not fill whole blocks.
 inline int64_t row_bytes(int type, int64_t k) {
   int64_t out = -1;
+  if (type == Q4_KR) type = Q4_K;  // the same blocks' size
   with_format(type, [&]<class F>() { out = (k % F::QK == 0) ? k / F::QK * F::BYTES : -1; });
   return out;
 }

@@ -41,7 +41,7 @@ struct Isa {
   void (*rows_f)(int type, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const float* x,
                  int64_t m_rows, int64_t k, float* y, int64_t ldy);
   void (*quantize_row)(const float* x, int64_t k, XBlock* out);
-  void (*quantize_q16)(const float* x, int64_t k, int group, int64_t row, const XRows& out);
+  void (*quantize_q16)(const float* x, int64_t k, int group, const uint8_t* order, int64_t row, const XRows& out);
   void (*dequant_row)(int type, const uint8_t* w, int64_t k, float* out);
   // K rows [s0, s0 + kFlashWidth) of a.k (fp32 or fp16) as D vectors of kFlashWidth floats (flash.cpp)
   void (*transpose_keys)(const FlashArgs& a, int64_t s0, float* kt);

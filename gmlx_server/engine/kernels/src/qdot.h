@@ -52,6 +52,10 @@ inline F fma(A a, float s, F acc) { return {_mm512_fmadd_ps(_mm512_cvtepi32_ps(a
 inline F fadd(F a, F b) { return {_mm512_add_ps(a.v, b.v)}; }
 inline F fma1(A a, float s, F acc) { return fma(a, s, acc); }
 inline float hsum(F a) { return _mm512_reduce_add_ps(a.v); }
+// lane j + lane j + 8: the low and the high nibbles' pairs of one sub-block (row_q4kr)
+inline __m256 f8_of(A a) {
+  return _mm256_cvtepi32_ps(_mm256_add_epi32(_mm512_castsi512_si256(a.v), _mm512_extracti64x4_epi64(a.v, 1)));
+}
 #endif
 #if defined(GK_AVX2)
 // 8 floats: the K-quants' per-group min terms
@@ -63,6 +67,11 @@ inline F8 f8_mins(F8 acc, const uint8_t* m, float scale, const float* s) {
   return _mm256_fmadd_ps(_mm256_mul_ps(mf, _mm256_set1_ps(scale)), _mm256_loadu_ps(s), acc);
 }
 inline float f8sum(F8 v) { return hsum256(v); }
+// acc + sums * float(sc[g]) * scale for the 8 groups
+inline F8 f8_scaled_fma(F8 sums, const uint8_t* sc, float scale, F8 acc) {
+  const __m256 sf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc))));
+  return _mm256_fmadd_ps(sums, _mm256_mul_ps(sf, _mm256_set1_ps(scale)), acc);
+}
 // out[g] = float(m[g]) * scale for 8 bytes m
 inline void f8_scaled(const uint8_t* m, float scale, float* out) {
   const __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(m))));
@@ -76,6 +85,10 @@ inline F8 f8_mins(F8 acc, const uint8_t* m, float scale, const float* s) {
   return acc;
 }
 inline float f8sum(F8 v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
+inline F8 f8_scaled_fma(F8 sums, const uint8_t* sc, float scale, F8 acc) {
+  for (int g = 0; g < 8; ++g) acc[g] += sums[g] * (static_cast<float>(sc[g]) * scale);
+  return acc;
+}
 inline void f8_scaled(const uint8_t* m, float scale, float* out) {
   for (int g = 0; g < 8; ++g) out[g] = static_cast<float>(m[g]) * scale;
 }
@@ -137,6 +150,7 @@ inline A dot(A acc, V a, V b) {
 }
 inline A add(A a, A b) { return {_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)}; }
 inline __m256i whole(A a) { return _mm256_add_epi32(a.lo, a.hi); }
+inline F8 f8_of(A a) { return _mm256_cvtepi32_ps(whole(a)); }
 inline F fma(A a, float s, F acc) {
   const __m256 k = _mm256_set1_ps(s);
   return {_mm256_fmadd_ps(_mm256_cvtepi32_ps(a.lo), k, acc.lo), _mm256_fmadd_ps(_mm256_cvtepi32_ps(a.hi), k, acc.hi)};
@@ -149,6 +163,7 @@ inline A dot(A acc, V a, V b) {
 }
 inline A add(A a, A b) { return {_mm256_add_epi32(a.v, b.v)}; }
 inline __m256i whole(A a) { return a.v; }
+inline F8 f8_of(A a) { return _mm256_cvtepi32_ps(a.v); }
 inline F fma(A a, float s, F acc) { return {_mm256_fmadd_ps(_mm256_cvtepi32_ps(a.v), _mm256_set1_ps(s), acc.lo), acc.hi}; }
 #endif
 inline F fzero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
@@ -212,6 +227,11 @@ inline A dot(A acc, V a, V b) {
   return acc;
 }
 inline A add(A a, A b) { return {a.v + b.v}; }
+inline F8 f8_of(A a) {
+  F8 r;
+  for (int j = 0; j < 8; ++j) r[j] = static_cast<float>(a.v[j] + a.v[j + 8]);
+  return r;
+}
 inline F fzero() { return {f32x16{}}; }
 inline F fma(A a, float s, F acc) { return {__builtin_convertvector(a.v, f32x16) * s + acc.v}; }
 inline F fadd(F a, F b) { return {a.v + b.v}; }
@@ -414,6 +434,36 @@ inline void row_q45k_one(const uint8_t* w, int64_t nb, const XRows& x, int64_t r
   *y = hsum(fadd(acc0, acc1)) + f8sum(bias);
 }
 
+// Q4_K repacked at load (repack.h): each 16 code bytes (nib32) hold 4 elements of every sub-block, so an
+// accumulator's int32 lanes (f8_of) each sum one sub-block over the block, and its scale and min apply once a
+// block in fp32: no per-sub-block conversion or broadcast (1.3x Q4_K's one-row kernel on Zen 3).
+template <int NR>
+inline void row_q4kr(const uint8_t* w, int64_t nb, const XRows& x, int64_t r0, float* y, int64_t ldy) {
+  F8 acc[NR], bias[NR];
+  for (int r = 0; r < NR; ++r) acc[r] = f8zero(), bias[r] = f8zero();
+  const int16_t* xq = x.q + r0 * x.k;
+  const int64_t xb = x.k / 256, xs32 = x.k / 32;
+  for (int64_t b = 0; b < nb; ++b, w += 144) {
+    A ai[NR][2];
+    for (int r = 0; r < NR; ++r) ai[r][0] = ai[r][1] = azero();
+#pragma GCC unroll 8
+    for (int s = 0; s < 8; ++s) {
+      const V c = nib32(w + 16 + 16 * s);
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) ai[r][s & 1] = dot(ai[r][s & 1], c, ld(xq + r * x.k + 256 * b + 32 * s));
+    }
+    alignas(16) uint8_t sm[16];
+    k_scales_u8(w + 4, sm);
+    const float d = f16_at(w), dmin = f16_at(w + 2);
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      acc[r] = f8_scaled_fma(f8_of(add(ai[r][0], ai[r][1])), sm, d * x.d[(r0 + r) * xb + b], acc[r]);
+      bias[r] = f8_mins(bias[r], sm + 8, -dmin, x.s + (r0 + r) * xs32 + 8 * b);
+    }
+  }
+  for (int r = 0; r < NR; ++r) y[r * ldy] = f8sum(acc[r] + bias[r]);
+}
+
 // Q6_K: ql[128] qh[64] int8 scales[16] d (formats.h); codes - 32 times signed scales, |product| <= 4096:
 // each half-block's int32 sums stay below 2^31, so the halves convert separately.
 template <int NR>
@@ -467,6 +517,7 @@ inline void row_any(int type, const uint8_t* w, int64_t nb, const XRows& x, int6
       if constexpr (NR == 1) return row_q45k_one<true>(w, nb, x, r0, y);
       else return row_q45k<NR, true>(w, nb, x, r0, y, ldy);
     case Q6_K: return row_q6k<NR>(w, nb, x, r0, y, ldy);
+    case Q4_KR: return row_q4kr<NR>(w, nb, x, r0, y, ldy);
     default: return;
   }
 }
@@ -483,9 +534,7 @@ inline void row_any(int type, const uint8_t* w, int64_t nb, const XRows& x, int6
 // rows share each weight block's decode; 64 at a time stay in L2 while the weight rows stream past.
 inline void rows_q16(int type, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const XRows& x,
                      int64_t m_rows, float* y, int64_t ldy) {
-  int64_t block = 0;
-  with_format(type, [&]<class T>() { block = T::BYTES; });
-  const int64_t nb = row_bytes / block;
+  const int64_t nb = row_bytes / block_bytes(type);
   constexpr int64_t MB = 64, kAhead = 8;
   for (int64_t m0 = 0; m0 < m_rows; m0 += MB) {
     const int64_t m1 = m0 + MB < m_rows ? m0 + MB : m_rows;
@@ -508,25 +557,30 @@ inline void rows_q16(int type, const uint8_t* w, int64_t row_bytes, int64_t n0, 
 }
 
 // Row `row` of x (k floats) -> int16 codes with one scale per `group` elements (32, or a K-quant's 256):
-// d = max|x| / 32767, q = round-half-even(x / d); s[j] = d * (sum of the codes of 32-group j).
-inline void quantize_q16(const float* x, int64_t k, int group, int64_t row, const XRows& out) {
+// d = max|x| / 32767, q = round-half-even(x / d); s[j] = d * (sum of the codes of 32-group j). With `order`
+// (256-groups), group position p holds the code of its element order[p] (a repacked format's, repack.h).
+inline void quantize_q16(const float* x, int64_t k, int group, const uint8_t* order, int64_t row, const XRows& out) {
   int16_t* q = out.q + row * k;
   float* d = out.d + row * (k / group);
   float* s = out.s + row * (k / 32);
+  alignas(32) int16_t natural[256];
   for (int64_t g0 = 0; g0 < k; g0 += group) {
     const float amax = q16::amax_of(x + g0, group);
     const float dg = amax / 32767.0f;
     const float id = dg != 0.0f ? 1.0f / dg : 0.0f;
     d[g0 / group] = dg;
-    for (int64_t j = g0; j < g0 + group; j += 32) {
+    int16_t* codes = order != nullptr ? natural : q + g0;
+    for (int64_t j = 0; j < group; j += 32) {
       int sum = 0;
       for (int i = 0; i < 32; ++i) {
-        const int v = static_cast<int>(std::nearbyint(x[j + i] * id));
-        q[j + i] = static_cast<int16_t>(v);
+        const int v = static_cast<int>(std::nearbyint(x[g0 + j + i] * id));
+        codes[j + i] = static_cast<int16_t>(v);
         sum += v;
       }
-      s[j / 32] = dg * static_cast<float>(sum);
+      s[(g0 + j) / 32] = dg * static_cast<float>(sum);
     }
+    if (order != nullptr)
+      for (int p = 0; p < 256; ++p) q[g0 + p] = natural[order[p]];
   }
 }
 
