@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -36,10 +37,9 @@ import bench.blas_first  # noqa: F401  (OpenBLAS before mlx is first imported)
 import gguf
 import mlx.core as mx
 import numpy as np
-from gguf import GGMLQuantizationType
 
-from gmlx_server.engine.kernels import NATIVE_TYPES, probe
-from tests.unit.test_kernels import random_blocks
+from gmlx_server.engine.kernels import probe
+from tests.unit.test_kernels import KERNEL_TYPES, as_stored, ggml_type, random_blocks
 
 SHAPES_32 = [(1536, 576), (576, 1536), (2048, 640), (49152, 576)]  # (out, in) for 32-element blocks
 SHAPES_256 = [(2048, 1024), (1024, 2048), (32768, 1024)]
@@ -85,33 +85,32 @@ def best_time(fn: Callable[[int], list[mx.array]], reps: int) -> float:
     return best
 
 
-def bench_one(ext: object, name: str, n: int, k: int, rows: int, reps: int, cold_mb: int,
+def bench_one(ext: ModuleType, name: str, n: int, k: int, rows: int, reps: int, cold_mb: int,
               ceilings: tuple[float, float], modes: list[str]) -> str:
     rng = np.random.default_rng(0)
-    blocks = random_blocks(rng, name, n, k)
+    blocks = random_blocks(rng, ggml_type(name).name, n, k)
     copies = max(PER_EVAL, -(-(cold_mb << 20) // blocks.nbytes)) if cold_mb else 1
-    big = mx.array(np.tile(blocks, (copies, 1)))  # the copies back to back; each slice is one matrix
+    big, qtype = as_stored(ext, name, np.tile(blocks, (copies, 1)))  # the copies back to back, one matrix a slice
     ws = [big[i * n:(i + 1) * n] for i in range(copies)]
     x = mx.array(rng.standard_normal((rows, k)).astype(np.float32))
-    qtype = NATIVE_TYPES[name]
 
     def calls(i: int) -> list[mx.array]:
-        return [ext.matmul(x, ws[(i * PER_EVAL + j) % copies], qtype, k)  # type: ignore[attr-defined]
+        return [ext.matmul(x, ws[(i * PER_EVAL + j) % copies], qtype, k)
                 for j in range(PER_EVAL)]
 
     times = {}
     for mode in modes:
-        ext.set_activations(mode)  # type: ignore[attr-defined]
+        ext.set_activations(mode)
         times[mode] = best_time(calls, reps) / PER_EVAL
     dt = times[modes[-1]]
     gbs, flops = blocks.nbytes / dt / 1e9, 2 * rows * n * k / dt / 1e9
-    line = f"{name:5s} {n:6d}x{k:<5d} rows {rows:4d}  {dt * 1e6:9.1f} us  {gbs:6.1f} GB/s  "
+    line = f"{name:6s} {n:6d}x{k:<5d} rows {rows:4d}  {dt * 1e6:9.1f} us  {gbs:6.1f} GB/s  "
     if rows < SGEMM_FROM:
         if len(modes) > 1:
             each = "  ".join(f"{m} {blocks.nbytes / times[m] / 1e9:5.1f}" for m in modes)
             line += f"[{each} GB/s: {times[modes[0]] / dt:4.2f}x]  "
         return line + f"{gbs / ceilings[0]:5.2f}x read  {gbs / ceilings[1]:5.2f}x copy  {flops:6.1f} GFLOP/s"
-    dense = mx.array(gguf.quants.dequantize(blocks, GGMLQuantizationType[name]).T.copy())
+    dense = mx.array(gguf.quants.dequantize(blocks, ggml_type(name)).T.copy())
     dt_dense = best_time(lambda i: [x @ dense], max(3, reps // 3))
     return line + f"{flops:6.1f} GFLOP/s  {dt_dense / dt:5.2f}x sgemm"
 
@@ -120,7 +119,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=0, help="kernel threads (0: the usable cores)")
     ap.add_argument("--rows", default="1,4,64,512")
-    ap.add_argument("--formats", default=",".join(NATIVE_TYPES))
+    ap.add_argument("--formats", default=",".join(KERNEL_TYPES), help="Q4_K_R: Q4_K repacked as the loader does")
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--cold-mb", type=int, default=256, help="weight copies per shape, so reads miss the caches")
     ap.add_argument("--warm", action="store_true", help="one copy of the weights (cache-resident)")
@@ -137,7 +136,7 @@ def main() -> None:
           f"{'/'.join(modes)}; memory read {ceilings[0]:.1f} GB/s (numpy, {ext.threads()} threads), "
           f"copy {ceilings[1]:.1f} GB/s (numpy, 1 thread, read+write)")
     for name in args.formats.split(","):
-        shapes = SHAPES_256 if name.endswith("_K") else SHAPES_32
+        shapes = SHAPES_256 if "_K" in name else SHAPES_32
         for n, k in shapes:
             for rows in (int(r) for r in args.rows.split(",")):
                 reps = args.reps if rows * n < 2_000_000 else max(3, args.reps // 3)
