@@ -176,8 +176,9 @@ def _native_tensor(raw: U8, info: TensorInfo, type_name: str) -> ConvertedTensor
         became, native = "native Q8_0 blocks (requantized)", "Q8_0"
     type_id = NATIVE_TYPES[native]
     ext = probe().ext
-    if native == "Q4_K" and ext is not None:  # the int16 kernels' layout: the same bytes, reordered (src/repack.h)
-        blocks, became, type_id = ext.repack_q4k(np.ascontiguousarray(blocks)), f"{became} (repacked)", ext.Q4_K_R
+    if ext is not None and native in ("Q4_K", "Q6_K"):  # the int16 kernels' layouts: bytes reordered (src/repack.h)
+        repack, type_id = (ext.repack_q4k, ext.Q4_K_R) if native == "Q4_K" else (ext.repack_q6k, ext.Q6_K_R)
+        blocks, became = repack(np.ascontiguousarray(blocks)), f"{became} (repacked)"
     return ConvertedTensor({"weight": mx.array(blocks)}, None, None, type_name, became, type_id)
 
 

@@ -39,21 +39,29 @@ int64_t categorical_at(uint32_t k0, uint32_t k1, int64_t n, Positions idx, Value
 using Blocks = nb::ndarray<const uint8_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
 using OwnBlocks = nb::ndarray<nb::numpy, uint8_t, nb::ndim<2>>;
 
-// Q4_K rows (n, row_bytes) as a new array in the repacked layout (repack.h), on the kernel threads
-OwnBlocks repack_q4k(Blocks in) {
+// Q4_K or Q6_K rows (n, row_bytes) as a new array in their repacked layout (repack.h), on the kernel threads
+OwnBlocks repack(Blocks in, int64_t block, void (*fn)(const uint8_t*, uint8_t*, int64_t), const char* what) {
   const size_t rows = in.shape(0), cols = in.shape(1);
-  if (cols == 0 || cols % 144 != 0) throw nb::value_error("repack_q4k: rows must be whole 144-byte Q4_K blocks");
+  if (cols == 0 || cols % block != 0) throw nb::value_error(what);
   auto* out = new uint8_t[rows * cols];
   nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<uint8_t*>(p); });
   {
     nb::gil_scoped_release unlocked;
-    const int64_t blocks = static_cast<int64_t>(rows * cols / 144), per = 4096;
+    const int64_t blocks = static_cast<int64_t>(rows * cols) / block, per = 4096;
     gk::parallel_for((blocks + per - 1) / per, [&](int64_t t) {
       const int64_t b0 = t * per;
-      gk::repack_q4k(in.data() + b0 * 144, out + b0 * 144, std::min(per, blocks - b0));
+      fn(in.data() + b0 * block, out + b0 * block, std::min(per, blocks - b0));
     });
   }
   return OwnBlocks(out, {rows, cols}, owner);
+}
+
+OwnBlocks repack_q4k(Blocks in) {
+  return repack(in, 144, gk::repack_q4k, "repack_q4k: rows must be whole 144-byte Q4_K blocks");
+}
+
+OwnBlocks repack_q6k(Blocks in) {
+  return repack(in, 210, gk::repack_q6k, "repack_q6k: rows must be whole 210-byte Q6_K blocks");
 }
 
 }  // namespace
@@ -128,8 +136,11 @@ NB_MODULE(_gguf_kernels, m) {
   m.def("categorical_at", &categorical_at, "k0"_a, "k1"_a, "n"_a, "idx"_a, "vals"_a,
         "mx.random.categorical(x, key=(k0, k1)) for x (1, n) -inf but vals at idx: the same token, from those alone");
   m.attr("Q4_K_R") = gk::kQ4KR;
+  m.attr("Q6_K_R") = gk::kQ6KR;
   m.def("repack_q4k", &repack_q4k, "blocks"_a,
         "Q4_K rows (n, row_bytes) repacked for the int16 kernels: the same size, read as type Q4_K_R");
+  m.def("repack_q6k", &repack_q6k, "blocks"_a,
+        "Q6_K rows (n, row_bytes) repacked for the int16 kernels: the same size, read as type Q6_K_R");
   m.def("row_bytes", &gk::row_bytes, "type"_a, "k"_a, "bytes of one row, or -1 when no kernel reads `type`");
   m.def("isa", &gk::isa_name);
   m.def("isas", &gk::isa_names);

@@ -211,8 +211,8 @@ int64_t int16_rows(int type) {
     case 2: case 3: return 2;            // Q4_0, Q4_1: 1.5x at 1 row, 0.8x at 8
     case 7: case 8: case 12: return 4;   // Q5_1, Q8_0, Q4_K: 1.1-1.2x at 4, even at 8
     case 6: return 8;                    // Q5_0: 1.1x at 8
-    default: return 1 << 30;             // Q5_K, Q6_K: 1.3-1.8x up to the sgemm rows; repacked Q4_K (read
-                                         // as stored by the int16 kernels alone)
+    default: return 1 << 30;             // Q5_K, Q6_K: 1.3-1.8x up to the sgemm rows; the repacked types
+                                         // (read as stored by the int16 kernels alone)
   }
 }
 
@@ -262,10 +262,11 @@ namespace {
 // Repacked Q4_K rows (repack.h) back in Q4_K's order, in `scratch`, for the kernels that read blocks in
 // their natural order (fp32, int8, dequantizing); other types' rows as they are.
 const uint8_t* natural_rows(int& type, const uint8_t* w, int64_t rb, int64_t rows, std::vector<uint8_t>& scratch) {
-  if (type != kQ4KR) return w;
+  if (type != kQ4KR && type != kQ6KR) return w;
   scratch.resize(static_cast<size_t>(rows * rb));
-  unrepack_q4k(w, scratch.data(), rows * rb / 144);
-  type = 12;  // Q4_K
+  if (type == kQ4KR) unrepack_q4k(w, scratch.data(), rows * rb / 144);
+  else unrepack_q6k(w, scratch.data(), rows * rb / 210);
+  type = type == kQ4KR ? 12 : 14;  // Q4_K, Q6_K
   return scratch.data();
 }
 
@@ -335,13 +336,13 @@ void run_quantized(Pool& p, const float* x, int64_t m, int64_t k, Quantize quant
 // Activations to int16 once (one scale per 32, or per 256 for the K-quants), then the weight-row chunks.
 void run_q16(Pool& p, const Isa& s, int type, const uint8_t* w, int64_t rb, int64_t n, int64_t k, const float* x,
              int64_t m, float* y, int64_t per, int64_t chunks) {
-  const int group = type == 12 || type == 13 || type == 14 || type == kQ4KR ? 256 : 32;  // the K-quants
+  const int group = type == 12 || type == 13 || type == 14 || type == kQ4KR || type == kQ6KR ? 256 : 32;  // K-quants
   thread_local std::vector<int16_t> codes;  // the caller's own (a thread_local named in a lambda is the runner's)
   thread_local std::vector<float> scales;
   if (static_cast<int64_t>(codes.size()) < m * k) codes.resize(m * k);
   if (static_cast<int64_t>(scales.size()) < 2 * m * (k / 32)) scales.resize(2 * m * (k / 32));
   const XRows xr{codes.data(), scales.data(), scales.data() + m * (k / 32), k};
-  const uint8_t* order = type == kQ4KR ? kQ4KROrder.at : nullptr;
+  const uint8_t* order = type == kQ4KR ? kQ4KROrder.at : type == kQ6KR ? kQ6KROrder.at : nullptr;
   const int64_t qtasks = m >= 8 ? p.size() : 1;
   p.run(qtasks, [&](int64_t t) {
     for (int64_t i = t; i < m; i += qtasks) s.quantize_q16(x + i * k, k, group, order, i, xr);

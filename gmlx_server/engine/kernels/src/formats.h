@@ -23,8 +23,13 @@ typedef int8_t i8x32 __attribute__((vector_size(32)));
 typedef int32_t i32x8 __attribute__((vector_size(32)));
 typedef float f32x8 __attribute__((vector_size(32)));
 
-// Q4_KR: Q4_K repacked at load (repack.h); only the int16 kernels read it as stored
-enum QType : int { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q4_KR = kQ4KR };
+// Q4_KR, Q6_KR: Q4_K and Q6_K repacked at load (repack.h); only the int16 kernels read them as stored
+enum QType : int {
+  Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q4_KR = kQ4KR, Q6_KR = kQ6KR
+};
+
+// the format a repacked type's blocks come from (the type itself for the others)
+inline int natural_type(int type) { return type == Q4_KR ? Q4_K : type == Q6_KR ? Q6_K : type; }
 
 inline u8x16 load16(const uint8_t* p) {
   u8x16 v;
@@ -225,15 +230,14 @@ inline bool with_format(int type, Fn&& f) {
 // Bytes of one block of `type` (0 when no kernel reads it).
 inline int block_bytes(int type) {
   int out = 0;
-  with_format(type == Q4_KR ? Q4_K : type, [&]<class F>() { out = F::BYTES; });
+  with_format(natural_type(type), [&]<class F>() { out = F::BYTES; });
   return out;
 }
 
 // Bytes of one row of `k` elements, or -1 when `type` has no kernel or k does not fill whole blocks.
 inline int64_t row_bytes(int type, int64_t k) {
   int64_t out = -1;
-  if (type == Q4_KR) type = Q4_K;  // the same blocks' size
-  with_format(type, [&]<class F>() { out = (k % F::QK == 0) ? k / F::QK * F::BYTES : -1; });
+  with_format(natural_type(type), [&]<class F>() { out = (k % F::QK == 0) ? k / F::QK * F::BYTES : -1; });
   return out;
 }
 

@@ -67,11 +67,15 @@ inline F8 f8_mins(F8 acc, const uint8_t* m, float scale, const float* s) {
   return _mm256_fmadd_ps(_mm256_mul_ps(mf, _mm256_set1_ps(scale)), _mm256_loadu_ps(s), acc);
 }
 inline float f8sum(F8 v) { return hsum256(v); }
-// acc + sums * float(sc[g]) * scale for the 8 groups
-inline F8 f8_scaled_fma(F8 sums, const uint8_t* sc, float scale, F8 acc) {
-  const __m256 sf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc))));
-  return _mm256_fmadd_ps(sums, _mm256_mul_ps(sf, _mm256_set1_ps(scale)), acc);
+// 8 unsigned or signed bytes as floats
+inline F8 f8_u8(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
+inline F8 f8_i8(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+// acc + a * b * s, lane by lane
+inline F8 f8_fma(F8 a, F8 b, float s, F8 acc) { return _mm256_fmadd_ps(a, _mm256_mul_ps(b, _mm256_set1_ps(s)), acc); }
 // out[g] = float(m[g]) * scale for 8 bytes m
 inline void f8_scaled(const uint8_t* m, float scale, float* out) {
   const __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(m))));
@@ -85,10 +89,17 @@ inline F8 f8_mins(F8 acc, const uint8_t* m, float scale, const float* s) {
   return acc;
 }
 inline float f8sum(F8 v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
-inline F8 f8_scaled_fma(F8 sums, const uint8_t* sc, float scale, F8 acc) {
-  for (int g = 0; g < 8; ++g) acc[g] += sums[g] * (static_cast<float>(sc[g]) * scale);
-  return acc;
+inline F8 f8_u8(const uint8_t* p) {
+  F8 r;
+  for (int g = 0; g < 8; ++g) r[g] = static_cast<float>(p[g]);
+  return r;
 }
+inline F8 f8_i8(const uint8_t* p) {
+  F8 r;
+  for (int g = 0; g < 8; ++g) r[g] = static_cast<float>(static_cast<int8_t>(p[g]));
+  return r;
+}
+inline F8 f8_fma(F8 a, F8 b, float s, F8 acc) { return acc + a * (b * s); }
 inline void f8_scaled(const uint8_t* m, float scale, float* out) {
   for (int g = 0; g < 8; ++g) out[g] = static_cast<float>(m[g]) * scale;
 }
@@ -454,14 +465,50 @@ inline void row_q4kr(const uint8_t* w, int64_t nb, const XRows& x, int64_t r0, f
     }
     alignas(16) uint8_t sm[16];
     k_scales_u8(w + 4, sm);
+    const F8 sc = f8_u8(sm);
     const float d = f16_at(w), dmin = f16_at(w + 2);
 #pragma GCC unroll 4
     for (int r = 0; r < NR; ++r) {
-      acc[r] = f8_scaled_fma(f8_of(add(ai[r][0], ai[r][1])), sm, d * x.d[(r0 + r) * xb + b], acc[r]);
+      acc[r] = f8_fma(f8_of(add(ai[r][0], ai[r][1])), sc, d * x.d[(r0 + r) * xb + b], acc[r]);
       bias[r] = f8_mins(bias[r], sm + 8, -dmin, x.s + (r0 + r) * xs32 + 8 * b);
     }
   }
   for (int r = 0; r < NR; ++r) y[r * ldy] = f8sum(acc[r] + bias[r]);
+}
+
+// Q6_K repacked at load (repack.h): per quarter q of the block, 32 bytes P give one V of codes (bits 0..5) and,
+// with the 16 nibble bytes N, another (N's nibbles, P's bits 6..7 on top); halves g of the block fill two
+// accumulators whose lanes sum sub-blocks 8g..8g + 7 (1.6x Q6_K's one-row kernel on Zen 3).
+template <int NR>
+inline void row_q6kr(const uint8_t* w, int64_t nb, const XRows& x, int64_t r0, float* y, int64_t ldy) {
+  F8 acc[NR];
+  for (int r = 0; r < NR; ++r) acc[r] = f8zero();
+  const int16_t* xq = x.q + r0 * x.k;
+  const int64_t xb = x.k / 256;
+  for (int64_t b = 0; b < nb; ++b, w += 210) {
+    const float d = f16_at(w + 208);
+#pragma GCC unroll 2
+    for (int g = 0; g < 2; ++g) {
+      A ai[NR][2];
+      for (int r = 0; r < NR; ++r) ai[r][0] = ai[r][1] = azero();
+#pragma GCC unroll 2
+      for (int q = 2 * g; q < 2 * g + 2; ++q) {
+        const V p = u8w(w + 32 * q);
+        const V a = subc(band(p, 63), 32);
+        const V c = subc(bor(nib32(w + 128 + 16 * q), band(srli(p, 2), 0x30)), 32);
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; ++r) {
+          const int16_t* xr = xq + r * x.k + 256 * b + 64 * q;
+          ai[r][0] = dot(ai[r][0], a, ld(xr));
+          ai[r][1] = dot(ai[r][1], c, ld(xr + 32));
+        }
+      }
+      const F8 sc = f8_i8(w + 192 + 8 * g);
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) acc[r] = f8_fma(f8_of(add(ai[r][0], ai[r][1])), sc, d * x.d[(r0 + r) * xb + b], acc[r]);
+    }
+  }
+  for (int r = 0; r < NR; ++r) y[r * ldy] = f8sum(acc[r]);
 }
 
 // Q6_K: ql[128] qh[64] int8 scales[16] d (formats.h); codes - 32 times signed scales, |product| <= 4096:
@@ -518,6 +565,7 @@ inline void row_any(int type, const uint8_t* w, int64_t nb, const XRows& x, int6
       else return row_q45k<NR, true>(w, nb, x, r0, y, ldy);
     case Q6_K: return row_q6k<NR>(w, nb, x, r0, y, ldy);
     case Q4_KR: return row_q4kr<NR>(w, nb, x, r0, y, ldy);
+    case Q6_KR: return row_q6kr<NR>(w, nb, x, r0, y, ldy);
     default: return;
   }
 }

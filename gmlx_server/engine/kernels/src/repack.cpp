@@ -10,7 +10,56 @@ namespace {
 inline int natural_byte(int n) { return 32 * (n / 64) + n % 32; }
 inline int natural_shift(int n) { return 4 * ((n / 32) % 2); }
 
+// Q6_K's natural element n: ql nibble (k / 2) of byte 64h + 32(k & 1) + i, qh bits 2k..2k+1 of byte 128 + 32h + i
+// for n = 128h + 32k + i.
+inline int q6_code(const uint8_t* w, int n) {
+  const int h = n / 128, k = (n % 128) / 32, i = n % 32;
+  const int lo = (w[64 * h + 32 * (k & 1) + i] >> (4 * (k / 2))) & 15;
+  return lo | (((w[128 + 32 * h + i] >> (2 * k)) & 3) << 4);
+}
+
+inline void q6_set(uint8_t* w, int n, int c) {
+  const int h = n / 128, k = (n % 128) / 32, i = n % 32;
+  w[64 * h + 32 * (k & 1) + i] |= static_cast<uint8_t>((c & 15) << (4 * (k / 2)));
+  w[128 + 32 * h + i] |= static_cast<uint8_t>((c >> 4) << (2 * k));
+}
+
+// the repacked block's byte holding position p's code bits (q6kr_element's comment)
+inline int q6r_code(const uint8_t* w, int p) {
+  const int s = p / 32, h = (p / 16) % 2, i = p % 16, q = s / 2, v = s % 4;
+  const uint8_t pb = w[16 * (2 * q + h) + i];  // q = 2g + v / 2
+  if (v % 2 == 0) return pb & 63;
+  return ((w[128 + 16 * q + i] >> (4 * h)) & 15) | ((pb >> 6) << 4);
+}
+
+inline void q6r_set(uint8_t* w, int p, int c) {
+  const int s = p / 32, h = (p / 16) % 2, i = p % 16, q = s / 2, v = s % 4;
+  uint8_t& pb = w[16 * (2 * q + h) + i];
+  if (v % 2 == 0) {
+    pb |= static_cast<uint8_t>(c);
+    return;
+  }
+  w[128 + 16 * q + i] |= static_cast<uint8_t>((c & 15) << (4 * h));
+  pb |= static_cast<uint8_t>((c >> 4) << 6);
+}
+
 }  // namespace
+
+void repack_q6k(const uint8_t* in, uint8_t* out, int64_t blocks) {
+  for (int64_t b = 0; b < blocks; ++b, in += 210, out += 210) {
+    std::memset(out, 0, 192);
+    std::memcpy(out + 192, in + 192, 18);
+    for (int p = 0; p < 256; ++p) q6r_set(out, p, q6_code(in, kQ6KROrder.at[p]));
+  }
+}
+
+void unrepack_q6k(const uint8_t* in, uint8_t* out, int64_t blocks) {
+  for (int64_t b = 0; b < blocks; ++b, in += 210, out += 210) {
+    std::memset(out, 0, 192);
+    std::memcpy(out + 192, in + 192, 18);
+    for (int p = 0; p < 256; ++p) q6_set(out, kQ6KROrder.at[p], q6r_code(in, p));
+  }
+}
 
 void repack_q4k(const uint8_t* in, uint8_t* out, int64_t blocks) {
   for (int64_t b = 0; b < blocks; ++b, in += 144, out += 144) {

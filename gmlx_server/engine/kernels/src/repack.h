@@ -1,13 +1,13 @@
-// Q4_K blocks repacked at load for the int16 kernels (qdot.h, row_q4kr): the 128 code bytes reordered so that
-// each 16 of them hold 4 elements of every 32-element sub-block, so one int32 lane sums one sub-block over the
-// whole block and the block's scales apply once, in fp32. The 16 bytes of d, dmin and scales stay; the size too.
+// K-quant blocks repacked at load for the int16 kernels (qdot.h, row_q4kr and row_q6kr): the codes reordered so
+// that each 32 codes the kernel decodes hold 4 elements of 8 sub-blocks, one int32 lane sums one sub-block over
+// the block, and the sub-blocks' scales apply once a block, in fp32. Scales and sizes stay as they were.
 #pragma once
 
 #include <cstdint>
 
 namespace gk {
 
-constexpr int kQ4KR = 112;  // the repacked type's id (ggml assigns none above 41)
+constexpr int kQ4KR = 112, kQ6KR = 114;  // the repacked types' ids (ggml assigns none above 41)
 
 // The natural element (0..255) at repacked position p = 32r + 16h + 2j + t: element 4r + 2h + t of sub-block
 // j. Position p's code is byte 16r + 2j + t, low nibble for h = 0.
@@ -15,16 +15,29 @@ constexpr int q4kr_element(int p) {
   return 32 * ((p / 2) % 8) + 4 * (p / 32) + 2 * ((p / 16) % 2) + p % 2;
 }
 
-struct Q4KROrder {
+
+// Q6_K's 16-element sub-blocks: position p = 32s + 16h + 2l + t, s = 4g + v, is element 4v + 2h + t of
+// sub-block 8g + l. Even v read their 6-bit codes from bits 0..5 of bytes P (the first 128: v = 2q of half g
+// from bytes 32(2g + q) + 16h + 2l + t); odd v take their low 4 bits from the nibbles (h) of bytes N (the next
+// 64: byte 16(2g + q) + 2l + t) and their top 2 from bits 6..7 of the same P byte as v - 1. Scales and d stay.
+constexpr int q6kr_element(int p) {
+  return 16 * (8 * (p / 128) + (p / 2) % 8) + 4 * ((p / 32) % 4) + 2 * ((p / 16) % 2) + p % 2;
+}
+
+template <int (*Element)(int)>
+struct Order {
   uint8_t at[256];
-  constexpr Q4KROrder() : at() {
-    for (int p = 0; p < 256; ++p) at[p] = static_cast<uint8_t>(q4kr_element(p));
+  constexpr Order() : at() {
+    for (int p = 0; p < 256; ++p) at[p] = static_cast<uint8_t>(Element(p));
   }
 };
-inline constexpr Q4KROrder kQ4KROrder;
+inline constexpr Order<q4kr_element> kQ4KROrder;
+inline constexpr Order<q6kr_element> kQ6KROrder;
 
-// `blocks` 144-byte blocks from Q4_K to the repacked layout, and back.
+// `blocks` blocks from Q4_K (144 bytes) or Q6_K (210) to their repacked layouts, and back.
 void repack_q4k(const uint8_t* in, uint8_t* out, int64_t blocks);
 void unrepack_q4k(const uint8_t* in, uint8_t* out, int64_t blocks);
+void repack_q6k(const uint8_t* in, uint8_t* out, int64_t blocks);
+void unrepack_q6k(const uint8_t* in, uint8_t* out, int64_t blocks);
 
 }  // namespace gk
