@@ -174,12 +174,12 @@ def _native_tensor(raw: U8, info: TensorInfo, type_name: str) -> ConvertedTensor
         dense = np.array(_convert_dense(raw, info, type_name, mx.float32)).reshape(rows, -1)  # covers Q8_K too
         blocks = gguf.quants.quantize(dense, GGMLQuantizationType.Q8_0)
         became, native = "native Q8_0 blocks (requantized)", "Q8_0"
-    type_id = NATIVE_TYPES[native]
     ext = probe().ext
     if ext is not None and native in ("Q4_K", "Q6_K"):  # the int16 kernels' layouts: bytes reordered (src/repack.h)
         repack, type_id = (ext.repack_q4k, ext.Q4_K_R) if native == "Q4_K" else (ext.repack_q6k, ext.Q6_K_R)
-        blocks, became = repack(np.ascontiguousarray(blocks)), f"{became} (repacked)"
-    return ConvertedTensor({"weight": mx.array(blocks)}, None, None, type_name, became, type_id)
+        weight: mx.array = repack(np.ascontiguousarray(blocks))
+        return ConvertedTensor({"weight": weight}, None, None, type_name, f"{became} (repacked)", type_id)
+    return ConvertedTensor({"weight": mx.array(blocks)}, None, None, type_name, became, NATIVE_TYPES[native])
 
 
 def _is_float(type_name: str) -> bool:

@@ -37,14 +37,12 @@ int64_t categorical_at(uint32_t k0, uint32_t k1, int64_t n, Positions idx, Value
 }
 
 using Blocks = nb::ndarray<const uint8_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
-using OwnBlocks = nb::ndarray<nb::numpy, uint8_t, nb::ndim<2>>;
-
-// Q4_K or Q6_K rows (n, row_bytes) as a new array in their repacked layout (repack.h), on the kernel threads
-OwnBlocks repack(Blocks in, int64_t block, void (*fn)(const uint8_t*, uint8_t*, int64_t), const char* what) {
+// Q4_K or Q6_K rows (n, row_bytes) as a new uint8 array in their repacked layout (repack.h), made on the kernel
+// threads into memory the array then owns (no second copy of the weights at load)
+gk::mx::array repack(Blocks in, int64_t block, void (*fn)(const uint8_t*, uint8_t*, int64_t), const char* what) {
   const size_t rows = in.shape(0), cols = in.shape(1);
   if (cols == 0 || cols % block != 0) throw nb::value_error(what);
   auto* out = new uint8_t[rows * cols];
-  nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<uint8_t*>(p); });
   {
     nb::gil_scoped_release unlocked;
     const int64_t blocks = static_cast<int64_t>(rows * cols) / block, per = 4096;
@@ -53,14 +51,15 @@ OwnBlocks repack(Blocks in, int64_t block, void (*fn)(const uint8_t*, uint8_t*, 
       fn(in.data() + b0 * block, out + b0 * block, std::min(per, blocks - b0));
     });
   }
-  return OwnBlocks(out, {rows, cols}, owner);
+  return gk::mx::array(out, {static_cast<int>(rows), static_cast<int>(cols)}, gk::mx::uint8,
+                       [](void* p) { delete[] static_cast<uint8_t*>(p); });
 }
 
-OwnBlocks repack_q4k(Blocks in) {
+gk::mx::array repack_q4k(Blocks in) {
   return repack(in, 144, gk::repack_q4k, "repack_q4k: rows must be whole 144-byte Q4_K blocks");
 }
 
-OwnBlocks repack_q6k(Blocks in) {
+gk::mx::array repack_q6k(Blocks in) {
   return repack(in, 210, gk::repack_q6k, "repack_q6k: rows must be whole 210-byte Q6_K blocks");
 }
 

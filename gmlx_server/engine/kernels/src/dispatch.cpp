@@ -270,6 +270,26 @@ const uint8_t* natural_rows(int& type, const uint8_t* w, int64_t rb, int64_t row
   return scratch.data();
 }
 
+const uint8_t* repack_order(int type) {
+  return type == kQ4KR ? kQ4KROrder.at : type == kQ6KR ? kQ6KROrder.at : nullptr;
+}
+
+// x's (m, k) columns in a repacked type's order (each 256-block's position p takes element order[p]), in a buffer
+// of the caller's thread; x itself for the other types
+const float* kernel_order(Pool& p, int type, const float* x, int64_t m, int64_t k) {
+  const uint8_t* order = repack_order(type);
+  if (order == nullptr) return x;
+  thread_local std::vector<float> permuted;
+  permuted.resize(static_cast<size_t>(m * k));
+  float* out = permuted.data();
+  p.run(p.size(), [&](int64_t t) {
+    for (int64_t i = t; i < m; i += p.size())
+      for (int64_t b = 0; b < k; b += 256)
+        for (int q = 0; q < 256; ++q) out[i * k + b + q] = x[i * k + b + order[q]];
+  });
+  return out;
+}
+
 // cblas_sgemm of an optimized BLAS already loaded into the global namespace (gmlx preloads OpenBLAS);
 // null when there is none, e.g. only the mlx-cpu wheel's private reference BLAS.
 using Sgemm = void (*)(int, int, int, int, int, int, float, const float*, int, const float*, int, float, float*, int);
@@ -295,6 +315,7 @@ void matmul_sgemm(Sgemm sgemm, int type, const uint8_t* w, int64_t rb, int64_t n
   const Isa& s = isa();
   Pool& p = pool();
   thread_local std::vector<float> scratch;  // a thread_local named in a lambda is the running thread's own
+  x = kernel_order(p, type, x, m, k);  // a repacked type's panels come in its kernels' order
   const int64_t prows = panel_rows(n, k);
   scratch.resize(static_cast<size_t>(prows * k));
   float* panel = scratch.data();
@@ -302,12 +323,8 @@ void matmul_sgemm(Sgemm sgemm, int type, const uint8_t* w, int64_t rb, int64_t n
     const int64_t rows = std::min(prows, n - n0);
     const int64_t per = (rows + p.size() - 1) / p.size();
     p.run(p.size(), [&](int64_t t) {
-      thread_local std::vector<uint8_t> natural;
-      for (int64_t r = t * per; r < std::min(rows, (t + 1) * per); ++r) {
-        int rt = type;
-        const uint8_t* row = natural_rows(rt, w + (n0 + r) * rb, rb, 1, natural);
-        s.dequant_row(rt, row, k, panel + r * k);
-      }
+      for (int64_t r = t * per; r < std::min(rows, (t + 1) * per); ++r)
+        s.dequant_row(type, w + (n0 + r) * rb, k, panel + r * k);
     });
     // y[:, n0:n0+rows] = x (m, k) @ panel^T (k, rows): row-major, no-trans x trans, ldc n
     sgemm(101, 111, 112, static_cast<int>(m), static_cast<int>(rows), static_cast<int>(k), 1.0f, x,
@@ -342,7 +359,7 @@ void run_q16(Pool& p, const Isa& s, int type, const uint8_t* w, int64_t rb, int6
   if (static_cast<int64_t>(codes.size()) < m * k) codes.resize(m * k);
   if (static_cast<int64_t>(scales.size()) < 2 * m * (k / 32)) scales.resize(2 * m * (k / 32));
   const XRows xr{codes.data(), scales.data(), scales.data() + m * (k / 32), k};
-  const uint8_t* order = type == kQ4KR ? kQ4KROrder.at : type == kQ6KR ? kQ6KROrder.at : nullptr;
+  const uint8_t* order = repack_order(type);
   const int64_t qtasks = m >= 8 ? p.size() : 1;
   p.run(qtasks, [&](int64_t t) {
     for (int64_t i = t; i < m; i += qtasks) s.quantize_q16(x + i * k, k, group, order, i, xr);

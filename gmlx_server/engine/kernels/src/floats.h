@@ -268,8 +268,43 @@ inline void rows_f(int type, const uint8_t* w, int64_t row_bytes, int64_t n0, in
   with_floats(type, [&]<class F>() { rows_of<F>(w, row_bytes, n0, n1, x, m_rows, k, y, ldy); });
 }
 
-// One row of k elements to floats.
+// A repacked row (repack.h) to floats in its kernels' order: each 256-block's position p holds element
+// order[p] (sgemm panels, whose activations dispatch.cpp permutes alike).
+// (restrict: a uint8_t pointer may alias the floats, which kept GCC from widening the loops)
+inline void dequant_repacked_row(int type, const uint8_t* __restrict w, int64_t k, float* __restrict out) {
+  float a[16], b[16];  // per position i of 16: its sub-block's scale (and Q4_K's min term); loops the compiler widens
+  for (int64_t blk = 0; blk < k / 256; ++blk, out += 256) {
+    if (type == Q4_KR) {
+      float sa[8], sb[8];
+      k_scale_min(w + 4, f16_at(w), f16_at(w + 2), sa, sb);
+      for (int i = 0; i < 16; ++i) a[i] = sa[i / 2], b[i] = sb[i / 2];
+      for (int r = 0; r < 8; ++r) {
+        const uint8_t* q = w + 16 + 16 * r;
+        for (int i = 0; i < 16; ++i) out[32 * r + i] = a[i] * static_cast<float>(q[i] & 15) + b[i];
+        for (int i = 0; i < 16; ++i) out[32 * r + 16 + i] = a[i] * static_cast<float>(q[i] >> 4) + b[i];
+      }
+      w += 144;
+      continue;
+    }
+    const float d = f16_at(w + 208);
+    for (int q = 0; q < 4; ++q) {
+      if (q % 2 == 0)
+        for (int i = 0; i < 16; ++i) a[i] = d * static_cast<float>(static_cast<int8_t>(w[192 + 4 * q + i / 2]));
+      for (int h = 0; h < 2; ++h) {
+        const uint8_t* p = w + 32 * q + 16 * h;
+        const uint8_t* n = w + 128 + 16 * q;
+        float* o = out + 64 * q + 16 * h;
+        for (int i = 0; i < 16; ++i) o[i] = a[i] * static_cast<float>((p[i] & 63) - 32);
+        for (int i = 0; i < 16; ++i) o[32 + i] = a[i] * static_cast<float>((((n[i] >> (4 * h)) & 15) | ((p[i] >> 6) << 4)) - 32);
+      }
+    }
+    w += 210;
+  }
+}
+
+// One row of k elements to floats (a repacked type's in its kernels' order).
 inline void dequant_row(int type, const uint8_t* w, int64_t k, float* out) {
+  if (type == Q4_KR || type == Q6_KR) return dequant_repacked_row(type, w, k, out);
   with_floats(type, [&]<class F>() {
     const int64_t nblocks = k / F::QK, nm = nblocks * F::MAPS;
     thread_local std::vector<float> maps;
