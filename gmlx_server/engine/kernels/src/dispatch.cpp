@@ -259,15 +259,18 @@ void set_threads(int n) {
 
 namespace {
 
-// Repacked Q4_K rows (repack.h) back in Q4_K's order, in `scratch`, for the kernels that read blocks in
-// their natural order (fp32, int8, dequantizing); other types' rows as they are.
-const uint8_t* natural_rows(int& type, const uint8_t* w, int64_t rb, int64_t rows, std::vector<uint8_t>& scratch) {
-  if (type != kQ4KR && type != kQ6KR) return w;
+// Rows of `type` as the kernels that read blocks in their file's order see them (fp32 and int8 activations,
+// dequantizing): a repacked type's unpacked back into `scratch`, as Q4_K or Q6_K; the others' as they are.
+struct Rows {
+  int type;
+  const uint8_t* w;
+};
+Rows natural_rows(int type, const uint8_t* w, int64_t rb, int64_t rows, std::vector<uint8_t>& scratch) {
+  const int natural = base::natural_type(type);
+  if (natural == type) return {type, w};
   scratch.resize(static_cast<size_t>(rows * rb));
-  if (type == kQ4KR) unrepack_q4k(w, scratch.data(), rows * rb / 144);
-  else unrepack_q6k(w, scratch.data(), rows * rb / 210);
-  type = type == kQ4KR ? 12 : 14;  // Q4_K, Q6_K
-  return scratch.data();
+  (type == kQ4KR ? unrepack_q4k : unrepack_q6k)(w, scratch.data(), rows * rb / base::block_bytes(type));
+  return {natural, scratch.data()};
 }
 
 const uint8_t* repack_order(int type) {
@@ -353,7 +356,8 @@ void run_quantized(Pool& p, const float* x, int64_t m, int64_t k, Quantize quant
 // Activations to int16 once (one scale per 32, or per 256 for the K-quants), then the weight-row chunks.
 void run_q16(Pool& p, const Isa& s, int type, const uint8_t* w, int64_t rb, int64_t n, int64_t k, const float* x,
              int64_t m, float* y, int64_t per, int64_t chunks) {
-  const int group = type == 12 || type == 13 || type == 14 || type == kQ4KR || type == kQ6KR ? 256 : 32;  // K-quants
+  const int natural = base::natural_type(type);
+  const int group = natural == 12 || natural == 13 || natural == 14 ? 256 : 32;  // Q4_K, Q5_K, Q6_K
   thread_local std::vector<int16_t> codes;  // the caller's own (a thread_local named in a lambda is the runner's)
   thread_local std::vector<float> scales;
   if (static_cast<int64_t>(codes.size()) < m * k) codes.resize(m * k);
@@ -387,19 +391,17 @@ void matmul(int type, const uint8_t* w, int64_t n, int64_t k, const float* x, in
   if (mode == kF32) {
     p.run(chunks, [&](int64_t c) {
       const int64_t n0 = c * per, n1 = std::min(n, n0 + per);
-      thread_local std::vector<uint8_t> natural;
-      int t = type;
-      const uint8_t* rows = natural_rows(t, w + n0 * rb, rb, n1 - n0, natural);
-      s.rows_f(t, rows, rb, 0, n1 - n0, x, m, k, y + n0, n);
+      thread_local std::vector<uint8_t> scratch;
+      const Rows r = natural_rows(type, w + n0 * rb, rb, n1 - n0, scratch);
+      s.rows_f(r.type, r.w, rb, 0, n1 - n0, x, m, k, y + n0, n);
     });
   } else if (mode == kInt16) {
     run_q16(p, s, type, w, rb, n, k, x, m, y, per, chunks);
   } else {
     run_quantized<XBlock>(p, x, m, k, s.quantize_row, [&](const XBlock* xb, int64_t n0, int64_t n1) {
-      thread_local std::vector<uint8_t> natural;
-      int t = type;
-      const uint8_t* rows = natural_rows(t, w + n0 * rb, rb, n1 - n0, natural);
-      s.rows(t, rows, rb, 0, n1 - n0, xb, m, k / 32, y + n0, n);
+      thread_local std::vector<uint8_t> scratch;
+      const Rows r = natural_rows(type, w + n0 * rb, rb, n1 - n0, scratch);
+      s.rows(r.type, r.w, rb, 0, n1 - n0, xb, m, k / 32, y + n0, n);
     }, per, chunks, n);
   }
 }
@@ -424,11 +426,10 @@ void dequantize(int type, const uint8_t* w, int64_t r, int64_t k, float* out) {
   const int64_t rb = row_bytes(type, k);
   if (rb <= 0) throw std::invalid_argument("gguf dequantize: unsupported type or row length");
   const Isa& s = isa();
-  std::vector<uint8_t> natural;
+  std::vector<uint8_t> scratch;
   for (int64_t i = 0; i < r; ++i) {
-    int t = type;
-    const uint8_t* row = natural_rows(t, w + i * rb, rb, 1, natural);
-    s.dequant_row(t, row, k, out + i * k);
+    const Rows row = natural_rows(type, w + i * rb, rb, 1, scratch);
+    s.dequant_row(row.type, row.w, k, out + i * k);
   }
 }
 
