@@ -24,6 +24,7 @@ void ggml_vec_dot_q4_1_q8_1(int, float*, size_t, const void*, size_t, const void
 void ggml_vec_dot_q5_0_q8_0(int, float*, size_t, const void*, size_t, const void*, size_t, int);
 void ggml_vec_dot_q8_0_q8_0(int, float*, size_t, const void*, size_t, const void*, size_t, int);
 void ggml_vec_dot_q4_K_q8_K(int, float*, size_t, const void*, size_t, const void*, size_t, int);
+void ggml_vec_dot_q5_K_q8_K(int, float*, size_t, const void*, size_t, const void*, size_t, int);
 void ggml_vec_dot_q6_K_q8_K(int, float*, size_t, const void*, size_t, const void*, size_t, int);
 }
 
@@ -46,6 +47,7 @@ const Format kFormats[] = {
     {"Q5_0", 6, 32, 22, {0}, ggml_vec_dot_q5_0_q8_0, quantize_row_q8_0},
     {"Q8_0", 8, 32, 34, {0}, ggml_vec_dot_q8_0_q8_0, quantize_row_q8_0},
     {"Q4_K", 12, 256, 144, {0, 2}, ggml_vec_dot_q4_K_q8_K, quantize_row_q8_K},
+    {"Q5_K", 13, 256, 176, {0, 2}, ggml_vec_dot_q5_K_q8_K, quantize_row_q8_K},
     {"Q6_K", 14, 256, 210, {208}, ggml_vec_dot_q6_K_q8_K, quantize_row_q8_K},
 };
 
@@ -77,8 +79,10 @@ void run(const Format& f, int64_t k, int64_t n, int reps) {
   int type = f.type;
   const uint8_t* order = nullptr;
   std::vector<uint8_t> packed(w.size());
-  if (f.type == 12) gk::repack_q4k(w.data(), packed.data(), n * (k / 256)), type = gk::kQ4KR, order = gk::kQ4KROrder.at;
-  if (f.type == 14) gk::repack_q6k(w.data(), packed.data(), n * (k / 256)), type = gk::kQ6KR, order = gk::kQ6KROrder.at;
+  const int64_t kblocks = n * (k / 256);
+  if (f.type == 12) gk::repack_q4k(w.data(), packed.data(), kblocks), type = gk::kQ4KR, order = gk::kQ4KROrder.at;
+  if (f.type == 13) gk::repack_q5k(w.data(), packed.data(), kblocks), type = gk::kQ5KR, order = gk::kQ4KROrder.at;
+  if (f.type == 14) gk::repack_q6k(w.data(), packed.data(), kblocks), type = gk::kQ6KR, order = gk::kQ6KROrder.at;
   const uint8_t* gw = order != nullptr ? packed.data() : w.data();
   const int group = f.qk;
   std::vector<int16_t> q(static_cast<size_t>(k));

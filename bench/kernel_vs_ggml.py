@@ -6,8 +6,8 @@ Builds bench/kernel_vs_ggml.cpp with g++ against gmlx's kernel sources (the AVX2
 compiles them) and llama.cpp's static libraries (`libggml-cpu.a` and `libggml-base.a` of a build with
 BUILD_SHARED_LIBS=OFF), then prints nanoseconds per 256 weights for each side and their ratio (above 1: gmlx
 faster). Both sides quantize the activation row and take 128 weight rows of 2048 warm in L2: what the kernels
-compute, not what memory feeds them (bench/kernel_speed.py and bench/engine.py time that). gmlx's Q4_K and Q6_K
-are repacked as the loader repacks them; llama.cpp's rows are its plain blocks (its own load-time repacking,
+compute, not what memory feeds them (bench/kernel_speed.py and bench/engine.py time that). gmlx's K-quants are
+repacked as the loader repacks them; llama.cpp's rows are its plain blocks (its own load-time repacking,
 where its build has it, is not in ggml_vec_dot). x86-64 with AVX2 only.
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "gmlx_server" / "engine" / "kernels" / "src"
-FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
+FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 
 
 def build(llama_build: Path, out: Path) -> None:

@@ -175,8 +175,10 @@ def _native_tensor(raw: U8, info: TensorInfo, type_name: str) -> ConvertedTensor
         blocks = gguf.quants.quantize(dense, GGMLQuantizationType.Q8_0)
         became, native = "native Q8_0 blocks (requantized)", "Q8_0"
     ext = probe().ext
-    if ext is not None and native in ("Q4_K", "Q6_K"):  # the int16 kernels' layouts: bytes reordered (src/repack.h)
-        repack, type_id = (ext.repack_q4k, ext.Q4_K_R) if native == "Q4_K" else (ext.repack_q6k, ext.Q6_K_R)
+    repacked = {} if ext is None else {"Q4_K": (ext.repack_q4k, ext.Q4_K_R), "Q5_K": (ext.repack_q5k, ext.Q5_K_R),
+                                       "Q6_K": (ext.repack_q6k, ext.Q6_K_R)}
+    if native in repacked:  # the int16 kernels' layouts: the same bytes, reordered (src/repack.h)
+        repack, type_id = repacked[native]
         weight: mx.array = repack(np.ascontiguousarray(blocks))
         return ConvertedTensor({"weight": weight}, None, None, type_name, f"{became} (repacked)", type_id)
     return ConvertedTensor({"weight": mx.array(blocks)}, None, None, type_name, became, NATIVE_TYPES[native])

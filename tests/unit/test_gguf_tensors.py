@@ -73,8 +73,9 @@ def _check_native(t: ConvertedTensor, raw: np.ndarray, ref: np.ndarray, qtype: Q
     """Kernel types keep their blocks byte for byte; the rest become Q8_0 blocks within Q8_0's rounding."""
     blocks = np.array(t.arrays["weight"])
     assert set(t.arrays) == {"weight"} and blocks.dtype == np.uint8 and blocks.shape[0] == SHAPE[0]
-    if qtype in (QT.Q4_K, QT.Q6_K) and (ext := probe().ext) is not None:  # repacked for the int16 kernels
-        repack, type_id = (ext.repack_q4k, ext.Q4_K_R) if qtype == QT.Q4_K else (ext.repack_q6k, ext.Q6_K_R)
+    if qtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K) and (ext := probe().ext) is not None:  # repacked for the int16 kernels
+        repack, type_id = {QT.Q4_K: (ext.repack_q4k, ext.Q4_K_R), QT.Q5_K: (ext.repack_q5k, ext.Q5_K_R),
+                           QT.Q6_K: (ext.repack_q6k, ext.Q6_K_R)}[qtype]
         assert t.became == f"native {qtype.name} blocks (repacked)" and t.native_type == type_id
         assert np.array_equal(blocks, repack(raw.reshape(SHAPE[0], -1)))
         return

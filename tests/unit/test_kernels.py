@@ -37,7 +37,7 @@ SGEMM_ROWS = 48  # from this many rows on the kernels use a preloaded BLAS's sge
 # (activations, sgemm for many rows); levels of the rounding (0: none)
 MODES = [("f32", False), ("int16", False), ("int8", False), ("auto", False), ("f32", True)]
 LEVELS = {"int16": 32767, "int8": 127, "f32": 0, "auto": 32767}
-KERNEL_TYPES = [*NATIVE_TYPES, "Q4_K_R", "Q6_K_R"]  # Q4_K's and Q6_K's blocks repacked at load (src/repack.h)
+KERNEL_TYPES = [*NATIVE_TYPES, "Q4_K_R", "Q5_K_R", "Q6_K_R"]  # the K-quants' blocks repacked at load (src/repack.h)
 # fp16 field offsets (scale, min) and a scale range keeping |w| comparable across formats
 FP16_FIELDS: dict[str, tuple[tuple[int, ...], float]] = {
     "Q4_0": ((0,), 0.1), "Q4_1": ((0, 2), 0.1), "Q5_0": ((0,), 0.1), "Q5_1": ((0, 2), 0.1), "Q8_0": ((0,), 0.01),
@@ -72,10 +72,11 @@ def ggml_type(name: str) -> GGMLQuantizationType:
 
 def as_stored(ext: ModuleType, name: str, blocks: npt.NDArray[np.uint8]) -> tuple[mx.array, int]:
     """The blocks as the kernels read them, and their type id."""
-    if name == "Q4_K_R":
-        return mx.array(ext.repack_q4k(blocks)), ext.Q4_K_R
-    if name == "Q6_K_R":
-        return mx.array(ext.repack_q6k(blocks)), ext.Q6_K_R
+    repacked = {"Q4_K_R": (ext.repack_q4k, ext.Q4_K_R), "Q5_K_R": (ext.repack_q5k, ext.Q5_K_R),
+                "Q6_K_R": (ext.repack_q6k, ext.Q6_K_R)}
+    if name in repacked:
+        repack, type_id = repacked[name]
+        return mx.array(repack(blocks)), type_id
     return mx.array(blocks), NATIVE_TYPES[name]
 
 
@@ -129,7 +130,7 @@ def extreme_blocks(name: str, rows: int, k: int) -> npt.NDArray[np.uint8]:
     return blocks.reshape(rows, -1)
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K", "Q4_K_R", "Q6_K_R"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K", "Q4_K_R", "Q5_K_R", "Q6_K_R"])
 def test_int16_sums_hold_the_largest_products(ext: ModuleType, every_isa: list[str], name: str) -> None:
     """Every activation at its int16 extreme (32767) against the largest code-times-scale products: a row's int32
     lane sums stay below 2^31 on every ISA, one row and a tile of four alike."""
@@ -217,9 +218,11 @@ def test_bad_arguments_are_refused(ext: ModuleType) -> None:
     with pytest.raises(ValueError, match="auto, int16, int8 or f32"):
         ext.set_activations("int4")
     assert ext.row_bytes(NATIVE_TYPES["Q6_K"], 512) == 420 and ext.row_bytes(NATIVE_TYPES["Q4_K"], 640) == -1
-    assert ext.row_bytes(ext.Q4_K_R, 512) == 288 and ext.row_bytes(ext.Q6_K_R, 512) == 420
+    assert [ext.row_bytes(t, 512) for t in (ext.Q4_K_R, ext.Q5_K_R, ext.Q6_K_R)] == [288, 352, 420]
     with pytest.raises(ValueError, match="whole 144-byte Q4_K blocks"):
         ext.repack_q4k(np.zeros((2, 100), dtype=np.uint8))
+    with pytest.raises(ValueError, match="whole 176-byte Q5_K blocks"):
+        ext.repack_q5k(np.zeros((2, 144), dtype=np.uint8))
     with pytest.raises(ValueError, match="whole 210-byte Q6_K blocks"):
         ext.repack_q6k(np.zeros((2, 144), dtype=np.uint8))
 

@@ -42,7 +42,7 @@ def built() -> bool:
 # what the Python side calls; an extension built before one of them was added is refused, not half-used
 # (sdpa_float16: its attention reads float16 KV caches, which the loader builds when the kernels attend)
 _FUNCTIONS = ("matmul", "dequantize", "rms_norm", "rope", "sdpa", "gated", "split_key", "categorical_at",
-              "sdpa_float16", "repack_q4k", "repack_q6k")
+              "sdpa_float16", "repack_q4k", "repack_q5k", "repack_q6k")
 
 
 @functools.cache  # the extension loads once per process

@@ -37,7 +37,7 @@ int64_t categorical_at(uint32_t k0, uint32_t k1, int64_t n, Positions idx, Value
 }
 
 using Blocks = nb::ndarray<const uint8_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
-// Q4_K or Q6_K rows (n, row_bytes) as a new uint8 array in their repacked layout (repack.h), made on the kernel
+// K-quant rows (n, row_bytes) as a new uint8 array in their repacked layout (repack.h), made on the kernel
 // threads into memory the array then owns (no second copy of the weights at load)
 gk::mx::array repack(Blocks in, int64_t block, void (*fn)(const uint8_t*, uint8_t*, int64_t), const char* what) {
   const size_t rows = in.shape(0), cols = in.shape(1);
@@ -57,6 +57,10 @@ gk::mx::array repack(Blocks in, int64_t block, void (*fn)(const uint8_t*, uint8_
 
 gk::mx::array repack_q4k(Blocks in) {
   return repack(in, 144, gk::repack_q4k, "repack_q4k: rows must be whole 144-byte Q4_K blocks");
+}
+
+gk::mx::array repack_q5k(Blocks in) {
+  return repack(in, 176, gk::repack_q5k, "repack_q5k: rows must be whole 176-byte Q5_K blocks");
 }
 
 gk::mx::array repack_q6k(Blocks in) {
@@ -135,9 +139,12 @@ NB_MODULE(_gguf_kernels, m) {
   m.def("categorical_at", &categorical_at, "k0"_a, "k1"_a, "n"_a, "idx"_a, "vals"_a,
         "mx.random.categorical(x, key=(k0, k1)) for x (1, n) -inf but vals at idx: the same token, from those alone");
   m.attr("Q4_K_R") = gk::kQ4KR;
+  m.attr("Q5_K_R") = gk::kQ5KR;
   m.attr("Q6_K_R") = gk::kQ6KR;
   m.def("repack_q4k", &repack_q4k, "blocks"_a,
         "Q4_K rows (n, row_bytes) repacked for the int16 kernels: the same size, read as type Q4_K_R");
+  m.def("repack_q5k", &repack_q5k, "blocks"_a,
+        "Q5_K rows (n, row_bytes) repacked for the int16 kernels: the same size, read as type Q5_K_R");
   m.def("repack_q6k", &repack_q6k, "blocks"_a,
         "Q6_K rows (n, row_bytes) repacked for the int16 kernels: the same size, read as type Q6_K_R");
   m.def("row_bytes", &gk::row_bytes, "type"_a, "k"_a, "bytes of one row, or -1 when no kernel reads `type`");

@@ -269,12 +269,13 @@ Rows natural_rows(int type, const uint8_t* w, int64_t rb, int64_t rows, std::vec
   const int natural = base::natural_type(type);
   if (natural == type) return {type, w};
   scratch.resize(static_cast<size_t>(rows * rb));
-  (type == kQ4KR ? unrepack_q4k : unrepack_q6k)(w, scratch.data(), rows * rb / base::block_bytes(type));
+  const auto unrepack = type == kQ4KR ? unrepack_q4k : type == kQ5KR ? unrepack_q5k : unrepack_q6k;
+  unrepack(w, scratch.data(), rows * rb / base::block_bytes(type));
   return {natural, scratch.data()};
 }
 
 const uint8_t* repack_order(int type) {
-  return type == kQ4KR ? kQ4KROrder.at : type == kQ6KR ? kQ6KROrder.at : nullptr;
+  return type == kQ4KR || type == kQ5KR ? kQ4KROrder.at : type == kQ6KR ? kQ6KROrder.at : nullptr;
 }
 
 // x's (m, k) columns in a repacked type's order (each 256-block's position p takes element order[p]), in a buffer

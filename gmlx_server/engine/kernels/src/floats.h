@@ -274,16 +274,20 @@ inline void rows_f(int type, const uint8_t* w, int64_t row_bytes, int64_t n0, in
 inline void dequant_repacked_row(int type, const uint8_t* __restrict w, int64_t k, float* __restrict out) {
   float a[16], b[16];  // per position i of 16: its sub-block's scale (and Q4_K's min term); loops the compiler widens
   for (int64_t blk = 0; blk < k / 256; ++blk, out += 256) {
-    if (type == Q4_KR) {
+    if (type == Q4_KR || type == Q5_KR) {
+      const bool q5 = type == Q5_KR;  // Q5_K: the fifth bits in the 32 bytes before the nibbles
       float sa[8], sb[8];
       k_scale_min(w + 4, f16_at(w), f16_at(w + 2), sa, sb);
       for (int i = 0; i < 16; ++i) a[i] = sa[i / 2], b[i] = sb[i / 2];
       for (int r = 0; r < 8; ++r) {
-        const uint8_t* q = w + 16 + 16 * r;
-        for (int i = 0; i < 16; ++i) out[32 * r + i] = a[i] * static_cast<float>(q[i] & 15) + b[i];
-        for (int i = 0; i < 16; ++i) out[32 * r + 16 + i] = a[i] * static_cast<float>(q[i] >> 4) + b[i];
+        const uint8_t* q = w + (q5 ? 48 : 16) + 16 * r;
+        const uint8_t* h = w + 16;
+        for (int i = 0; i < 16; ++i)
+          out[32 * r + i] = a[i] * static_cast<float>((q[i] & 15) | (q5 ? ((h[i] >> r) & 1) << 4 : 0)) + b[i];
+        for (int i = 0; i < 16; ++i)
+          out[32 * r + 16 + i] = a[i] * static_cast<float>((q[i] >> 4) | (q5 ? ((h[16 + i] >> r) & 1) << 4 : 0)) + b[i];
       }
-      w += 144;
+      w += q5 ? 176 : 144;
       continue;
     }
     const float d = f16_at(w + 208);
@@ -304,7 +308,7 @@ inline void dequant_repacked_row(int type, const uint8_t* __restrict w, int64_t 
 
 // One row of k elements to floats (a repacked type's in its kernels' order).
 inline void dequant_row(int type, const uint8_t* w, int64_t k, float* out) {
-  if (type == Q4_KR || type == Q6_KR) return dequant_repacked_row(type, w, k, out);
+  if (natural_type(type) != type) return dequant_repacked_row(type, w, k, out);
   with_floats(type, [&]<class F>() {
     const int64_t nblocks = k / F::QK, nm = nblocks * F::MAPS;
     thread_local std::vector<float> maps;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cmath>
+#include <utility>
 
 #include "formats.h"
 #include "kernels.h"
@@ -445,24 +446,37 @@ inline void row_q45k_one(const uint8_t* w, int64_t nb, const XRows& x, int64_t r
   *y = hsum(fadd(acc0, acc1)) + f8sum(bias);
 }
 
-// Q4_K repacked at load (repack.h): each 16 code bytes (nib32) hold 4 elements of every sub-block, so an
+// Q4_K and Q5_K repacked at load (repack.h): each 16 code bytes (nib32) hold 4 elements of every sub-block, so an
 // accumulator's int32 lanes (f8_of) each sum one sub-block over the block, and its scale and min apply once a
-// block in fp32: no per-sub-block conversion or broadcast (1.3x Q4_K's one-row kernel on Zen 3).
-template <int NR>
-inline void row_q4kr(const uint8_t* w, int64_t nb, const XRows& x, int64_t r0, float* y, int64_t ldy) {
+// block in fp32: no per-sub-block conversion or broadcast (1.3x Q4_K's one-row kernel on Zen 3). Q5_K's fifth
+// bits: bit s of qh byte i is lane i's of the 32 codes s.
+template <int s>
+inline V fifth_bits(const V& qh) {
+  if constexpr (s < 4) return band(slli(qh, 4 - s), 16);
+  else if constexpr (s == 4) return band(qh, 16);
+  else return band(srli(qh, s - 4), 16);
+}
+
+template <int NR, bool Q5>
+inline void row_q45kr(const uint8_t* w, int64_t nb, const XRows& x, int64_t r0, float* y, int64_t ldy) {
+  constexpr int BYTES = Q5 ? 176 : 144, CODES = Q5 ? 48 : 16;
   F8 acc[NR], bias[NR];
   for (int r = 0; r < NR; ++r) acc[r] = f8zero(), bias[r] = f8zero();
   const int16_t* xq = x.q + r0 * x.k;
   const int64_t xb = x.k / 256, xs32 = x.k / 32;
-  for (int64_t b = 0; b < nb; ++b, w += 144) {
+  for (int64_t b = 0; b < nb; ++b, w += BYTES) {
     A ai[NR][2];
     for (int r = 0; r < NR; ++r) ai[r][0] = ai[r][1] = azero();
-#pragma GCC unroll 8
-    for (int s = 0; s < 8; ++s) {
-      const V c = nib32(w + 16 + 16 * s);
+    V qh{};
+    if constexpr (Q5) qh = u8w(w + 16);
+    [&]<int... S>(std::integer_sequence<int, S...>) {
+      ([&] {
+        V c = nib32(w + CODES + 16 * S);
+        if constexpr (Q5) c = bor(c, fifth_bits<S>(qh));
 #pragma GCC unroll 4
-      for (int r = 0; r < NR; ++r) ai[r][s & 1] = dot(ai[r][s & 1], c, ld(xq + r * x.k + 256 * b + 32 * s));
-    }
+        for (int r = 0; r < NR; ++r) ai[r][S & 1] = dot(ai[r][S & 1], c, ld(xq + r * x.k + 256 * b + 32 * S));
+      }(), ...);
+    }(std::make_integer_sequence<int, 8>{});
     alignas(16) uint8_t sm[16];
     k_scales_u8(w + 4, sm);
     const F8 sc = f8_u8(sm);
@@ -564,7 +578,8 @@ inline void row_any(int type, const uint8_t* w, int64_t nb, const XRows& x, int6
       if constexpr (NR == 1) return row_q45k_one<true>(w, nb, x, r0, y);
       else return row_q45k<NR, true>(w, nb, x, r0, y, ldy);
     case Q6_K: return row_q6k<NR>(w, nb, x, r0, y, ldy);
-    case Q4_KR: return row_q4kr<NR>(w, nb, x, r0, y, ldy);
+    case Q4_KR: return row_q45kr<NR, false>(w, nb, x, r0, y, ldy);
+    case Q5_KR: return row_q45kr<NR, true>(w, nb, x, r0, y, ldy);
     case Q6_KR: return row_q6kr<NR>(w, nb, x, r0, y, ldy);
     default: return;
   }

@@ -7,6 +7,7 @@ namespace gk {
 
 namespace {
 
+// The packs keep each code's low 4 bits (Q5_K's fifth goes elsewhere).
 // Q4_K: 32-byte chunk c holds element i of sub-block 2c in its low nibble and of 2c + 1 in its high one.
 void q4_codes(const uint8_t* q, uint8_t* code) {
   for (int c = 0; c < 4; ++c)
@@ -14,7 +15,7 @@ void q4_codes(const uint8_t* q, uint8_t* code) {
 }
 void q4_pack(const uint8_t* code, uint8_t* q) {
   for (int c = 0; c < 4; ++c)
-    for (int i = 0; i < 32; ++i) q[32 * c + i] = static_cast<uint8_t>(code[64 * c + i] | (code[64 * c + 32 + i] << 4));
+    for (int i = 0; i < 32; ++i) q[32 * c + i] = static_cast<uint8_t>((code[64 * c + i] & 15) | (code[64 * c + 32 + i] << 4));
 }
 
 // Q4_KR: position 32r + i (i < 16) is the low nibble of byte 16r + i, 32r + 16 + i its high one.
@@ -24,7 +25,29 @@ void q4r_codes(const uint8_t* q, uint8_t* code) {
 }
 void q4r_pack(const uint8_t* code, uint8_t* q) {
   for (int r = 0; r < 8; ++r)
-    for (int i = 0; i < 16; ++i) q[16 * r + i] = static_cast<uint8_t>(code[32 * r + i] | (code[32 * r + 16 + i] << 4));
+    for (int i = 0; i < 16; ++i) q[16 * r + i] = static_cast<uint8_t>((code[32 * r + i] & 15) | (code[32 * r + 16 + i] << 4));
+}
+
+// Q5_K: Q4_K's nibbles 32 bytes on (w + 32), and bit j of qh[e] (w) the fifth bit of element 32j + e.
+void q5_codes(const uint8_t* w, uint8_t* code) {
+  q4_codes(w + 32, code);
+  for (int n = 0; n < 256; ++n) code[n] = static_cast<uint8_t>(code[n] | (((w[n % 32] >> (n / 32)) & 1) << 4));
+}
+void q5_pack(const uint8_t* code, uint8_t* w) {
+  q4_pack(code, w + 32);  // (the packs keep each code's low 4 bits)
+  std::memset(w, 0, 32);
+  for (int n = 0; n < 256; ++n) w[n % 32] = static_cast<uint8_t>(w[n % 32] | ((code[n] >> 4) << (n / 32)));
+}
+
+// Q5_KR: Q4_KR's nibbles at w + 32; position p's fifth bit is bit p / 32 of qh byte p % 32.
+void q5r_codes(const uint8_t* w, uint8_t* code) {
+  q4r_codes(w + 32, code);
+  for (int p = 0; p < 256; ++p) code[p] = static_cast<uint8_t>(code[p] | (((w[p % 32] >> (p / 32)) & 1) << 4));
+}
+void q5r_pack(const uint8_t* code, uint8_t* w) {
+  q4r_pack(code, w + 32);
+  std::memset(w, 0, 32);
+  for (int p = 0; p < 256; ++p) w[p % 32] = static_cast<uint8_t>(w[p % 32] | ((code[p] >> 4) << (p / 32)));
 }
 
 // Q6_K: element 128h + 32k + i is nibble k / 2 of ql[64h + 32(k & 1) + i] and bits 2k..2k+1 of qh[32h + i].
@@ -89,6 +112,12 @@ void repack_q4k(const uint8_t* in, uint8_t* out, int64_t blocks) {
 }
 void unrepack_q4k(const uint8_t* in, uint8_t* out, int64_t blocks) {
   convert<q4r_codes, q4_pack>(in, out, blocks, 144, 16, 0, 16, false, kQ4KROrder.at);
+}
+void repack_q5k(const uint8_t* in, uint8_t* out, int64_t blocks) {
+  convert<q5_codes, q5r_pack>(in, out, blocks, 176, 16, 0, 16, true, kQ4KROrder.at);
+}
+void unrepack_q5k(const uint8_t* in, uint8_t* out, int64_t blocks) {
+  convert<q5r_codes, q5_pack>(in, out, blocks, 176, 16, 0, 16, false, kQ4KROrder.at);
 }
 void repack_q6k(const uint8_t* in, uint8_t* out, int64_t blocks) {
   convert<q6_codes, q6r_pack>(in, out, blocks, 210, 0, 192, 18, true, kQ6KROrder.at);

@@ -7,10 +7,11 @@
 
 namespace gk {
 
-constexpr int kQ4KR = 112, kQ6KR = 114;  // the repacked types' ids (ggml assigns none above 41)
+constexpr int kQ4KR = 112, kQ5KR = 113, kQ6KR = 114;  // the repacked types' ids (ggml assigns none above 41)
 
 // The natural element (0..255) at repacked position p = 32r + 16h + 2j + t: element 4r + 2h + t of sub-block
-// j. Position p's code is byte 16r + 2j + t, low nibble for h = 0.
+// j. Position p's code is byte 16r + 2j + t, low nibble for h = 0. Q5_K's positions are Q4_K's, their nibbles
+// 32 bytes further on, and the fifth bit of position p is bit r of qh byte 16h + 2j + t.
 constexpr int q4kr_element(int p) {
   return 32 * ((p / 2) % 8) + 4 * (p / 32) + 2 * ((p / 16) % 2) + p % 2;
 }
@@ -34,9 +35,11 @@ struct Order {
 inline constexpr Order<q4kr_element> kQ4KROrder;
 inline constexpr Order<q6kr_element> kQ6KROrder;
 
-// `blocks` blocks from Q4_K (144 bytes) or Q6_K (210) to their repacked layouts, and back.
+// `blocks` blocks from Q4_K (144 bytes), Q5_K (176) or Q6_K (210) to their repacked layouts, and back.
 void repack_q4k(const uint8_t* in, uint8_t* out, int64_t blocks);
 void unrepack_q4k(const uint8_t* in, uint8_t* out, int64_t blocks);
+void repack_q5k(const uint8_t* in, uint8_t* out, int64_t blocks);
+void unrepack_q5k(const uint8_t* in, uint8_t* out, int64_t blocks);
 void repack_q6k(const uint8_t* in, uint8_t* out, int64_t blocks);
 void unrepack_q6k(const uint8_t* in, uint8_t* out, int64_t blocks);
 
