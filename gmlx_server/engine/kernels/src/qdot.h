@@ -53,7 +53,7 @@ inline F fma(A a, float s, F acc) { return {_mm512_fmadd_ps(_mm512_cvtepi32_ps(a
 inline F fadd(F a, F b) { return {_mm512_add_ps(a.v, b.v)}; }
 inline F fma1(A a, float s, F acc) { return fma(a, s, acc); }
 inline float hsum(F a) { return _mm512_reduce_add_ps(a.v); }
-// lane j + lane j + 8: the low and the high nibbles' pairs of one sub-block (row_q4kr)
+// lane j + lane j + 8: the low and the high nibbles' pairs of one sub-block (row_q45kr)
 inline __m256 f8_of(A a) {
   return _mm256_cvtepi32_ps(_mm256_add_epi32(_mm512_castsi512_si256(a.v), _mm512_extracti64x4_epi64(a.v, 1)));
 }

@@ -1,4 +1,4 @@
-// K-quant blocks repacked at load for the int16 kernels (qdot.h, row_q4kr and row_q6kr): the codes reordered so
+// K-quant blocks repacked at load for the int16 kernels (qdot.h, row_q45kr and row_q6kr): the codes reordered so
 // that each 32 codes the kernel decodes hold 4 elements of 8 sub-blocks, one int32 lane sums one sub-block over
 // the block, and the sub-blocks' scales apply once a block, in fp32. Scales and sizes stay as they were.
 #pragma once
