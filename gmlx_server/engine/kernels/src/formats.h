@@ -23,11 +23,9 @@ typedef int8_t i8x32 __attribute__((vector_size(32)));
 typedef int32_t i32x8 __attribute__((vector_size(32)));
 typedef float f32x8 __attribute__((vector_size(32)));
 
-// Q4_KR, Q5_KR, Q6_KR: the K-quants repacked at load (repack.h); only the int16 kernels read them as stored
-enum QType : int {
-  Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14,
-  Q4_KR = kQ4KR, Q5_KR = kQ5KR, Q6_KR = kQ6KR
-};
+enum QType : int { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+// the K-quants repacked at load (repack.h; no ggml type): only the int16 kernels read them as stored
+constexpr int Q4_KR = kQ4KR, Q5_KR = kQ5KR, Q6_KR = kQ6KR;
 
 // the format a repacked type's blocks come from (the type itself for the others)
 inline int natural_type(int type) {
