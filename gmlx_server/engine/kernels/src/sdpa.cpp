@@ -105,7 +105,7 @@ void SDPA::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>
     const int64_t esize = kind == 1 ? 1 : 4;
     float* y = out.data<float>();
     const int64_t ob = H * L * Dv, oh = flat ? Dv : L * Dv, ol = flat ? H * Dv : Dv;  // (B, L, H, Dv) when flat
-    if ((L >= kFlashRows || S >= kFlashKeys) && flash_fits(q.shape(3), Dv)) {
+    if ((L >= kFlashRows || S >= kFlashKeys || B > 1) && flash_fits(q.shape(3), Dv)) {
       FlashArgs fa{qv.fat(0, 0, 0), kv.p, vv.p, y, qv.s0, qv.s1, qv.s2, kv.s0, kv.s1, kv.s2, vv.s0, vv.s1, vv.s2,
                    mbase, 0, 0, 0, 0, esize, kind, B, H, k.shape(1), r, L, S, q.shape(3), Dv, scale * kLog2e,
                    causal, kv.half};
