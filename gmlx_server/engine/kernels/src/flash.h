@@ -6,7 +6,7 @@
 namespace gk {
 
 constexpr int64_t kFlashRows = 16;   // from this many query rows, the flash path
-constexpr int64_t kFlashKeys = 64;  // and from this many keys for fewer rows (decode)
+constexpr int64_t kFlashKeys = 64;  // and from this many keys for one sequence's fewer rows (decode)
 constexpr int64_t kSplitKeys = 128;  // the fewest keys a task takes when a call's keys are split across tasks
 constexpr int64_t kFlashWidth = 16;  // keys per block: one v16 of scores (simd.h)
 constexpr int64_t kFlashBlock = 64;  // query positions per task (times the heads sharing a KV head): each

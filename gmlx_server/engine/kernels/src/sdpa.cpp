@@ -1,6 +1,7 @@
-// Attention as one CPU primitive: MLX's CPU path spends a dozen ops (and their dispatch) per layer on it. A few
-// query rows (decode, speculative verification) run row by row (vec_kernels.h's attend, from the chosen Isa
-// table); from kFlashRows rows, flash.cpp.
+// Attention as one CPU primitive: MLX's CPU path spends a dozen ops (and their dispatch) per layer on it. One
+// sequence's few query rows (decode, speculative verification) over fewer than kFlashKeys keys run row by row
+// (vec_kernels.h's attend, from the chosen Isa table); a batch, more rows or more keys, flash.cpp (its B * H
+// row tasks were twice the flash path's time at 4 rows).
 #include <algorithm>
 #include <array>
 #include <cmath>
