@@ -306,43 +306,54 @@ struct B8_0 {
   static V codes(const uint8_t* p) { return i8w(p + 2); }
 };
 
-// One weight row against NR activation rows (row r0 + r of x): y[r * ldy]. Each block's fp16 scale (and
-// min) is converted where it is used: a gather of 8 blocks' scales ahead of the loop waited on their cache
-// lines with nothing else in flight (40% of a Q4_1 row on Zen 3). Two blocks per step, two accumulators.
+// Activation rows r0.. of x as the 32-block kernels read them: row r's codes of block j, its scale, and its
+// scale times the sum of its codes (what a min multiplies)
+struct X32 {
+  const int16_t* q;
+  const float *d, *s;
+  int64_t k, xb;
+  X32(const XRows& x, int64_t r0)
+      : q(x.q + r0 * x.k), d(x.d + r0 * (x.k / 32)), s(x.s + r0 * (x.k / 32)), k(x.k), xb(x.k / 32) {}
+  const int16_t* codes(int r, int64_t j) const { return q + r * k + 32 * j; }
+  const float* scale(int r, int64_t j) const { return d + r * xb + j; }
+  const float* sums(int r, int64_t j) const { return s + r * xb + j; }
+};
+
+// A 32-block's codes and its fp16 scale (and min), converted where they are used: a gather of 8 blocks' scales
+// ahead of the loop waited on their cache lines with nothing else in flight (40% of a Q4_1 row on Zen 3)
+template <class B>
+struct Block32 {
+  V c;
+  float d, m;
+  explicit Block32(const uint8_t* w) : c(B::codes(w)) { f16_pair(w, d, m); }
+};
+
+// One weight row against NR activation rows (row r0 + r of x): y[r * ldy]. Two blocks per step, two
+// accumulators.
 template <class B, int NR>
 inline void row32(const uint8_t* w, int64_t nb, const XRows& x, int64_t r0, float* y, int64_t ldy) {
   F acc[NR][2];
   float bias[NR][2];
   for (int r = 0; r < NR; ++r) acc[r][0] = acc[r][1] = fzero(), bias[r][0] = bias[r][1] = 0.0f;
-  const int64_t xb = x.k / 32;
-  const int16_t* xq = x.q + r0 * x.k;
-  const float* xd = x.d + r0 * xb;
-  const float* xs = x.s + r0 * xb;
+  const X32 xr(x, r0);
   int64_t j = 0;
   for (; j + 2 <= nb; j += 2, w += 2 * B::BYTES) {
-    const V c0 = B::codes(w), c1 = B::codes(w + B::BYTES);
-    float d0, m0, d1, m1;
-    f16_pair(w, d0, m0);
-    f16_pair(w + B::BYTES, d1, m1);
+    const Block32<B> b0(w), b1(w + B::BYTES);
 #pragma GCC unroll 4
     for (int r = 0; r < NR; ++r) {
-      const int16_t* xr = xq + r * x.k + 32 * j;
-      acc[r][0] = fma1(dot(azero(), c0, ld(xr)), d0 * xd[r * xb + j], acc[r][0]);
-      acc[r][1] = fma1(dot(azero(), c1, ld(xr + 32)), d1 * xd[r * xb + j + 1], acc[r][1]);
-      if constexpr (B::MIN) {
-        bias[r][0] += m0 * xs[r * xb + j];
-        bias[r][1] += m1 * xs[r * xb + j + 1];
-      }
+      const int16_t* xc = xr.codes(r, j);
+      const float* xd = xr.scale(r, j);
+      acc[r][0] = fma1(dot(azero(), b0.c, ld(xc)), b0.d * xd[0], acc[r][0]);
+      acc[r][1] = fma1(dot(azero(), b1.c, ld(xc + 32)), b1.d * xd[1], acc[r][1]);
+      if constexpr (B::MIN) bias[r][0] += b0.m * xr.sums(r, j)[0], bias[r][1] += b1.m * xr.sums(r, j)[1];
     }
   }
   if (j < nb) {
-    const V c0 = B::codes(w);
-    float d0, m0;
-    f16_pair(w, d0, m0);
+    const Block32<B> b0(w);
 #pragma GCC unroll 4
     for (int r = 0; r < NR; ++r) {
-      acc[r][0] = fma1(dot(azero(), c0, ld(xq + r * x.k + 32 * j)), d0 * xd[r * xb + j], acc[r][0]);
-      if constexpr (B::MIN) bias[r][0] += m0 * xs[r * xb + j];
+      acc[r][0] = fma1(dot(azero(), b0.c, ld(xr.codes(r, j))), b0.d * *xr.scale(r, j), acc[r][0]);
+      if constexpr (B::MIN) bias[r][0] += b0.m * *xr.sums(r, j);
     }
   }
   for (int r = 0; r < NR; ++r) y[r * ldy] = hsum(fadd(acc[r][0], acc[r][1])) + (bias[r][0] + bias[r][1]);
@@ -360,37 +371,29 @@ template <class B, int NR>
 inline void row32_pairs(const uint8_t* w, int64_t nb, const XRows& x, int64_t r0, float* y, int64_t ldy) {
   __m256 acc[NR], bias[NR];
   for (int r = 0; r < NR; ++r) acc[r] = bias[r] = _mm256_setzero_ps();
-  const int64_t xb = x.k / 32;
-  const int16_t* xq = x.q + r0 * x.k;
-  const float* xd = x.d + r0 * xb;
-  const float* xs = x.s + r0 * xb;
+  const X32 xr(x, r0);
   int64_t j = 0;
   for (; j + 2 <= nb; j += 2, w += 2 * B::BYTES) {
-    const V c0 = B::codes(w), c1 = B::codes(w + B::BYTES);
-    float d0, m0, d1, m1;
-    f16_pair(w, d0, m0);
-    f16_pair(w + B::BYTES, d1, m1);
-    const __m256 dw = _mm256_setr_ps(d0, d1, d0, d1, d0, d1, d0, d1);
-    const __m256 mw = _mm256_setr_ps(m0, m1, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f);
+    const Block32<B> b0(w), b1(w + B::BYTES);
+    const __m256 dw = _mm256_setr_ps(b0.d, b1.d, b0.d, b1.d, b0.d, b1.d, b0.d, b1.d);
+    const __m256 mw = _mm256_setr_ps(b0.m, b1.m, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f);
 #pragma GCC unroll 4
     for (int r = 0; r < NR; ++r) {
-      const int16_t* xr = xq + r * x.k + 32 * j;
-      const __m256i a = whole(dot(azero(), c0, ld(xr))), b = whole(dot(azero(), c1, ld(xr + 32)));
+      const int16_t* xc = xr.codes(r, j);
+      const __m256i a = whole(dot(azero(), b0.c, ld(xc))), b = whole(dot(azero(), b1.c, ld(xc + 32)));
       const __m256i ab = _mm256_add_epi32(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b));
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ab), _mm256_mul_ps(dw, pair_of(xd + r * xb + j)), acc[r]);
-      if constexpr (B::MIN) bias[r] = _mm256_fmadd_ps(mw, pair_of(xs + r * xb + j), bias[r]);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ab), _mm256_mul_ps(dw, pair_of(xr.scale(r, j))), acc[r]);
+      if constexpr (B::MIN) bias[r] = _mm256_fmadd_ps(mw, pair_of(xr.sums(r, j)), bias[r]);
     }
   }
-  if (j < nb) {
-    const V c0 = B::codes(w);
-    float d0, m0;
-    f16_pair(w, d0, m0);
+  if (j < nb) {  // the odd block: its products scaled in every lane, its min in lane 0
+    const Block32<B> b0(w);
+    const __m256 mw = _mm256_setr_ps(b0.m, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f);
 #pragma GCC unroll 4
     for (int r = 0; r < NR; ++r) {
-      const __m256 s = _mm256_set1_ps(d0 * xd[r * xb + j]);
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(whole(dot(azero(), c0, ld(xq + r * x.k + 32 * j)))), s, acc[r]);
-      if constexpr (B::MIN) bias[r] = _mm256_fmadd_ps(_mm256_set1_ps(m0), _mm256_set_ps(0, 0, 0, 0, 0, 0, 0,
-                                                      xs[r * xb + j]), bias[r]);
+      const __m256 dot32 = _mm256_cvtepi32_ps(whole(dot(azero(), b0.c, ld(xr.codes(r, j)))));
+      acc[r] = _mm256_fmadd_ps(dot32, _mm256_set1_ps(b0.d * *xr.scale(r, j)), acc[r]);
+      if constexpr (B::MIN) bias[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(*xr.sums(r, j)), bias[r]);
     }
   }
   for (int r = 0; r < NR; ++r) y[r * ldy] = hsum256(B::MIN ? _mm256_add_ps(acc[r], bias[r]) : acc[r]);
