@@ -360,6 +360,10 @@ inline void row32(const uint8_t* w, int64_t nb, const XRows& x, int64_t r0, floa
 }
 
 #if defined(GK_AVX2) && !defined(GK_AVX512VNNI)
+#define GK_ROW32_PAIRS 1  // 256-bit integer registers: AVX2 and AVX-VNNI
+#endif
+
+#if defined(GK_ROW32_PAIRS)
 // row32 for several rows on 256 bits: a block pair's two int32 dots interleaved lane by lane (j, j + 1, j, ...),
 // so one conversion and one FMA against (d_j x_j, d_j+1 x_j+1) repeated scale both, and one more FMA adds both
 // mins. Per row and pair that is 9 ops where two scalar scales took 14: at 4 rows the products, not the weights'
@@ -400,10 +404,10 @@ inline void row32_pairs(const uint8_t* w, int64_t nb, const XRows& x, int64_t r0
 }
 #endif
 
-// one row: row32 (memory bound there, its two scalar-scaled chains are the shorter path); more: the pairs on 256 bits
+// one row: row32 (the pair form measured level there); more: the pairs on 256 bits
 template <class B, int NR>
 inline void row32_of(const uint8_t* w, int64_t nb, const XRows& x, int64_t r0, float* y, int64_t ldy) {
-#if defined(GK_AVX2) && !defined(GK_AVX512VNNI)
+#if defined(GK_ROW32_PAIRS)
   if constexpr (NR > 1) return row32_pairs<B, NR>(w, nb, x, r0, y, ldy);
 #endif
   row32<B, NR>(w, nb, x, r0, y, ldy);
