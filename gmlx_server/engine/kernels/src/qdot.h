@@ -16,6 +16,12 @@ namespace gk {
 namespace GK_ISA {
 namespace q16 {
 
+inline uint32_t u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
 #if defined(GK_AVX512VNNI)
 // V: 32 int16 lanes; A: 16 int32 lanes (lane l sums elements 2l, 2l + 1); F: 16 floats
 struct V { __m512i v; };
@@ -62,48 +68,73 @@ inline __m256 f8_of(A a) {
 // 8 floats: the K-quants' per-group min terms
 using F8 = __m256;
 inline F8 f8zero() { return _mm256_setzero_ps(); }
-// acc + float(m[g]) * scale * s[g] for the 8 groups
-inline F8 f8_mins(F8 acc, const uint8_t* m, float scale, const float* s) {
-  const __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(m))));
-  return _mm256_fmadd_ps(_mm256_mul_ps(mf, _mm256_set1_ps(scale)), _mm256_loadu_ps(s), acc);
+// acc + m[g] * scale * s[g] for the 8 groups
+inline F8 f8_mins(F8 acc, F8 m, float scale, const float* s) {
+  return _mm256_fmadd_ps(_mm256_mul_ps(m, _mm256_set1_ps(scale)), _mm256_loadu_ps(s), acc);
 }
 inline float f8sum(F8 v) { return hsum256(v); }
-// 8 unsigned or signed bytes as floats
-inline F8 f8_u8(const uint8_t* p) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-}
+// 8 signed bytes as floats
 inline F8 f8_i8(const uint8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 // acc + a * b * s, lane by lane
 inline F8 f8_fma(F8 a, F8 b, float s, F8 acc) { return _mm256_fmadd_ps(a, _mm256_mul_ps(b, _mm256_set1_ps(s)), acc); }
-// out[g] = float(m[g]) * scale for 8 bytes m
-inline void f8_scaled(const uint8_t* m, float scale, float* out) {
-  const __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(m))));
-  _mm256_store_ps(out, _mm256_mul_ps(mf, _mm256_set1_ps(scale)));
+// out[g] = m[g] * scale
+inline void f8_scaled(F8 m, float scale, float* out) { _mm256_store_ps(out, _mm256_mul_ps(m, _mm256_set1_ps(scale))); }
+// A Q4_K/Q5_K block's 8 scales (bytes 0..7) and 8 mins (8..15), unpacked from its 12 bytes at s in a register:
+// unpacked in general registers and stored, the 8-byte loads that read them back were not forwarded from the
+// 4-byte stores (Q4_K_R's one-row kernel 1.2x, a standalone loop on one Zen 3 core). Words (u0, u1, u2):
+// (u0 & 0x3F.., (u2 & 0x0F..) | ((u0 >> 2) & 0x30..), u1 & 0x3F.., ((u2 >> 4) & 0x0F..) | ((u1 >> 2) & 0x30..)).
+using KS = __m128i;
+inline KS k_scales(const uint8_t* s) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));  // 16 of the block's 144/176 bytes
+  const __m128i lo = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0)), hi = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 2, 2, 2));
+  const __m128i a = _mm_and_si128(_mm_srlv_epi32(lo, _mm_setr_epi32(0, 2, 0, 2)),
+                                  _mm_setr_epi32(0x3F3F3F3F, 0x30303030, 0x3F3F3F3F, 0x30303030));
+  const __m128i b = _mm_and_si128(_mm_srlv_epi32(hi, _mm_setr_epi32(32, 0, 32, 4)), _mm_set1_epi32(0x0F0F0F0F));
+  return _mm_or_si128(a, b);  // a shift by 32 clears the scale words' lanes of b
 }
+inline F8 ks_scales(KS k) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(k)); }
+inline F8 ks_mins(KS k) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(k, k))); }
+inline void ks_store(KS k, uint8_t* out) { _mm_storeu_si128(reinterpret_cast<__m128i*>(out), k); }
 #else
 typedef float F8 __attribute__((vector_size(32)));
 inline F8 f8zero() { return F8{}; }
-inline F8 f8_mins(F8 acc, const uint8_t* m, float scale, const float* s) {
-  for (int g = 0; g < 8; ++g) acc[g] += static_cast<float>(m[g]) * scale * s[g];
+inline F8 f8_mins(F8 acc, F8 m, float scale, const float* s) {
+  for (int g = 0; g < 8; ++g) acc[g] += m[g] * scale * s[g];
   return acc;
 }
 inline float f8sum(F8 v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
-inline F8 f8_u8(const uint8_t* p) {
-  F8 r;
-  for (int g = 0; g < 8; ++g) r[g] = static_cast<float>(p[g]);
-  return r;
-}
 inline F8 f8_i8(const uint8_t* p) {
   F8 r;
   for (int g = 0; g < 8; ++g) r[g] = static_cast<float>(static_cast<int8_t>(p[g]));
   return r;
 }
 inline F8 f8_fma(F8 a, F8 b, float s, F8 acc) { return acc + a * (b * s); }
-inline void f8_scaled(const uint8_t* m, float scale, float* out) {
-  for (int g = 0; g < 8; ++g) out[g] = static_cast<float>(m[g]) * scale;
+inline void f8_scaled(F8 m, float scale, float* out) {
+  for (int g = 0; g < 8; ++g) out[g] = m[g] * scale;
 }
+// A Q4_K/Q5_K block's 8 scales (bytes 0..7) and 8 mins (8..15), unpacked from its 12 bytes at s.
+struct KS { uint8_t b[16]; };
+inline KS k_scales(const uint8_t* s) {
+  const uint32_t u0 = u32(s), u1 = u32(s + 4), u2 = u32(s + 8);
+  const uint32_t v[4] = {u0 & 0x3F3F3F3Fu, (u2 & 0x0F0F0F0Fu) | (((u0 >> 6) & 0x03030303u) << 4),
+                         u1 & 0x3F3F3F3Fu, ((u2 >> 4) & 0x0F0F0F0Fu) | (((u1 >> 6) & 0x03030303u) << 4)};
+  KS k;
+  std::memcpy(k.b, v, 16);
+  return k;
+}
+inline F8 ks_scales(const KS& k) {
+  F8 r;
+  for (int g = 0; g < 8; ++g) r[g] = static_cast<float>(k.b[g]);
+  return r;
+}
+inline F8 ks_mins(const KS& k) {
+  F8 r;
+  for (int g = 0; g < 8; ++g) r[g] = static_cast<float>(k.b[8 + g]);
+  return r;
+}
+inline void ks_store(const KS& k, uint8_t* out) { std::memcpy(out, k.b, 16); }
 #endif
 
 #if defined(GK_AVX512VNNI)
@@ -273,12 +304,6 @@ inline float amax_of(const float* x, int64_t n) {
   return amax;
 }
 
-inline uint32_t u32(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-
 // --- 32-element blocks: codes (offset folded in, so signed), scale d and, for Q4_1/Q5_1, min m.
 struct B4_0 {
   static constexpr int BYTES = 18;
@@ -414,14 +439,6 @@ inline void row32_of(const uint8_t* w, int64_t nb, const XRows& x, int64_t r0, f
 }
 
 // --- K-quants: 256-blocks; codes times their sub-block scales in int16, summed over the block in int32.
-// Q4_K / Q5_K: the 12 bytes of 6-bit (scale, min) pairs; sc[0..7] then mn[0..7].
-inline void k_scales_u8(const uint8_t* s, uint8_t* out) {
-  const uint32_t u0 = u32(s), u1 = u32(s + 4), u2 = u32(s + 8);
-  const uint32_t v[4] = {u0 & 0x3F3F3F3Fu, (u2 & 0x0F0F0F0Fu) | (((u0 >> 6) & 0x03030303u) << 4),
-                         u1 & 0x3F3F3F3Fu, ((u2 >> 4) & 0x0F0F0F0Fu) | (((u1 >> 6) & 0x03030303u) << 4)};
-  std::memcpy(out, v, 16);
-}
-
 // Q4_K / Q5_K codes of chunk c (64 elements): the low nibbles are sub-block 2c, the high ones 2c + 1; Q5_K
 // takes each code's fifth bit from qh (bits 2c and 2c + 1 of its 32 bytes).
 template <bool Q5>
@@ -445,8 +462,9 @@ inline void row_q45k(const uint8_t* w, int64_t nb, const XRows& x, int64_t r0, f
   const int16_t* xq = x.q + r0 * x.k;
   const int64_t xb = x.k / 256, xs32 = x.k / 32;
   for (int64_t b = 0; b < nb; ++b, w += BYTES) {
+    const KS ks = k_scales(w + 4);
     alignas(16) uint8_t sm[16];
-    k_scales_u8(w + 4, sm);
+    ks_store(ks, sm);
     alignas(16) int16_t sc[8];
     for (int g = 0; g < 8; ++g) sc[g] = sm[g];
     A ai[NR][NA];
@@ -469,12 +487,13 @@ inline void row_q45k(const uint8_t* w, int64_t nb, const XRows& x, int64_t r0, f
       }
     }
     const float d = f16_at(w), dmin = f16_at(w + 2);
+    const F8 mn = ks_mins(ks);
 #pragma GCC unroll 4
     for (int r = 0; r < NR; ++r) {
       A t = ai[r][0];
       for (int a = 1; a < NA; ++a) t = add(t, ai[r][a]);
       acc[r] = fma(t, d * x.d[(r0 + r) * xb + b], acc[r]);
-      bias[r] = f8_mins(bias[r], sm + 8, -dmin, x.s + (r0 + r) * xs32 + 8 * b);
+      bias[r] = f8_mins(bias[r], mn, -dmin, x.s + (r0 + r) * xs32 + 8 * b);
     }
   }
   for (int r = 0; r < NR; ++r) y[r * ldy] = hsum(acc[r]) + f8sum(bias[r]);
@@ -491,11 +510,10 @@ inline void row_q45k_one(const uint8_t* w, int64_t nb, const XRows& x, int64_t r
   const float* xd = x.d + r0 * (x.k / 256);
   const float* xs = x.s + r0 * (x.k / 32);
   for (int64_t b = 0; b < nb; ++b, w += BYTES) {
-    alignas(16) uint8_t sm[16];
-    k_scales_u8(w + 4, sm);
+    const KS ks = k_scales(w + 4);
     const float dx = f16_at(w) * xd[b];
     alignas(32) float sf[8];
-    f8_scaled(sm, dx, sf);
+    f8_scaled(ks_scales(ks), dx, sf);
     V qh{};
     if constexpr (Q5) qh = u8w(w + 16);
     const int16_t* xr = xq + 256 * b;
@@ -506,7 +524,7 @@ inline void row_q45k_one(const uint8_t* w, int64_t nb, const XRows& x, int64_t r
       acc0 = fma1(dot(azero(), lo, ld(xr + 64 * c)), sf[2 * c], acc0);
       acc1 = fma1(dot(azero(), hi, ld(xr + 64 * c + 32)), sf[2 * c + 1], acc1);
     }
-    bias = f8_mins(bias, sm + 8, -f16_at(w + 2), xs + 8 * b);
+    bias = f8_mins(bias, ks_mins(ks), -f16_at(w + 2), xs + 8 * b);
   }
   *y = hsum(fadd(acc0, acc1)) + f8sum(bias);
 }
@@ -542,14 +560,13 @@ inline void row_q45kr(const uint8_t* w, int64_t nb, const XRows& x, int64_t r0, 
         for (int r = 0; r < NR; ++r) ai[r][S & 1] = dot(ai[r][S & 1], c, ld(xq + r * x.k + 256 * b + 32 * S));
       }(), ...);
     }(std::make_integer_sequence<int, 8>{});
-    alignas(16) uint8_t sm[16];
-    k_scales_u8(w + 4, sm);
-    const F8 sc = f8_u8(sm);
+    const KS ks = k_scales(w + 4);
+    const F8 sc = ks_scales(ks), mn = ks_mins(ks);
     const float d = f16_at(w), dmin = f16_at(w + 2);
 #pragma GCC unroll 4
     for (int r = 0; r < NR; ++r) {
       acc[r] = f8_fma(f8_of(add(ai[r][0], ai[r][1])), sc, d * x.d[(r0 + r) * xb + b], acc[r]);
-      bias[r] = f8_mins(bias[r], sm + 8, -dmin, x.s + (r0 + r) * xs32 + 8 * b);
+      bias[r] = f8_mins(bias[r], mn, -dmin, x.s + (r0 + r) * xs32 + 8 * b);
     }
   }
   for (int r = 0; r < NR; ++r) y[r * ldy] = f8sum(acc[r] + bias[r]);
