@@ -81,10 +81,8 @@ inline F8 f8_i8(const uint8_t* p) {
 inline F8 f8_fma(F8 a, F8 b, float s, F8 acc) { return _mm256_fmadd_ps(a, _mm256_mul_ps(b, _mm256_set1_ps(s)), acc); }
 // out[g] = m[g] * scale
 inline void f8_scaled(F8 m, float scale, float* out) { _mm256_store_ps(out, _mm256_mul_ps(m, _mm256_set1_ps(scale))); }
-// A Q4_K/Q5_K block's 8 scales (bytes 0..7) and 8 mins (8..15), unpacked from its 12 bytes at s in a register:
-// unpacked in general registers and stored, the 8-byte loads that read them back were not forwarded from the
-// 4-byte stores (Q4_K_R's one-row kernel 1.2x, a standalone loop on one Zen 3 core). Words (u0, u1, u2):
-// (u0 & 0x3F.., (u2 & 0x0F..) | ((u0 >> 2) & 0x30..), u1 & 0x3F.., ((u2 >> 4) & 0x0F..) | ((u1 >> 2) & 0x30..)).
+// A Q4_K/Q5_K block's 8 scales (bytes 0..7) and 8 mins (8..15), the generic k_scales' words built in a register
+// from one load: stored from general registers, their 8-byte reloads were not forwarded (Q4_K_R 1.15x, Zen 3).
 using KS = __m128i;
 inline KS k_scales(const uint8_t* s) {
   const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));  // 16 of the block's 144/176 bytes
