@@ -7,7 +7,9 @@ integers; "auto" (the default) takes int16 up to a per-format row count and fp32
 is checked tightly against a float64 product with the same rounded activations (only fp32 scaling and
 sums may differ) and against the exact activations within the bound that rounding implies; the fp32
 path, and from 48 rows on dequantized panels of W through a preloaded sgemm (the suite preloads
-OpenBLAS), against the exact product; auto within the int16 bound.
+OpenBLAS), against the exact product; auto within the int16 bound. From 48 rows on, where the ISA has
+the int16 GEMM (AVX-512 VNNI), the repacked K-quants take it in int16 and auto, with activations rounded
+to 16383 levels (GEMM_FULL) so that its int32 lanes can sum longer runs.
 """
 
 from __future__ import annotations
@@ -93,7 +95,7 @@ def check_matmul(ext: ModuleType, rng: np.random.Generator, name: str, n: int, b
     """levels: the activations' rounding (0: none); exact_only: check only the bound against the exact
     activations (auto, which may take either path)."""
     qk = GGML_QUANT_SIZES[ggml_type(name)][0]
-    group = qk if levels == LEVELS["int16"] else 32  # int16 scales a K-quant's whole 256-block
+    group = qk if levels in (LEVELS["int16"], ext.GEMM_FULL) else 32  # int16 scales a K-quant's whole 256-block
     k = qk * blocks_per_row
     w_blocks = random_blocks(rng, ggml_type(name).name, n, k)
     w = gguf.quants.dequantize(w_blocks, ggml_type(name)).astype(np.float64)
@@ -132,8 +134,8 @@ def extreme_blocks(name: str, rows: int, k: int) -> npt.NDArray[np.uint8]:
 
 @pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K", "Q4_K_R", "Q5_K_R", "Q6_K_R"])
 def test_int16_sums_hold_the_largest_products(ext: ModuleType, every_isa: list[str], name: str) -> None:
-    """Every activation at its int16 extreme (32767) against the largest code-times-scale products: a row's int32
-    lane sums stay below 2^31 on every ISA, one row and a tile of four alike."""
+    """Every activation at its int16 extreme (32767, or GEMM_FULL) against the largest code-times-scale products: a
+    row's int32 lane sums stay below 2^31 on every ISA, one row, a tile of four and the many-row GEMM alike."""
     k, n = 512, 8
     blocks = extreme_blocks(ggml_type(name).name, n, k)
     w = gguf.quants.dequantize(blocks, ggml_type(name)).astype(np.float64)
@@ -141,7 +143,7 @@ def test_int16_sums_hold_the_largest_products(ext: ModuleType, every_isa: list[s
     ext.set_activations("int16")
     for isa in every_isa:
         ext.set_isa(isa)
-        for m in (1, 2, 3, 4, 5, 8):
+        for m in (1, 2, 3, 4, 5, 8, 48, 61):  # 48 on: the int16 GEMM where the ISA has it (its flush intervals)
             for sign in (1.0, -1.0):
                 x = np.full((m, k), sign, dtype=np.float32)
                 y = np.array(ext.matmul(mx.array(x), stored, type_id, k))
@@ -163,8 +165,15 @@ def test_matmul_matches_float64_reference(ext: ModuleType, every_isa: list[str],
         for mode, sgemm in MODES if ext.sgemm_available() else MODES[:-1]:
             ext.set_activations(mode)
             ext.set_sgemm(sgemm)
-            levels = 0 if sgemm and m >= SGEMM_ROWS else LEVELS[mode]
-            check_matmul(ext, rng, name, n, blocks_per_row, m, levels, exact_only=mode == "auto")
+            check_matmul(ext, rng, name, n, blocks_per_row, m, expected_levels(ext, name, mode, sgemm, m),
+                         exact_only=mode == "auto")
+
+
+def expected_levels(ext: ModuleType, name: str, mode: str, sgemm: bool, m: int) -> int:
+    """The activations' rounding the active ISA applies to m rows (0: none)."""
+    if m >= SGEMM_ROWS and name.endswith("_R") and mode in ("int16", "auto") and ext.int16_gemm():
+        return int(ext.GEMM_FULL)
+    return 0 if sgemm and m >= SGEMM_ROWS else LEVELS[mode]
 
 
 @pytest.mark.parametrize("name", KERNEL_TYPES)

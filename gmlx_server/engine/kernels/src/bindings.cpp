@@ -154,6 +154,9 @@ NB_MODULE(_gguf_kernels, m) {
   m.def("threads", &gk::threads);
   m.def("set_threads", &gk::set_threads, "n"_a);
   m.def("sgemm_available", &gk::sgemm_available);
+  m.def("int16_gemm", [] { return gk::active_isa().gemm_q16 != nullptr; },
+        "whether the active ISA multiplies many rows by repacked K-quants in int16 (activations to GEMM_FULL)");
+  m.attr("GEMM_FULL") = gk::kGemmFull;
   m.def("set_sgemm", &gk::set_sgemm, "on"_a);
   m.def("set_activations", &gk::set_activations, "mode"_a);
   m.def("activations", &gk::activations);

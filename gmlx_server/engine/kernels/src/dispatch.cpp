@@ -354,25 +354,57 @@ void run_quantized(Pool& p, const float* x, int64_t m, int64_t k, Quantize quant
   });
 }
 
-// Activations to int16 once (one scale per 32, or per 256 for the K-quants), then the weight-row chunks.
-void run_q16(Pool& p, const Isa& s, int type, const uint8_t* w, int64_t rb, int64_t n, int64_t k, const float* x,
-             int64_t m, float* y, int64_t per, int64_t chunks) {
+// m activation rows to int16 (one scale per 32, or per 256 for the K-quants; codes up to `full`), with zero
+// rows after them up to `rows`, into the calling thread's buffers.
+XRows quantize_rows(Pool& p, const Isa& s, int type, const float* x, int64_t m, int64_t rows, int64_t k, int full) {
   const int natural = base::natural_type(type);
   const int group = natural == 12 || natural == 13 || natural == 14 ? 256 : 32;  // Q4_K, Q5_K, Q6_K
   thread_local std::vector<int16_t> codes;  // the caller's own (a thread_local named in a lambda is the runner's)
   thread_local std::vector<float> scales;
-  if (static_cast<int64_t>(codes.size()) < m * k) codes.resize(m * k);
-  if (static_cast<int64_t>(scales.size()) < 2 * m * (k / 32)) scales.resize(2 * m * (k / 32));
-  const XRows xr{codes.data(), scales.data(), scales.data() + m * (k / 32), k};
+  if (static_cast<int64_t>(codes.size()) < rows * k) codes.resize(rows * k);
+  if (static_cast<int64_t>(scales.size()) < 2 * rows * (k / 32)) scales.resize(2 * rows * (k / 32));
+  const XRows xr{codes.data(), scales.data(), scales.data() + rows * (k / 32), k};
   const uint8_t* order = repack_order(type);
   const int64_t qtasks = m >= 8 ? p.size() : 1;
   p.run(qtasks, [&](int64_t t) {
-    for (int64_t i = t; i < m; i += qtasks) s.quantize_q16(x + i * k, k, group, order, i, xr);
+    for (int64_t i = t; i < m; i += qtasks) s.quantize_q16(x + i * k, k, group, order, i, xr, full);
   });
+  std::fill(codes.begin() + m * k, codes.begin() + rows * k, 0);
+  std::fill(xr.d + m * (k / group), xr.d + rows * (k / group), 0.0f);
+  std::fill(xr.s + m * (k / 32), xr.s + rows * (k / 32), 0.0f);
+  return xr;
+}
+
+// Activations to int16 once, then the weight-row chunks.
+void run_q16(Pool& p, const Isa& s, int type, const uint8_t* w, int64_t rb, int64_t n, int64_t k, const float* x,
+             int64_t m, float* y, int64_t per, int64_t chunks) {
+  const XRows xr = quantize_rows(p, s, type, x, m, m, k, 32767);
   p.run(chunks, [&](int64_t c) {
     const int64_t n0 = c * per;
     s.rows_q16(type, w, rb, n0, std::min(n, n0 + per), xr, m, y, n);
   });
+}
+
+// Many rows against a repacked K-quant (Isa::gemm_q16): the codes interleaved tile by tile (kernels.h), then
+// chunks of whole 32-row panels.
+void run_gemm16(Pool& p, const Isa& s, int type, const uint8_t* w, int64_t rb, int64_t n, int64_t k, const float* x,
+                int64_t m, float* y) {
+  const int64_t tiles = (m + kGemmTile - 1) / kGemmTile, pairs = k / 2;
+  const XRows xr = quantize_rows(p, s, type, x, m, tiles * kGemmTile, k, kGemmFull);
+  thread_local std::vector<int32_t> tiled;
+  if (static_cast<int64_t>(tiled.size()) < tiles * kGemmTile * pairs) tiled.resize(tiles * kGemmTile * pairs);
+  const int32_t* from = reinterpret_cast<const int32_t*>(xr.q);
+  int32_t* to = tiled.data();
+  p.run(p.size(), [&](int64_t t0) {
+    for (int64_t t = t0; t < tiles; t += p.size())
+      for (int c = 0; c < kGemmTile; ++c)
+        for (int64_t i = 0; i < pairs; ++i)
+          to[(t * pairs + i) * kGemmTile + c] = from[(t * kGemmTile + c) * pairs + i];
+  });
+  const XRows xt{reinterpret_cast<int16_t*>(to), xr.d, xr.s, k};
+  const int64_t per = (n + 4 * p.size() * 32 - 1) / (4 * p.size() * 32) * 32;  // whole 32-row panels
+  p.run((n + per - 1) / per,
+        [&](int64_t c) { s.gemm_q16(type, w, rb, c * per, std::min(n, c * per + per), xt, m, y, n); });
 }
 
 }  // namespace
@@ -380,14 +412,16 @@ void run_q16(Pool& p, const Isa& s, int type, const uint8_t* w, int64_t rb, int6
 void matmul(int type, const uint8_t* w, int64_t n, int64_t k, const float* x, int64_t m, float* y) {
   const int64_t rb = row_bytes(type, k);
   if (rb <= 0) throw std::invalid_argument("gguf matmul: unsupported type or row length");
-  if (m >= kSgemmRows && g_sgemm_ok.load(std::memory_order_relaxed) && global_sgemm() != nullptr)
-    return matmul_sgemm(global_sgemm(), type, w, rb, n, k, x, m, y);
   const Isa& s = isa();
   Pool& p = pool();
+  int mode = g_mode.load(std::memory_order_relaxed);
+  if (m >= kSgemmRows && s.gemm_q16 != nullptr && repack_order(type) != nullptr && (mode == kAuto || mode == kInt16))
+    return run_gemm16(p, s, type, w, rb, n, k, x, m, y);
+  if (m >= kSgemmRows && g_sgemm_ok.load(std::memory_order_relaxed) && global_sgemm() != nullptr)
+    return matmul_sgemm(global_sgemm(), type, w, rb, n, k, x, m, y);
   // Enough chunks to balance cores that other processes also use; each a whole number of rows.
   const int64_t per = (std::max<int64_t>(4, (n + 4 * p.size() - 1) / (4 * p.size())) + 3) / 4 * 4;  // whole tiles
   const int64_t chunks = (n + per - 1) / per;
-  int mode = g_mode.load(std::memory_order_relaxed);
   if (mode == kAuto) mode = m <= std::max<int64_t>(int16_rows(type), s.int16_rows) ? kInt16 : kF32;
   if (mode == kF32) {
     p.run(chunks, [&](int64_t c) {

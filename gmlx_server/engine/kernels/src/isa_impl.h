@@ -3,6 +3,7 @@
 #pragma once
 
 #include "dot_impl.h"
+#include "gemm16.h"
 #include "kernels.h"
 #include "vec_kernels.h"
 
@@ -13,8 +14,14 @@ namespace GK_ISA {
 #define GK_INT16_ROWS 0  // the per-format table alone
 #endif
 
+#if defined(GK_GEMM16)
+#define GK_GEMM_Q16 &gemm_q16
+#else
+#define GK_GEMM_Q16 nullptr
+#endif
+
 inline const Isa table = {GK_ISA_NAME, GK_INT16_ROWS, &rows, &rows_q16, &rows_f, &quantize_row, &quantize_q16,
-                          &dequant_row, &transpose_keys, &widen_values, &block_row, &attend, &gate_span};
+                          GK_GEMM_Q16, &dequant_row, &transpose_keys, &widen_values, &block_row, &attend, &gate_span};
 
 }  // namespace GK_ISA
 }  // namespace gk

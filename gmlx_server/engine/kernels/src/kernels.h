@@ -28,6 +28,13 @@ struct XRows {
   int64_t k;
 };
 
+// The largest activation code of the many-row int16 product (gemm16.h): 14 bits, so that an int32 lane sums a
+// run of products without overflow (the few-row kernels round to 32767).
+constexpr int kGemmFull = 16383;
+// Activation rows of one tile of that product: its codes come interleaved, tile by tile (rows padded with
+// zeros to whole tiles), pair p of the tile's row c at int32 index p * kGemmTile + c of the tile's k / 2 * 8.
+constexpr int kGemmTile = 8;
+
 struct Isa {
   const char* name;
   // activation rows up to which the int16 kernels beat the fp32 ones for every format on this ISA (AVX2's
@@ -41,7 +48,12 @@ struct Isa {
   void (*rows_f)(int type, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const float* x,
                  int64_t m_rows, int64_t k, float* y, int64_t ldy);
   void (*quantize_row)(const float* x, int64_t k, XBlock* out);
-  void (*quantize_q16)(const float* x, int64_t k, int group, const uint8_t* order, int64_t row, const XRows& out);
+  void (*quantize_q16)(const float* x, int64_t k, int group, const uint8_t* order, int64_t row, const XRows& out,
+                       int full);
+  // many activation rows against a repacked K-quant (gemm16.h; rows quantized to kGemmFull): null where the ISA
+  // has none, and sgemm on dequantized panels does that work
+  void (*gemm_q16)(int type, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const XRows& x,
+                   int64_t m_rows, float* y, int64_t ldy);
   void (*dequant_row)(int type, const uint8_t* w, int64_t k, float* out);
   // K rows [s0, s0 + kFlashWidth) of a.k (fp32 or fp16) as D vectors of kFlashWidth floats (flash.cpp)
   void (*transpose_keys)(const FlashArgs& a, int64_t s0, float* kt);

@@ -700,16 +700,17 @@ inline void rows_q16(int type, const uint8_t* w, int64_t row_bytes, int64_t n0, 
 }
 
 // Row `row` of x (k floats) -> int16 codes with one scale per `group` elements (32, or a K-quant's 256):
-// d = max|x| / 32767, q = round-half-even(x / d); s[j] = d * (sum of the codes of 32-group j). With `order`
+// d = max|x| / full, q = round-half-even(x / d); s[j] = d * (sum of the codes of 32-group j). With `order`
 // (256-groups), group position p holds the code of its element order[p] (a repacked format's, repack.h).
-inline void quantize_q16(const float* x, int64_t k, int group, const uint8_t* order, int64_t row, const XRows& out) {
+inline void quantize_q16(const float* x, int64_t k, int group, const uint8_t* order, int64_t row, const XRows& out,
+                         int full) {
   int16_t* q = out.q + row * k;
   float* d = out.d + row * (k / group);
   float* s = out.s + row * (k / 32);
   alignas(32) int16_t natural[256];
   for (int64_t g0 = 0; g0 < k; g0 += group) {
     const float amax = q16::amax_of(x + g0, group);
-    const float dg = amax / 32767.0f;
+    const float dg = amax / static_cast<float>(full);
     const float id = dg != 0.0f ? 1.0f / dg : 0.0f;
     d[g0 / group] = dg;
     int16_t* codes = order != nullptr ? natural : q + g0;
