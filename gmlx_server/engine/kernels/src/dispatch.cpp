@@ -385,21 +385,20 @@ void run_q16(Pool& p, const Isa& s, int type, const uint8_t* w, int64_t rb, int6
   });
 }
 
-// Many rows against a repacked K-quant (Isa::gemm_q16): the codes interleaved tile by tile (kernels.h), then
+// Many rows against a repacked K-quant (Isa::gemm_q16): the codes interleaved tile by tile (Isa::gemm_tile), then
 // chunks of whole 32-row panels.
 void run_gemm16(Pool& p, const Isa& s, int type, const uint8_t* w, int64_t rb, int64_t n, int64_t k, const float* x,
                 int64_t m, float* y) {
-  const int64_t tiles = (m + kGemmTile - 1) / kGemmTile, pairs = k / 2;
-  const XRows xr = quantize_rows(p, s, type, x, m, tiles * kGemmTile, k, kGemmFull);
+  const int64_t g = s.gemm_tile, tiles = (m + g - 1) / g, pairs = k / 2;
+  const XRows xr = quantize_rows(p, s, type, x, m, tiles * g, k, kGemmFull);
   thread_local std::vector<int32_t> tiled;
-  if (static_cast<int64_t>(tiled.size()) < tiles * kGemmTile * pairs) tiled.resize(tiles * kGemmTile * pairs);
+  if (static_cast<int64_t>(tiled.size()) < tiles * g * pairs) tiled.resize(tiles * g * pairs);
   const int32_t* from = reinterpret_cast<const int32_t*>(xr.q);
   int32_t* to = tiled.data();
   p.run(p.size(), [&](int64_t t0) {
     for (int64_t t = t0; t < tiles; t += p.size())
-      for (int c = 0; c < kGemmTile; ++c)
-        for (int64_t i = 0; i < pairs; ++i)
-          to[(t * pairs + i) * kGemmTile + c] = from[(t * kGemmTile + c) * pairs + i];
+      for (int64_t c = 0; c < g; ++c)
+        for (int64_t i = 0; i < pairs; ++i) to[(t * pairs + i) * g + c] = from[(t * g + c) * pairs + i];
   });
   const XRows xt{reinterpret_cast<int16_t*>(to), xr.d, xr.s, k};
   const int64_t per = (n + 4 * p.size() * 32 - 1) / (4 * p.size() * 32) * 32;  // whole 32-row panels

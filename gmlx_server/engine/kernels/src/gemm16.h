@@ -1,7 +1,8 @@
-// Many activation rows (prefill) against the repacked K-quants on AVX-512 VNNI: 32 weight rows are decoded once
-// into an int16 panel (sub-block scales folded in, k in pairs, the rows interleaved), then every activation row
-// meets it through vpdpwssd with the row's code pair broadcast, one int32 lane a weight row. vpdpwssd does 32
-// products an instruction where sgemm's FMA does 16, and no float panel is written (Qwen 1.5B's prefill 1.4x).
+// Many activation rows (prefill) against the repacked K-quants on AVX-512 VNNI and AVX-VNNI: 32 (16) weight rows
+// are decoded once into an int16 panel (sub-block scales folded in, k in pairs, the rows interleaved), then every
+// activation row meets it through vpdpwssd with the row's code pair broadcast, one int32 lane a weight row.
+// vpdpwssd does twice the products of an FMA of its width, and no float panel is written (Qwen 1.5B's prefill
+// 1.4x sgemm's on AVX-512).
 #pragma once
 
 #include <algorithm>
@@ -13,24 +14,77 @@
 namespace gk {
 namespace GK_ISA {
 
-#if defined(GK_AVX512VNNI)
+#if defined(GK_AVX512VNNI) || defined(GK_AVXVNNI)
 #define GK_GEMM16 1
 namespace g16 {
 
-constexpr int kRows = 32;  // weight rows a panel holds: two registers of int32 lanes
+// The vector kit: WI int32 lanes and WF float lanes of one register, kLanes of them; a panel holds two
+// registers' worth of weight rows, a tile kTile activation rows (2 x kTile accumulators, two weight registers
+// and a broadcast within the register file: 32 zmm, 16 ymm).
+#if defined(GK_AVX512VNNI)
+using WI = __m512i;
+using WF = __m512;
+constexpr int kLanes = 16, kTile = 8;
+inline WI iload(const int32_t* p) { return _mm512_loadu_si512(p); }
+inline WI ibcast(int32_t v) { return _mm512_set1_epi32(v); }
+inline WI izero() { return _mm512_setzero_si512(); }
+// acc += the pairwise products of w and x: as asm, since GCC copied every accumulator of the intrinsic's loop
+// into another register each step (twice the instructions the products take).
+__attribute__((always_inline)) inline void dp(WI& acc, WI w, WI x) {
+  asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(w), "v"(x));
+}
+inline WF fload(const float* p) { return _mm512_loadu_ps(p); }
+inline void fstore(float* p, WF v) { _mm512_storeu_ps(p, v); }
+inline WF fset1(float v) { return _mm512_set1_ps(v); }
+inline WF fmul(WF a, WF b) { return _mm512_mul_ps(a, b); }
+inline WF fmadd(WF a, WF b, WF c) { return _mm512_fmadd_ps(a, b, c); }
+inline WF cvt(WI a) { return _mm512_cvtepi32_ps(a); }
+// the first n lanes of v to y (n <= 0: none)
+inline void store_first(float* y, WF v, int n) {
+  _mm512_mask_storeu_ps(y, n >= kLanes ? 0xFFFF : n <= 0 ? 0 : static_cast<__mmask16>((1u << n) - 1), v);
+}
+inline void put(int16_t* out, const q16::V& v) { _mm512_storeu_si512(out, v.v); }
+// int16 lane L of 32 positions belongs to sub-block (L / 2) % 8 in both repacked layouts (repack.h)
+inline q16::V lane_scales(__m128i eight) {
+  const __m512i idx = _mm512_set_epi16(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0,
+                                       7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+  return {_mm512_permutexvar_epi16(idx, _mm512_castsi256_si512(_mm256_castsi128_si256(eight)))};
+}
+#else
+using WI = __m256i;
+using WF = __m256;
+constexpr int kLanes = 8, kTile = 6;
+inline WI iload(const int32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline WI ibcast(int32_t v) { return _mm256_set1_epi32(v); }
+inline WI izero() { return _mm256_setzero_si256(); }
+__attribute__((always_inline)) inline void dp(WI& acc, WI w, WI x) {  // as asm: see the AVX-512 kit
+  asm("%{vex%} vpdpwssd %2, %1, %0" : "+x"(acc) : "x"(w), "x"(x));
+}
+inline WF fload(const float* p) { return _mm256_loadu_ps(p); }
+inline void fstore(float* p, WF v) { _mm256_storeu_ps(p, v); }
+inline WF fset1(float v) { return _mm256_set1_ps(v); }
+inline WF fmul(WF a, WF b) { return _mm256_mul_ps(a, b); }
+inline WF fmadd(WF a, WF b, WF c) { return _mm256_fmadd_ps(a, b, c); }
+inline WF cvt(WI a) { return _mm256_cvtepi32_ps(a); }
+inline void store_first(float* y, WF v, int n) {
+  _mm256_maskstore_ps(y, _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)), v);
+}
+inline void put(int16_t* out, const q16::V& v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), v.lo);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16), v.hi);
+}
+inline q16::V lane_scales(__m128i eight) {  // lanes 0..15 and 16..31 alike: scale j in lanes 2j, 2j + 1
+  const __m256i pairs = _mm256_set_m128i(_mm_unpackhi_epi16(eight, eight), _mm_unpacklo_epi16(eight, eight));
+  return {pairs, pairs};
+}
+#endif
+constexpr int kRows = 2 * kLanes;  // weight rows a panel holds
 
 // Elements one int32 lane may sum before it is flushed to fp32: |code x sub-block scale| is at most 945
 // (Q4_K), 1953 (Q5_K) or 4096 (Q6_K), activation codes at most kGemmFull; the products stay below 2^31.
 constexpr int flush_elements(int type) { return type == Q4_KR ? 128 : type == Q5_KR ? 64 : 32; }
 static_assert(945LL * kGemmFull * 128 < (1LL << 31) && 1953LL * kGemmFull * 64 < (1LL << 31) &&
               4096LL * kGemmFull * 32 < (1LL << 31));
-
-// int16 lane L of 32 positions belongs to sub-block (L / 2) % 8 in both repacked layouts (repack.h)
-inline __m512i lane_scales(__m128i eight) {
-  const __m512i idx = _mm512_set_epi16(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0,
-                                       7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-  return _mm512_permutexvar_epi16(idx, _mm512_castsi256_si512(_mm256_castsi128_si256(eight)));
-}
 
 // One row's blocks as scaled int16 codes (out, in the activations' order), its block scales into dv[b * 32 + r],
 // Q4_K/Q5_K's min terms (-dmin x min of sub-block s) into mv[(b * 8 + s) * 32 + r].
@@ -44,11 +98,11 @@ inline void decode_row(const uint8_t* w, int64_t nb, int r, int16_t* out, float*
       for (int q = 0; q < 4; ++q) {
         const auto* scales = reinterpret_cast<const __m128i*>(blk + 192 + 8 * (q / 2));
         const __m128i s8 = _mm_cvtepi8_epi16(_mm_loadl_epi64(scales));
-        const V sc{lane_scales(s8)};
+        const V sc = lane_scales(s8);
         const V p = u8w(blk + 32 * q);
         const V a = subc(band(p, 63), 32), c = subc(bor(nib32(blk + 128 + 16 * q), band(srli(p, 2), 0x30)), 32);
-        _mm512_storeu_si512(out + 256 * b + 64 * q, mul(a, sc).v);
-        _mm512_storeu_si512(out + 256 * b + 64 * q + 32, mul(c, sc).v);
+        put(out + 256 * b + 64 * q, mul(a, sc));
+        put(out + 256 * b + 64 * q + 32, mul(c, sc));
       }
     } else {
       constexpr bool Q5 = T == Q5_KR;
@@ -59,76 +113,68 @@ inline void decode_row(const uint8_t* w, int64_t nb, int r, int16_t* out, float*
       const float d = f16_at(blk), dmin = f16_at(blk + 2);
       dv[b * kRows + r] = d;
       for (int s = 0; s < 8; ++s) mv[(b * 8 + s) * kRows + r] = -dmin * static_cast<float>(sm[8 + s]);
-      const V sc{lane_scales(_mm_cvtepu8_epi16(ks))};
+      const V sc = lane_scales(_mm_cvtepu8_epi16(ks));
       V qh{};
       if constexpr (Q5) qh = u8w(blk + 16);
       [&]<int... S>(std::integer_sequence<int, S...>) {
         ([&] {
           V c = nib32(blk + (Q5 ? 48 : 16) + 16 * S);
           if constexpr (Q5) c = bor(c, fifth_bits<S>(qh));
-          _mm512_storeu_si512(out + 256 * b + 32 * S, mul(c, sc).v);
+          put(out + 256 * b + 32 * S, mul(c, sc));
         }(), ...);
       }(std::make_integer_sequence<int, 8>{});
     }
   }
 }
 
-// acc += the pairwise products of w and x: as asm, since GCC copied every accumulator of the intrinsic's loop
-// into another register each step (twice the instructions the products take).
-__attribute__((always_inline)) inline void dp(__m512i& acc, __m512i w, __m512i x) {
-  asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(w), "v"(x));
-}
-
 // The products of one flush: FL code pairs from p0 into the tile's int32 lanes (the accumulators in registers);
-// xt is the tile's codes, pair p of row c at xt[p * kGemmTile + c].
+// xt is the tile's codes, pair p of row c at xt[p * kTile + c].
 template <int FL>
 __attribute__((always_inline)) inline void products(const int32_t* panel32, const int32_t* xt, int64_t p0,
-                                                    __m512i (&a)[kGemmTile][2]) {
-  for (int c = 0; c < kGemmTile; ++c) a[c][0] = a[c][1] = _mm512_setzero_si512();
+                                                    WI (&a)[kTile][2]) {
+  for (int c = 0; c < kTile; ++c) a[c][0] = a[c][1] = izero();
   const int32_t* pw = panel32 + p0 * kRows;
-  const int32_t* px = xt + p0 * kGemmTile;
-  for (int i = 0; i < FL; ++i, pw += kRows, px += kGemmTile) {
-    const __m512i w0 = _mm512_loadu_si512(pw), w1 = _mm512_loadu_si512(pw + 16);
+  const int32_t* px = xt + p0 * kTile;
+  for (int i = 0; i < FL; ++i, pw += kRows, px += kTile) {
+    const WI w0 = iload(pw), w1 = iload(pw + kLanes);
 #pragma GCC unroll 16
-    for (int c = 0; c < kGemmTile; ++c) {
-      const __m512i xv = _mm512_set1_epi32(px[c]);
+    for (int c = 0; c < kTile; ++c) {
+      const WI xv = ibcast(px[c]);
       dp(a[c][0], w0, xv);
       dp(a[c][1], w1, xv);
     }
   }
 }
 
-// Block b of the kGemmTile activation rows r0.. (a tile, x.q interleaved: kernels.h) against a decoded panel,
-// added to their fp32 sums fa (32 a row).
+// Block b of the kTile activation rows r0.. (a tile, x.q interleaved: Isa::gemm_tile) against a decoded panel,
+// added to their fp32 sums fa (kRows a row).
 template <int T>
 inline void tile(const int32_t* panel32, const float* dv, const float* mv, const XRows& x, int64_t r0, int64_t b,
                  float* fa) {
-  constexpr int C = kGemmTile, FL = flush_elements(T) / 2;  // FL: code pairs a flush
+  constexpr int FL = flush_elements(T) / 2;  // code pairs a flush
   const int32_t* xt = reinterpret_cast<const int32_t*>(x.q) + r0 * (x.k / 2);
   const int64_t xb = x.k / 256, xs = x.k / 32;
-  const __m512 d0 = _mm512_loadu_ps(dv + b * kRows), d1 = _mm512_loadu_ps(dv + b * kRows + 16);
+  const WF d[2] = {fload(dv + b * kRows), fload(dv + b * kRows + kLanes)};
   for (int64_t p0 = 128 * b; p0 < 128 * (b + 1); p0 += FL) {
-    __m512i a[C][2];
+    WI a[kTile][2];
     products<FL>(panel32, xt, p0, a);
-    for (int c = 0; c < C; ++c) {
+    for (int c = 0; c < kTile; ++c) {
       float* f = fa + (r0 + c) * kRows;
-      const __m512 s = _mm512_set1_ps(x.d[(r0 + c) * xb + b]);
-      for (int h = 0; h < 2; ++h)
-        _mm512_storeu_ps(f + 16 * h, _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[c][h]), _mm512_mul_ps(h ? d1 : d0, s),
-                                                     _mm512_loadu_ps(f + 16 * h)));
+      const WF s = fset1(x.d[(r0 + c) * xb + b]);
+      for (int h = 0; h < 2; ++h) fstore(f + kLanes * h, fmadd(cvt(a[c][h]), fmul(d[h], s), fload(f + kLanes * h)));
     }
   }
   if constexpr (T != Q6_KR) {
-    for (int c = 0; c < C; ++c) {
+    for (int c = 0; c < kTile; ++c) {
       float* f = fa + (r0 + c) * kRows;
-      __m512 f0 = _mm512_loadu_ps(f), f1 = _mm512_loadu_ps(f + 16);
+      WF f0 = fload(f), f1 = fload(f + kLanes);
       for (int s = 0; s < 8; ++s) {
-        const __m512 xsum = _mm512_set1_ps(x.s[(r0 + c) * xs + 8 * b + s]);
-        f0 = _mm512_fmadd_ps(_mm512_loadu_ps(mv + (b * 8 + s) * kRows), xsum, f0);
-        f1 = _mm512_fmadd_ps(_mm512_loadu_ps(mv + (b * 8 + s) * kRows + 16), xsum, f1);
+        const WF xsum = fset1(x.s[(r0 + c) * xs + 8 * b + s]);
+        f0 = fmadd(fload(mv + (b * 8 + s) * kRows), xsum, f0);
+        f1 = fmadd(fload(mv + (b * 8 + s) * kRows + kLanes), xsum, f1);
       }
-      _mm512_storeu_ps(f, f0);
-      _mm512_storeu_ps(f + 16, f1);
+      fstore(f, f0);
+      fstore(f + kLanes, f1);
     }
   }
 }
@@ -158,11 +204,9 @@ struct Panel {
   // The sums' first `valid` columns into y (m_rows rows, ldy apart): two stores a row (memcpy's rep movs took
   // 9% of the product).
   void store(int64_t m_rows, int valid, float* y, int64_t ldy) const {
-    const __mmask16 k0 = valid >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << valid) - 1);
-    const __mmask16 k1 = valid >= 32 ? 0xFFFF : valid <= 16 ? 0 : static_cast<__mmask16>((1u << (valid - 16)) - 1);
     for (int64_t r = 0; r < m_rows; ++r) {
-      _mm512_mask_storeu_ps(y + r * ldy, k0, _mm512_loadu_ps(fa.data() + r * kRows));
-      _mm512_mask_storeu_ps(y + r * ldy + 16, k1, _mm512_loadu_ps(fa.data() + r * kRows + 16));
+      store_first(y + r * ldy, fload(fa.data() + r * kRows), valid);
+      store_first(y + r * ldy + kLanes, fload(fa.data() + r * kRows + kLanes), valid - kLanes);
     }
   }
 };
@@ -170,15 +214,15 @@ struct Panel {
 template <int T>
 inline void panels(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const XRows& x, int64_t m_rows,
                    float* y, int64_t ldy) {
-  const int64_t tiles = (m_rows + kGemmTile - 1) / kGemmTile;
+  const int64_t tiles = (m_rows + kTile - 1) / kTile;
   thread_local Panel pn;
   for (int64_t t0 = n0; t0 < n1; t0 += kRows) {
     const int valid = static_cast<int>(std::min<int64_t>(kRows, n1 - t0));
     pn.decode<T>(w + t0 * row_bytes, row_bytes, valid, x.k);
-    pn.fa.assign(static_cast<size_t>(tiles * kGemmTile * kRows), 0.0f);
-    for (int64_t b = 0; b < x.k / 256; ++b)  // the panel's block (16 KB) stays in L1 while every tile meets it
+    pn.fa.assign(static_cast<size_t>(tiles * kTile * kRows), 0.0f);
+    for (int64_t b = 0; b < x.k / 256; ++b)  // the panel's block (8 or 16 KB) stays in L1 while every tile meets it
       for (int64_t t = 0; t < tiles; ++t)
-        tile<T>(pn.codes.data(), pn.dv.data(), pn.mv.data(), x, t * kGemmTile, b, pn.fa.data());
+        tile<T>(pn.codes.data(), pn.dv.data(), pn.mv.data(), x, t * kTile, b, pn.fa.data());
     pn.store(m_rows, valid, y + t0, ldy);
   }
 }

@@ -15,9 +15,9 @@ namespace GK_ISA {
 #endif
 
 #if defined(GK_GEMM16)
-#define GK_GEMM_Q16 &gemm_q16
+#define GK_GEMM_Q16 &gemm_q16, g16::kTile
 #else
-#define GK_GEMM_Q16 nullptr
+#define GK_GEMM_Q16 nullptr, 0
 #endif
 
 inline const Isa table = {GK_ISA_NAME, GK_INT16_ROWS, &rows, &rows_q16, &rows_f, &quantize_row, &quantize_q16,

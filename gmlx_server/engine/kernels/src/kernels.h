@@ -31,9 +31,6 @@ struct XRows {
 // The largest activation code of the many-row int16 product (gemm16.h): 14 bits, so that an int32 lane sums a
 // run of products without overflow (the few-row kernels round to 32767).
 constexpr int kGemmFull = 16383;
-// Activation rows of one tile of that product: its codes come interleaved, tile by tile (rows padded with
-// zeros to whole tiles), pair p of the tile's row c at int32 index p * kGemmTile + c of the tile's k / 2 * 8.
-constexpr int kGemmTile = 8;
 
 struct Isa {
   const char* name;
@@ -54,6 +51,9 @@ struct Isa {
   // has none, and sgemm on dequantized panels does that work
   void (*gemm_q16)(int type, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const XRows& x,
                    int64_t m_rows, float* y, int64_t ldy);
+  // activation rows of one tile of that product: its codes come interleaved tile by tile (rows padded with zeros
+  // to whole tiles), pair p of the tile's row c at int32 p * gemm_tile + c of the tile's k / 2 * gemm_tile
+  int gemm_tile;
   void (*dequant_row)(int type, const uint8_t* w, int64_t k, float* out);
   // K rows [s0, s0 + kFlashWidth) of a.k (fp32 or fp16) as D vectors of kFlashWidth floats (flash.cpp)
   void (*transpose_keys)(const FlashArgs& a, int64_t s0, float* kt);
