@@ -86,8 +86,8 @@ constexpr int flush_elements(int type) { return type == Q4_KR ? 128 : type == Q5
 static_assert(945LL * kGemmFull * 128 < (1LL << 31) && 1953LL * kGemmFull * 64 < (1LL << 31) &&
               4096LL * kGemmFull * 32 < (1LL << 31));
 
-// One row's blocks as scaled int16 codes (out, in the activations' order), its block scales into dv[b * 32 + r],
-// Q4_K/Q5_K's min terms (-dmin x min of sub-block s) into mv[(b * 8 + s) * 32 + r].
+// One row's blocks as scaled int16 codes (out, in the activations' order), its block scales into dv[b * kRows + r],
+// Q4_K/Q5_K's min terms (-dmin x min of sub-block s) into mv[(b * 8 + s) * kRows + r].
 template <int T>
 inline void decode_row(const uint8_t* w, int64_t nb, int r, int16_t* out, float* dv, float* mv) {
   using namespace q16;
