@@ -378,7 +378,7 @@ XRows quantize_rows(Pool& p, const Isa& s, int type, const float* x, int64_t m, 
 // Activations to int16 once, then the weight-row chunks.
 void run_q16(Pool& p, const Isa& s, int type, const uint8_t* w, int64_t rb, int64_t n, int64_t k, const float* x,
              int64_t m, float* y, int64_t per, int64_t chunks) {
-  const XRows xr = quantize_rows(p, s, type, x, m, m, k, 32767);
+  const XRows xr = quantize_rows(p, s, type, x, m, m, k, kRowsFull);
   p.run(chunks, [&](int64_t c) {
     const int64_t n0 = c * per;
     s.rows_q16(type, w, rb, n0, std::min(n, n0 + per), xr, m, y, n);

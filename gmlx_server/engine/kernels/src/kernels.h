@@ -28,9 +28,9 @@ struct XRows {
   int64_t k;
 };
 
-// The largest activation code of the many-row int16 product (gemm16.h): 14 bits, so that an int32 lane sums a
-// run of products without overflow (the few-row kernels round to 32767).
-constexpr int kGemmFull = 16383;
+// The largest activation code of the few-row int16 kernels (qdot.h), and of the many-row product (gemm16.h):
+// 14 bits there, so that an int32 lane sums a run of products without overflow.
+constexpr int kRowsFull = 32767, kGemmFull = 16383;
 
 struct Isa {
   const char* name;
