@@ -192,9 +192,13 @@ struct Panel {
     const int64_t nb = k / 256;
     rows.resize(static_cast<size_t>(kRows * k));
     codes.resize(static_cast<size_t>(kRows * k / 2));
-    dv.assign(static_cast<size_t>(nb * kRows), 0.0f);
-    mv.assign(static_cast<size_t>(nb * 8 * kRows), 0.0f);
-    if (valid < kRows) std::fill(rows.begin(), rows.end(), 0);
+    dv.resize(static_cast<size_t>(nb * kRows));
+    mv.resize(static_cast<size_t>(nb * 8 * kRows));
+    if (valid < kRows) {  // a last, partial panel: its missing rows contribute zeros
+      std::fill(rows.begin(), rows.end(), 0);
+      std::fill(dv.begin(), dv.end(), 0.0f);
+      std::fill(mv.begin(), mv.end(), 0.0f);
+    }
     for (int r = 0; r < valid; ++r) decode_row<T>(w + r * row_bytes, nb, r, rows.data() + r * k, dv.data(), mv.data());
     const int32_t* from = reinterpret_cast<const int32_t*>(rows.data());
     for (int64_t p = 0; p < k / 2; ++p)
