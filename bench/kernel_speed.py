@@ -124,6 +124,7 @@ def main() -> None:
     ap.add_argument("--cold-mb", type=int, default=256, help="weight copies per shape, so reads miss the caches")
     ap.add_argument("--warm", action="store_true", help="one copy of the weights (cache-resident)")
     ap.add_argument("--modes", default="auto", help="activation modes timed in turn (f32,int16,int8,auto)")
+    ap.add_argument("--isa", default="", help="force one of ext.isas() (default: the best the CPU has)")
     args = ap.parse_args()
     modes = args.modes.split(",")
     status = probe()
@@ -131,6 +132,8 @@ def main() -> None:
         sys.exit(f"kernels unavailable: {status.reason}")
     ext = status.ext
     ext.set_threads(args.threads)
+    if args.isa:
+        ext.set_isa(args.isa)
     ceilings = (read_ceiling(ext.threads()), copy_ceiling())
     print(f"kernels {ext.isa()} ({', '.join(ext.isas())} usable), {ext.threads()} threads, activations "
           f"{'/'.join(modes)}; memory read {ceilings[0]:.1f} GB/s (numpy, {ext.threads()} threads), "

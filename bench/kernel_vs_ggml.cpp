@@ -81,7 +81,7 @@ void run(const Format& f, int64_t k, int64_t n, int reps) {
   std::vector<uint8_t> packed(w.size());
   const int64_t kblocks = n * (k / 256);
   if (f.type == 12) gk::repack_q4k(w.data(), packed.data(), kblocks), type = gk::kQ4KR, order = gk::kQ4KROrder.at;
-  if (f.type == 13) gk::repack_q5k(w.data(), packed.data(), kblocks), type = gk::kQ5KR, order = gk::kQ4KROrder.at;
+  if (f.type == 13) gk::repack_q5k(w.data(), packed.data(), kblocks), type = gk::kQ5KR, order = gk::kQ5KROrder.at;
   if (f.type == 14) gk::repack_q6k(w.data(), packed.data(), kblocks), type = gk::kQ6KR, order = gk::kQ6KROrder.at;
   const uint8_t* gw = order != nullptr ? packed.data() : w.data();
   const int group = f.qk;

@@ -275,7 +275,7 @@ Rows natural_rows(int type, const uint8_t* w, int64_t rb, int64_t rows, std::vec
 }
 
 const uint8_t* repack_order(int type) {
-  return type == kQ4KR || type == kQ5KR ? kQ4KROrder.at : type == kQ6KR ? kQ6KROrder.at : nullptr;
+  return type == kQ4KR ? kQ4KROrder.at : type == kQ5KR ? kQ5KROrder.at : type == kQ6KR ? kQ6KROrder.at : nullptr;
 }
 
 // x's (m, k) columns in a repacked type's order (each 256-block's position p takes element order[p]), in a buffer

@@ -272,22 +272,31 @@ inline void rows_f(int type, const uint8_t* w, int64_t row_bytes, int64_t n0, in
 // order[p] (sgemm panels, whose activations dispatch.cpp permutes alike).
 // (restrict: a uint8_t pointer may alias the floats, which kept GCC from widening the loops)
 inline void dequant_repacked_row(int type, const uint8_t* __restrict w, int64_t k, float* __restrict out) {
-  float a[16], b[16];  // per position i of 16: its sub-block's scale (and Q4_K's min term); loops the compiler widens
+  float a[32], b[32];  // per byte i of 32: its sub-block's scale (and the K-quant's min term); loops GCC widens
   for (int64_t blk = 0; blk < k / 256; ++blk, out += 256) {
-    if (type == Q4_KR || type == Q5_KR) {
-      const bool q5 = type == Q5_KR;  // Q5_K: the fifth bits in the 32 bytes before the nibbles
+    if (type == Q4_KR) {  // positions 64c + 32h + i: nibble h of code byte 32c + i
+      float sa[8], sb[8];
+      k_scale_min(w + 4, f16_at(w), f16_at(w + 2), sa, sb);
+      for (int i = 0; i < 32; ++i) a[i] = sa[(i % 16) / 2], b[i] = sb[(i % 16) / 2];
+      for (int c = 0; c < 4; ++c) {
+        const uint8_t* q = w + 16 + 32 * c;
+        for (int i = 0; i < 32; ++i) out[64 * c + i] = a[i] * static_cast<float>(q[i] & 15) + b[i];
+        for (int i = 0; i < 32; ++i) out[64 * c + 32 + i] = a[i] * static_cast<float>(q[i] >> 4) + b[i];
+      }
+      w += 144;
+      continue;
+    }
+    if (type == Q5_KR) {  // positions 32r + 16h + i: nibble h of byte 16r + i, the fifth bit r of qh byte 16h + i
       float sa[8], sb[8];
       k_scale_min(w + 4, f16_at(w), f16_at(w + 2), sa, sb);
       for (int i = 0; i < 16; ++i) a[i] = sa[i / 2], b[i] = sb[i / 2];
       for (int r = 0; r < 8; ++r) {
-        const uint8_t* q = w + (q5 ? 48 : 16) + 16 * r;
-        const uint8_t* h = w + 16;
+        const uint8_t* q = w + 48 + 16 * r;
+        for (int i = 0; i < 16; ++i) out[32 * r + i] = a[i] * static_cast<float>((q[i] & 15) | ((w[16 + i] >> r) & 1) << 4) + b[i];
         for (int i = 0; i < 16; ++i)
-          out[32 * r + i] = a[i] * static_cast<float>((q[i] & 15) | (q5 ? ((h[i] >> r) & 1) << 4 : 0)) + b[i];
-        for (int i = 0; i < 16; ++i)
-          out[32 * r + 16 + i] = a[i] * static_cast<float>((q[i] >> 4) | (q5 ? ((h[16 + i] >> r) & 1) << 4 : 0)) + b[i];
+          out[32 * r + 16 + i] = a[i] * static_cast<float>((q[i] >> 4) | ((w[32 + i] >> r) & 1) << 4) + b[i];
       }
-      w += q5 ? 176 : 144;
+      w += 176;
       continue;
     }
     const float d = f16_at(w + 208);

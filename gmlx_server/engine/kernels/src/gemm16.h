@@ -114,15 +114,18 @@ inline void decode_row(const uint8_t* w, int64_t nb, int r, int16_t* out, float*
       dv[b * kRows + r] = d;
       for (int s = 0; s < 8; ++s) mv[(b * 8 + s) * kRows + r] = -dmin * static_cast<float>(sm[8 + s]);
       const V sc = lane_scales(_mm_cvtepu8_epi16(ks));
-      V qh{};
-      if constexpr (Q5) qh = u8w(blk + 16);
-      [&]<int... S>(std::integer_sequence<int, S...>) {
-        ([&] {
-          V c = nib32(blk + (Q5 ? 48 : 16) + 16 * S);
-          if constexpr (Q5) c = bor(c, fifth_bits<S>(qh));
-          put(out + 256 * b + 32 * S, mul(c, sc));
-        }(), ...);
-      }(std::make_integer_sequence<int, 8>{});
+      if constexpr (Q5) {
+        const V qh = u8w(blk + 16);
+        [&]<int... S>(std::integer_sequence<int, S...>) {
+          ([&] { put(out + 256 * b + 32 * S, mul(bor(nib32(blk + 48 + 16 * S), fifth_bits<S>(qh)), sc)); }(), ...);
+        }(std::make_integer_sequence<int, 8>{});
+      } else {
+        for (int c = 0; c < 4; ++c) {
+          V lo, hi;
+          nib64(blk + 16 + 32 * c, lo, hi);
+          put(out + 256 * b + 64 * c, mul(lo, sc)), put(out + 256 * b + 64 * c + 32, mul(hi, sc));
+        }
+      }
     }
   }
 }

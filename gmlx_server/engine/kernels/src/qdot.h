@@ -36,6 +36,11 @@ inline V nib32(const uint8_t* p) {
   const __m512i sh = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
   return {_mm512_and_si512(_mm512_srlv_epi16(b, sh), _mm512_set1_epi16(15))};
 }
+// 32 bytes -> their low nibbles (lo) and their high ones (hi), 32 lanes each (Q4_K_R's order, repack.h)
+inline void nib64(const uint8_t* p, V& lo, V& hi) {
+  const __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  lo = {_mm512_and_si512(b, _mm512_set1_epi16(15))}, hi = {_mm512_srli_epi16(b, 4)};
+}
 inline V band(V a, int16_t m) { return {_mm512_and_si512(a.v, _mm512_set1_epi16(m))}; }
 inline V bor(V a, V b) { return {_mm512_or_si512(a.v, b.v)}; }
 inline V srli(V a, int s) { return {_mm512_srli_epi16(a.v, s)}; }
@@ -160,6 +165,10 @@ inline V nib32(const uint8_t* p) {
   const __m256i b = w16(p);
   return {_mm256_and_si256(b, _mm256_set1_epi16(15)), _mm256_srli_epi16(b, 4)};
 }
+inline void nib64(const uint8_t* p, V& lo, V& hi) {
+  const __m256i a = w16(p), b = w16(p + 16), m = _mm256_set1_epi16(15);
+  lo = {_mm256_and_si256(a, m), _mm256_and_si256(b, m)}, hi = {_mm256_srli_epi16(a, 4), _mm256_srli_epi16(b, 4)};
+}
 inline V band(V a, int16_t m) {
   const __m256i k = _mm256_set1_epi16(m);
   return {_mm256_and_si256(a.lo, k), _mm256_and_si256(a.hi, k)};
@@ -243,6 +252,9 @@ inline V nib32(const uint8_t* p) {
   V r;
   for (int i = 0; i < 16; ++i) r.v[i] = p[i] & 15, r.v[i + 16] = p[i] >> 4;
   return r;
+}
+inline void nib64(const uint8_t* p, V& lo, V& hi) {
+  for (int i = 0; i < 32; ++i) lo.v[i] = p[i] & 15, hi.v[i] = p[i] >> 4;
 }
 inline V band(V a, int16_t m) { return {a.v & m}; }
 inline V bor(V a, V b) { return {a.v | b.v}; }
@@ -527,10 +539,11 @@ inline void row_q45k_one(const uint8_t* w, int64_t nb, const XRows& x, int64_t r
   *y = hsum(fadd(acc0, acc1)) + f8sum(bias);
 }
 
-// Q4_K and Q5_K repacked at load (repack.h): each 16 code bytes (nib32) hold 4 elements of every sub-block, so an
+// Q4_K and Q5_K repacked at load (repack.h): each 16 code bytes hold 4 elements of every sub-block, so an
 // accumulator's int32 lanes (f8_of) each sum one sub-block over the block, and its scale and min apply once a
-// block in fp32: no per-sub-block conversion or broadcast (1.3x Q4_K's one-row kernel on Zen 3). Q5_K's fifth
-// bits: bit s of qh byte i is lane i's of the 32 codes s.
+// block in fp32: no per-sub-block conversion or broadcast (1.3x Q4_K's one-row kernel on Zen 3). Q4_K widens
+// 32 bytes at a time (nib64: 3 ops per 64 codes where nib32 took 3 per 32 on AVX-512). Q5_K's fifth bits: bit s
+// of qh byte i is lane i's of the 32 codes s (nib32).
 template <int s>
 inline V fifth_bits(const V& qh) {
   if constexpr (s < 4) return band(slli(qh, 4 - s), 16);
@@ -548,16 +561,27 @@ inline void row_q45kr(const uint8_t* w, int64_t nb, const XRows& x, int64_t r0, 
   for (int64_t b = 0; b < nb; ++b, w += BYTES) {
     A ai[NR][2];
     for (int r = 0; r < NR; ++r) ai[r][0] = ai[r][1] = azero();
-    V qh{};
-    if constexpr (Q5) qh = u8w(w + 16);
-    [&]<int... S>(std::integer_sequence<int, S...>) {
-      ([&] {
-        V c = nib32(w + CODES + 16 * S);
-        if constexpr (Q5) c = bor(c, fifth_bits<S>(qh));
+    if constexpr (Q5) {
+      const V qh = u8w(w + 16);
+      [&]<int... S>(std::integer_sequence<int, S...>) {
+        ([&] {
+          const V c = bor(nib32(w + CODES + 16 * S), fifth_bits<S>(qh));
 #pragma GCC unroll 4
-        for (int r = 0; r < NR; ++r) ai[r][S & 1] = dot(ai[r][S & 1], c, ld(xq + r * x.k + 256 * b + 32 * S));
-      }(), ...);
-    }(std::make_integer_sequence<int, 8>{});
+          for (int r = 0; r < NR; ++r) ai[r][S & 1] = dot(ai[r][S & 1], c, ld(xq + r * x.k + 256 * b + 32 * S));
+        }(), ...);
+      }(std::make_integer_sequence<int, 8>{});
+    } else {
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) {
+        V lo, hi;
+        nib64(w + CODES + 32 * c, lo, hi);
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; ++r) {
+          const int16_t* xr = xq + r * x.k + 256 * b + 64 * c;
+          ai[r][0] = dot(ai[r][0], lo, ld(xr)), ai[r][1] = dot(ai[r][1], hi, ld(xr + 32));
+        }
+      }
+    }
     const KS ks = k_scales(w + 4);
     const F8 sc = ks_scales(ks), mn = ks_mins(ks);
     const float d = f16_at(w), dmin = f16_at(w + 2);

@@ -18,12 +18,13 @@ void q4_pack(const uint8_t* code, uint8_t* q) {
     for (int i = 0; i < 32; ++i) q[32 * c + i] = static_cast<uint8_t>((code[64 * c + i] & 15) | (code[64 * c + 32 + i] << 4));
 }
 
-// Q4_KR: position 32r + i (i < 16) is the low nibble of byte 16r + i, 32r + 16 + i its high one.
-void q4r_codes(const uint8_t* q, uint8_t* code) {
+// Q5_KR's nibbles: position 32r + i (i < 16) is the low nibble of byte 16r + i, 32r + 16 + i its high one.
+// (Q4_KR's positions are Q4_K's: q4_codes and q4_pack.)
+void q5r_nibbles(const uint8_t* q, uint8_t* code) {
   for (int r = 0; r < 8; ++r)
     for (int i = 0; i < 16; ++i) code[32 * r + i] = q[16 * r + i] & 15, code[32 * r + 16 + i] = q[16 * r + i] >> 4;
 }
-void q4r_pack(const uint8_t* code, uint8_t* q) {
+void q5r_pack_nibbles(const uint8_t* code, uint8_t* q) {
   for (int r = 0; r < 8; ++r)
     for (int i = 0; i < 16; ++i) q[16 * r + i] = static_cast<uint8_t>((code[32 * r + i] & 15) | (code[32 * r + 16 + i] << 4));
 }
@@ -41,11 +42,11 @@ void q5_pack(const uint8_t* code, uint8_t* w) {
 
 // Q5_KR: Q4_KR's nibbles at w + 32; position p's fifth bit is bit p / 32 of qh byte p % 32.
 void q5r_codes(const uint8_t* w, uint8_t* code) {
-  q4r_codes(w + 32, code);
+  q5r_nibbles(w + 32, code);
   for (int p = 0; p < 256; ++p) code[p] = static_cast<uint8_t>(code[p] | (((w[p % 32] >> (p / 32)) & 1) << 4));
 }
 void q5r_pack(const uint8_t* code, uint8_t* w) {
-  q4r_pack(code, w + 32);
+  q5r_pack_nibbles(code, w + 32);
   std::memset(w, 0, 32);
   for (int p = 0; p < 256; ++p) w[p % 32] = static_cast<uint8_t>(w[p % 32] | ((code[p] >> 4) << (p / 32)));
 }
@@ -108,16 +109,16 @@ void convert(const uint8_t* in, uint8_t* out, int64_t blocks, int bytes, int cod
 }  // namespace
 
 void repack_q4k(const uint8_t* in, uint8_t* out, int64_t blocks) {
-  convert<q4_codes, q4r_pack>(in, out, blocks, 144, 16, 0, 16, true, kQ4KROrder.at);
+  convert<q4_codes, q4_pack>(in, out, blocks, 144, 16, 0, 16, true, kQ4KROrder.at);
 }
 void unrepack_q4k(const uint8_t* in, uint8_t* out, int64_t blocks) {
-  convert<q4r_codes, q4_pack>(in, out, blocks, 144, 16, 0, 16, false, kQ4KROrder.at);
+  convert<q4_codes, q4_pack>(in, out, blocks, 144, 16, 0, 16, false, kQ4KROrder.at);
 }
 void repack_q5k(const uint8_t* in, uint8_t* out, int64_t blocks) {
-  convert<q5_codes, q5r_pack>(in, out, blocks, 176, 16, 0, 16, true, kQ4KROrder.at);
+  convert<q5_codes, q5r_pack>(in, out, blocks, 176, 16, 0, 16, true, kQ5KROrder.at);
 }
 void unrepack_q5k(const uint8_t* in, uint8_t* out, int64_t blocks) {
-  convert<q5r_codes, q5_pack>(in, out, blocks, 176, 16, 0, 16, false, kQ4KROrder.at);
+  convert<q5r_codes, q5_pack>(in, out, blocks, 176, 16, 0, 16, false, kQ5KROrder.at);
 }
 void repack_q6k(const uint8_t* in, uint8_t* out, int64_t blocks) {
   convert<q6_codes, q6r_pack>(in, out, blocks, 210, 0, 192, 18, true, kQ6KROrder.at);

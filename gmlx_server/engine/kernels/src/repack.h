@@ -1,6 +1,6 @@
-// K-quant blocks repacked at load for the int16 kernels (qdot.h, row_q45kr and row_q6kr): the codes reordered so
-// that each 32 codes the kernel decodes hold 4 elements of 8 sub-blocks, one int32 lane sums one sub-block over
-// the block, and the sub-blocks' scales apply once a block, in fp32. Scales and sizes stay as they were.
+// K-quant blocks repacked at load for the int16 kernels (qdot.h, row_q4kr, row_q45kr and row_q6kr): the codes
+// reordered so that each 32 codes the kernel decodes hold 4 elements of 8 sub-blocks, one int32 lane sums one
+// sub-block over the block, and the sub-blocks' scales apply once a block, in fp32. Scales and sizes stay.
 #pragma once
 
 #include <cstdint>
@@ -9,10 +9,18 @@ namespace gk {
 
 constexpr int kQ4KR = 112, kQ5KR = 113, kQ6KR = 114;  // the repacked types' ids (ggml assigns none above 41)
 
-// The natural element (0..255) at repacked position p = 32r + 16h + 2j + t: element 4r + 2h + t of sub-block
-// j. Position p's code is byte 16r + 2j + t, low nibble for h = 0. Q5_K's positions are Q4_K's, their nibbles
-// 32 bytes further on, and the fifth bit of position p is bit r of qh byte 16h + 2j + t.
-constexpr int q4kr_element(int p) {
+// Q4_K_R's bytes: byte 16r + 2j + t holds elements 4r + t (low nibble) and 4r + 2 + t (high) of sub-block j.
+// Its positions follow Q4_K's own nibble order, position 64c + 32h + i for nibble h of byte 32c + i, so that one
+// 32-byte load feeds 64 codes (the kernels' nib64): the element at position q, natural numbering 32j + e.
+constexpr int q4kr_element(int q) {
+  const int c = q / 64, h = (q / 32) % 2, i = q % 32, r = 2 * c + i / 16, u = i % 16;
+  return 32 * (u / 2) + 4 * r + 2 * h + u % 2;
+}
+
+// Q5_K_R's positions p = 32r + 16h + 2j + t (Q4_K_R's bytes, nibbles 32 bytes further on; element 4r + 2h + t
+// of sub-block j): each 16 code bytes (nib32) make 32 positions, and the fifth bit of position p is bit r of qh
+// byte 16h + 2j + t.
+constexpr int q5kr_element(int p) {
   return 32 * ((p / 2) % 8) + 4 * (p / 32) + 2 * ((p / 16) % 2) + p % 2;
 }
 
@@ -33,6 +41,7 @@ struct Order {
   }
 };
 inline constexpr Order<q4kr_element> kQ4KROrder;
+inline constexpr Order<q5kr_element> kQ5KROrder;
 inline constexpr Order<q6kr_element> kQ6KROrder;
 
 // `blocks` blocks from Q4_K (144 bytes), Q5_K (176) or Q6_K (210) to their repacked layouts, and back.
