@@ -124,6 +124,7 @@ def main() -> None:
     ap.add_argument("--cold-mb", type=int, default=256, help="weight copies per shape, so reads miss the caches")
     ap.add_argument("--warm", action="store_true", help="one copy of the weights (cache-resident)")
     ap.add_argument("--modes", default="auto", help="activation modes timed in turn (f32,int16,int8,auto)")
+    ap.add_argument("--shapes", default="", help="out x in pairs, e.g. 17920x1536,1536x8960 (default: per format)")
     ap.add_argument("--isa", default="", help="force one of ext.isas() (default: the best the CPU has)")
     args = ap.parse_args()
     modes = args.modes.split(",")
@@ -140,6 +141,8 @@ def main() -> None:
           f"copy {ceilings[1]:.1f} GB/s (numpy, 1 thread, read+write)")
     for name in args.formats.split(","):
         shapes = SHAPES_256 if "_K" in name else SHAPES_32
+        if args.shapes:
+            shapes = [(int(a), int(b)) for a, b in (s.split("x") for s in args.shapes.split(","))]
         for n, k in shapes:
             for rows in (int(r) for r in args.rows.split(",")):
                 reps = args.reps if rows * n < 2_000_000 else max(3, args.reps // 3)
