@@ -594,6 +594,41 @@ inline void row_q45kr(const uint8_t* w, int64_t nb, const XRows& x, int64_t r0, 
   for (int r = 0; r < NR; ++r) y[r * ldy] = f8sum(acc[r] + bias[r]);
 }
 
+// Weight bytes prefetched ahead, into L2 (prefetcht1): into L1 (t0) the lines evicted the activation row a long
+// row reads with each block (k = 8960: 18 -> 22 GB/s on Zen 4; 1.5B decode 19-20 -> 23-25 tok/s)
+constexpr int64_t kAheadBytes = 8192;
+constexpr int kAheadLocality = 2;
+// Q4_K_R, one activation row against the two weight rows at w and w + rb (y[0], y[1]): each block's activation
+// codes are loaded once for both. A long row's codes (k = 8960: 17.5 KB) fall out of L1 as the weights stream
+// past, and their L2 reads then paced the kernel.
+inline void pair_q4kr(const uint8_t* w, int64_t rb, int64_t nb, const XRows& x, float* y) {
+  F8 acc[2] = {f8zero(), f8zero()}, bias[2] = {f8zero(), f8zero()};
+  for (int64_t b = 0; b < nb; ++b) {
+    A ai[2][2] = {{azero(), azero()}, {azero(), azero()}};
+    const int16_t* xr = x.q + 256 * b;
+    for (int i = 0; i < 2; ++i)
+      for (int l = 0; l < 192; l += 64) __builtin_prefetch(w + i * rb + 144 * b + kAheadBytes + l, 0, kAheadLocality);
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      const V x0 = ld(xr + 64 * c), x1 = ld(xr + 64 * c + 32);
+#pragma GCC unroll 2
+      for (int i = 0; i < 2; ++i) {
+        V lo, hi;
+        nib64(w + i * rb + 144 * b + 16 + 32 * c, lo, hi);
+        ai[i][0] = dot(ai[i][0], lo, x0), ai[i][1] = dot(ai[i][1], hi, x1);
+      }
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; ++i) {
+      const uint8_t* blk = w + i * rb + 144 * b;
+      const KS ks = k_scales(blk + 4);
+      acc[i] = f8_fma(f8_of(add(ai[i][0], ai[i][1])), ks_scales(ks), f16_at(blk) * x.d[b], acc[i]);
+      bias[i] = f8_mins(bias[i], ks_mins(ks), -f16_at(blk + 2), x.s + 8 * b);
+    }
+  }
+  y[0] = f8sum(acc[0] + bias[0]), y[1] = f8sum(acc[1] + bias[1]);
+}
+
 // Q6_K repacked at load (repack.h): per quarter q of the block, 32 bytes P give one V of codes (bits 0..5) and,
 // with the 16 nibble bytes N, another (N's nibbles, P's bits 6..7 on top); halves g of the block fill two
 // accumulators whose lanes sum sub-blocks 8g..8g + 7 (1.6x Q6_K's one-row kernel on Zen 3).
@@ -697,10 +732,6 @@ inline void row_any(int type, const uint8_t* w, int64_t nb, const XRows& x, int6
 #define GK_Q16_TILE 4
 #endif
 
-// Weight bytes prefetched ahead, into L2 (prefetcht1): into L1 (t0) the lines evicted the activation row a long
-// row reads with each block (k = 8960: 18 -> 22 GB/s on Zen 4; 1.5B decode 19-20 -> 23-25 tok/s)
-constexpr int64_t kAheadBytes = 8192;
-constexpr int kAheadLocality = 2;
 // Weight rows [n0, n1) against the m_rows activation rows of x; y is (m_rows, ldy). GK_Q16_TILE activation
 // rows share each weight block's decode; 64 at a time stay in L2 while the weight rows stream past.
 inline void rows_q16(int type, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const XRows& x,
@@ -708,13 +739,24 @@ inline void rows_q16(int type, const uint8_t* w, int64_t row_bytes, int64_t n0, 
   const int64_t nb = row_bytes / block_bytes(type);
   constexpr int64_t MB = 64;
   const uint8_t* end = w + n1 * row_bytes;
+  const auto ahead = [&](const uint8_t* wr, int64_t bytes) {
+    // the hardware prefetcher alone left cold matrices at 0.7-0.8x the fp32 path's GB/s
+    for (const uint8_t* p = wr + q16::kAheadBytes; p < wr + q16::kAheadBytes + bytes && p < end; p += 64)
+      __builtin_prefetch(p, 0, q16::kAheadLocality);
+  };
+  if (m_rows == 1 && type == Q4_KR) {  // decode: weight rows in pairs
+    int64_t n = n0;
+    for (; n + 2 <= n1; n += 2) {
+      q16::pair_q4kr(w + n * row_bytes, row_bytes, nb, x, y + n);
+    }
+    if (n < n1) q16::row_any<1>(type, w + n * row_bytes, nb, x, 0, y + n, ldy);
+    return;
+  }
   for (int64_t m0 = 0; m0 < m_rows; m0 += MB) {
     const int64_t m1 = m0 + MB < m_rows ? m0 + MB : m_rows;
     for (int64_t n = n0; n < n1; ++n) {
       const uint8_t* wr = w + n * row_bytes;
-      // the hardware prefetcher alone left cold matrices at 0.7-0.8x the fp32 path's GB/s
-      for (const uint8_t* p = wr + kAheadBytes; p < wr + kAheadBytes + row_bytes && p < end; p += 64)
-        __builtin_prefetch(p, 0, kAheadLocality);
+      ahead(wr, row_bytes);
       int64_t m = m0;
       for (; m + GK_Q16_TILE <= m1; m += GK_Q16_TILE)
         q16::row_any<GK_Q16_TILE>(type, wr, nb, x, m, y + m * ldy + n, ldy);
