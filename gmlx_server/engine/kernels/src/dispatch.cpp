@@ -47,12 +47,13 @@ using base::cpu_relax;
 // What isa_*.cpp need, read with cpuid itself (Clang's __builtin_cpu_supports lacks "f16c" and "avxvnni"
 // before version 16), and whether the OS saves the ymm/zmm registers (XCR0).
 struct X86Isas {
-  bool avx2 = false, avxvnni = false, avx512vnni = false;
+  bool avx2 = false, avxvnni = false, avx512vnni = false, amd = false;
 };
 
 X86Isas x86_isas() {
   unsigned a, b, c, d;
   X86Isas out;
+  if (__get_cpuid(0, &a, &b, &c, &d)) out.amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;
   if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return out;  // no cpuid leaf 1, or no OSXSAVE
   const bool fma = c & (1u << 12), avx = c & (1u << 28), f16c = c & (1u << 29);
   unsigned lo, hi;
@@ -81,6 +82,16 @@ std::vector<const Isa*> supported_isas() {
 }
 
 std::atomic<const Isa*> g_isa{nullptr};
+
+bool halved_zmm(const Isa& s) {
+#if defined(GK_X86_KERNELS)
+  static const bool amd = x86_isas().amd;
+  return amd && &s == &isa_avx512vnni();
+#else
+  (void)s;
+  return false;
+#endif
+}
 
 const Isa& isa() {
   const Isa* p = g_isa.load(std::memory_order_acquire);
@@ -206,10 +217,13 @@ std::atomic<int> g_mode{kAuto};
 // measured one thread, L3-resident weights (bench/kernel_speed.py) on AVX-512 VNNI: the 4-bit 32-blocks'
 // fp32 decode is cheap (a table lookup per 16 weights), the 5/6/8-bit ones' and the K-quants' is not.
 // An ISA may raise it for every format (Isa::int16_rows).
-int64_t int16_rows(int type) {
+// AMD's AVX-512 (Zen 4) runs a 512-bit op as two 256-bit halves, which costs the fp32 path's table lookups more:
+// there Q4_0/Q4_1's int16 kernels were 1.4-1.5x at 3 rows and 1.1-1.2x at 4, Q8_0's 1.1-1.2x at 8.
+int64_t int16_rows(int type, bool halved_zmm) {
   switch (type) {
-    case 2: case 3: return 2;            // Q4_0, Q4_1: 1.5x at 1 row, 0.8x at 8
-    case 7: case 8: case 12: return 4;   // Q5_1, Q8_0, Q4_K: 1.1-1.2x at 4, even at 8
+    case 2: case 3: return halved_zmm ? 4 : 2;  // Q4_0, Q4_1: 1.5x at 1 row, 0.8x at 8
+    case 8: return halved_zmm ? 8 : 4;          // Q8_0
+    case 7: case 12: return 4;                  // Q5_1, Q4_K: 1.1-1.2x at 4, even at 8
     case 6: return 8;                    // Q5_0: 1.1x at 8
     default: return 1 << 30;             // Q5_K, Q6_K: 1.3-1.8x up to the sgemm rows; the repacked types
                                          // (read as stored by the int16 kernels alone)
@@ -421,7 +435,7 @@ void matmul(int type, const uint8_t* w, int64_t n, int64_t k, const float* x, in
   // Enough chunks to balance cores that other processes also use; each a whole number of rows.
   const int64_t per = (std::max<int64_t>(4, (n + 4 * p.size() - 1) / (4 * p.size())) + 3) / 4 * 4;  // whole tiles
   const int64_t chunks = (n + per - 1) / per;
-  if (mode == kAuto) mode = m <= std::max<int64_t>(int16_rows(type), s.int16_rows) ? kInt16 : kF32;
+  if (mode == kAuto) mode = m <= std::max<int64_t>(int16_rows(type, halved_zmm(s)), s.int16_rows) ? kInt16 : kF32;
   if (mode == kF32) {
     p.run(chunks, [&](int64_t c) {
       const int64_t n0 = c * per, n1 = std::min(n, n0 + per);
