@@ -168,6 +168,10 @@ def _runs(loaded: Any, ids: list[int]) -> dict[str, tuple[mx.array, list[int], m
     return out
 
 
+def _rms(d: mx.array) -> float:
+    return float(mx.sqrt(mx.mean(d * d)).item())
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("which", ["smollm2", "gemma"])
 def test_real_model_logits_and_greedy_unchanged(which: str, monkeypatch: pytest.MonkeyPatch,
@@ -181,9 +185,11 @@ def test_real_model_logits_and_greedy_unchanged(which: str, monkeypatch: pytest.
     assert len(ids) == 700 and (loaded.info.sliding_window or 0) < 700  # longer than Gemma's 512 window
     runs = _runs(loaded, ids)
     (fast, fast_ids, fast_whole), (ours, our_ids, our_whole), (f64, _, _) = runs.values()
+    # against float64 the root mean square over every logit: the largest single difference swung 0.7x-2.3x of
+    # mx.fast's on Gemma with nothing but the fp32 matmuls' summation order changed (a repacked layout's)
     diff = {"chunked": mx.abs(ours - fast).max().item(), "uncached": mx.abs(our_whole - fast_whole).max().item(),
-            "mx.fast-f64": mx.abs(fast - f64).max().item(), "gmlx-f64": mx.abs(ours - f64).max().item()}
+            "mx.fast-f64": _rms(fast - f64), "gmlx-f64": _rms(ours - f64)}
     print(which, {k: f"{v:.1e}" for k, v in diff.items()})
     assert max(diff["chunked"], diff["uncached"]) < LOGIT_TOL[which]
-    assert diff["gmlx-f64"] <= diff["mx.fast-f64"] * 1.5 + 1e-5
+    assert diff["gmlx-f64"] <= diff["mx.fast-f64"] * 1.5 + 1e-7
     assert our_ids == fast_ids
