@@ -8,7 +8,7 @@ is checked tightly against a float64 product with the same rounded activations (
 sums may differ) and against the exact activations within the bound that rounding implies; the fp32
 path, and from 48 rows on dequantized panels of W through a preloaded sgemm (the suite preloads
 OpenBLAS), against the exact product; auto within the int16 bound. From 48 rows on, where the ISA has
-the int16 GEMM (AVX-512 VNNI, AVX-VNNI), the repacked K-quants take it in int16 and auto, with activations rounded
+the int16 GEMM (AVX-512 VNNI, AVX-VNNI), the repacked K-quants and the 32-element blocks take it in int16 and auto, with activations rounded
 to 16383 levels (GEMM_FULL) so that its int32 lanes can sum longer runs.
 """
 
@@ -117,12 +117,15 @@ def check_matmul(ext: ModuleType, rng: np.random.Generator, name: str, n: int, b
 
 
 def extreme_blocks(name: str, rows: int, k: int) -> npt.NDArray[np.uint8]:
-    """K-quant blocks whose every code times its sub-block scale is the format's largest product (d = 1, no mins):
-    Q4_K 15 * 63, Q5_K 31 * 63, Q6_K (0 - 32) * -128."""
+    """Blocks whose every code times its sub-block scale is the format's largest product (d = 1, no mins):
+    Q4_K 15 * 63, Q5_K 31 * 63, Q6_K (0 - 32) * -128, Q8_0 -128."""
     qk, size = GGML_QUANT_SIZES[GGMLQuantizationType[name]]
     blocks = np.full((rows, k // qk, size), 0xFF, dtype=np.uint8)
     one = np.frombuffer(np.float16(1.0).tobytes(), dtype=np.uint8)
-    if name == "Q6_K":
+    if name == "Q8_0":
+        blocks[..., 2:] = 0x80  # int8 codes -128
+        blocks[..., 0:2] = one
+    elif name == "Q6_K":
         blocks[..., :192] = 0  # ql and qh: code 0, so -32
         blocks[..., 192:208] = 0x80  # int8 scales -128
         blocks[..., 208:210] = one
@@ -132,7 +135,7 @@ def extreme_blocks(name: str, rows: int, k: int) -> npt.NDArray[np.uint8]:
     return blocks.reshape(rows, -1)
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K", "Q4_K_R", "Q5_K_R", "Q6_K_R"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K", "Q4_K_R", "Q5_K_R", "Q6_K_R", "Q8_0"])
 def test_int16_sums_hold_the_largest_products(ext: ModuleType, every_isa: list[str], name: str) -> None:
     """Every activation at its int16 extreme (32767, or GEMM_FULL) against the largest code-times-scale products: a
     row's int32 lane sums stay below 2^31 on every ISA, one row, a tile of four and the many-row GEMM alike."""
@@ -171,7 +174,8 @@ def test_matmul_matches_float64_reference(ext: ModuleType, every_isa: list[str],
 
 def expected_levels(ext: ModuleType, name: str, mode: str, sgemm: bool, m: int) -> int:
     """The activations' rounding the active ISA applies to m rows (0: none)."""
-    if m >= SGEMM_ROWS and name.endswith("_R") and mode in ("int16", "auto") and ext.int16_gemm():
+    gemm = name.endswith("_R") or GGML_QUANT_SIZES[ggml_type(name)][0] == 32  # gemm16.h's formats
+    if m >= SGEMM_ROWS and gemm and mode in ("int16", "auto") and ext.int16_gemm():
         return int(ext.GEMM_FULL)
     return 0 if sgemm and m >= SGEMM_ROWS else LEVELS[mode]
 

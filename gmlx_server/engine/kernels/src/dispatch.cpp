@@ -399,7 +399,7 @@ void run_q16(Pool& p, const Isa& s, int type, const uint8_t* w, int64_t rb, int6
   });
 }
 
-// Many rows against a repacked K-quant (Isa::gemm_q16): the codes interleaved tile by tile (Isa::gemm_tile), then
+// Many rows against a repacked K-quant or a 32-block format (Isa::gemm_q16): the codes interleaved tile by tile (Isa::gemm_tile), then
 // chunks of whole 32-row panels.
 void run_gemm16(Pool& p, const Isa& s, int type, const uint8_t* w, int64_t rb, int64_t n, int64_t k, const float* x,
                 int64_t m, float* y) {
@@ -428,7 +428,7 @@ void matmul(int type, const uint8_t* w, int64_t n, int64_t k, const float* x, in
   const Isa& s = isa();
   Pool& p = pool();
   int mode = g_mode.load(std::memory_order_relaxed);
-  if (m >= kSgemmRows && s.gemm_q16 != nullptr && repack_order(type) != nullptr && (mode == kAuto || mode == kInt16))
+  if (m >= kSgemmRows && s.gemm_q16 != nullptr && base::gemm16_reads(type) && (mode == kAuto || mode == kInt16))
     return run_gemm16(p, s, type, w, rb, n, k, x, m, y);
   if (m >= kSgemmRows && g_sgemm_ok.load(std::memory_order_relaxed) && global_sgemm() != nullptr)
     return matmul_sgemm(global_sgemm(), type, w, rb, n, k, x, m, y);

@@ -32,6 +32,12 @@ inline int natural_type(int type) {
   return type == Q4_KR ? Q4_K : type == Q5_KR ? Q5_K : type == Q6_KR ? Q6_K : type;
 }
 
+// the formats the many-row int16 GEMM reads (gemm16.h): the repacked K-quants and the 32-element blocks
+inline bool gemm16_reads(int type) {
+  return type == Q4_KR || type == Q5_KR || type == Q6_KR || type == Q4_0 || type == Q4_1 || type == Q5_0 ||
+         type == Q5_1 || type == Q8_0;
+}
+
 inline u8x16 load16(const uint8_t* p) {
   u8x16 v;
   std::memcpy(&v, p, 16);

@@ -182,6 +182,65 @@ inline void tile(const int32_t* panel32, const float* dv, const float* mv, const
   }
 }
 
+// The 32-element blocks (natural layout): each block's codes (offset folded in, so signed), its scale into
+// dv[j * kRows + r] and, for Q4_1/Q5_1, its min into mv[j * kRows + r].
+template <class B>
+inline void decode_row32(const uint8_t* w, int64_t nb32, int r, int16_t* out, float* dv, float* mv) {
+  for (int64_t j = 0; j < nb32; ++j, w += B::BYTES) {
+    const q16::Block32<B> blk(w);
+    put(out + 32 * j, blk.c);
+    dv[j * kRows + r] = blk.d;
+    if constexpr (B::MIN) mv[j * kRows + r] = blk.m;
+  }
+}
+
+// Blocks [j0, j1) of a 32-block format against the tile: a flush a block, as its scales change there (the
+// products' bound: 128 x kGemmFull x 32 < 2^31).
+template <class B>
+inline void tile32(const int32_t* panel32, const float* dv, const float* mv, const XRows& x, int64_t r0, int64_t j0,
+                   int64_t j1, float* fa) {
+  const int32_t* xt = reinterpret_cast<const int32_t*>(x.q) + r0 * (x.k / 2);
+  const int64_t xs = x.k / 32;
+  for (int64_t j = j0; j < j1; ++j) {
+    WI a[kTile][2];
+    products<16>(panel32, xt, 16 * j, a);
+    const WF d[2] = {fload(dv + j * kRows), fload(dv + j * kRows + kLanes)};
+#pragma GCC unroll 16  // a[] indexed by a loop counter would live in memory, and every product with it
+    for (int c = 0; c < kTile; ++c) {
+      float* f = fa + (r0 + c) * kRows;
+      const WF s = fset1(x.d[(r0 + c) * xs + j]);
+      for (int h = 0; h < 2; ++h) {
+        WF v = fmadd(cvt(a[c][h]), fmul(d[h], s), fload(f + kLanes * h));
+        if constexpr (B::MIN) v = fmadd(fload(mv + j * kRows + kLanes * h), fset1(x.s[(r0 + c) * xs + j]), v);
+        fstore(f + kLanes * h, v);
+      }
+    }
+  }
+}
+
+// The two families behind one interface for the panel loop: a row's decode, and span b (256 elements; a
+// 32-block format's last one may be shorter) of a tile.
+template <int T>
+struct KQuant {
+  static void decode(const uint8_t* w, int64_t k, int r, int16_t* out, float* dv, float* mv) {
+    decode_row<T>(w, k / 256, r, out, dv, mv);
+  }
+  static void span(const int32_t* pc, const float* dv, const float* mv, const XRows& x, int64_t r0, int64_t b,
+                   float* fa) {
+    tile<T>(pc, dv, mv, x, r0, b, fa);
+  }
+};
+template <class B>
+struct Blocks32 {
+  static void decode(const uint8_t* w, int64_t k, int r, int16_t* out, float* dv, float* mv) {
+    decode_row32<B>(w, k / 32, r, out, dv, mv);
+  }
+  static void span(const int32_t* pc, const float* dv, const float* mv, const XRows& x, int64_t r0, int64_t b,
+                   float* fa) {
+    tile32<B>(pc, dv, mv, x, r0, 8 * b, std::min<int64_t>(8 * b + 8, x.k / 32), fa);
+  }
+};
+
 // A panel's buffers (one set a thread): the decoded rows, their code pairs interleaved (pair p of row r at
 // codes[p * 32 + r]), the blocks' scales and min terms (decode_row), and the fp32 sums of the activation rows.
 struct Panel {
@@ -190,19 +249,18 @@ struct Panel {
   std::vector<float> dv, mv, fa;
 
   // Rows [0, valid) of w into the panel; the rows after them zero.
-  template <int T>
+  template <class F>
   void decode(const uint8_t* w, int64_t row_bytes, int valid, int64_t k) {
-    const int64_t nb = k / 256;
     rows.resize(static_cast<size_t>(kRows * k));
     codes.resize(static_cast<size_t>(kRows * k / 2));
-    dv.resize(static_cast<size_t>(nb * kRows));
-    mv.resize(static_cast<size_t>(nb * 8 * kRows));
+    dv.resize(static_cast<size_t>(k / 32 * kRows));  // a scale a block: 256 elements, or 32
+    mv.resize(static_cast<size_t>(k / 32 * kRows));
     if (valid < kRows) {  // a last, partial panel: its missing rows contribute zeros
       std::fill(rows.begin(), rows.end(), 0);
       std::fill(dv.begin(), dv.end(), 0.0f);
       std::fill(mv.begin(), mv.end(), 0.0f);
     }
-    for (int r = 0; r < valid; ++r) decode_row<T>(w + r * row_bytes, nb, r, rows.data() + r * k, dv.data(), mv.data());
+    for (int r = 0; r < valid; ++r) F::decode(w + r * row_bytes, k, r, rows.data() + r * k, dv.data(), mv.data());
     const int32_t* from = reinterpret_cast<const int32_t*>(rows.data());
     for (int64_t p = 0; p < k / 2; ++p)
       for (int r = 0; r < kRows; ++r) codes[p * kRows + r] = from[r * (k / 2) + p];
@@ -218,32 +276,38 @@ struct Panel {
   }
 };
 
-template <int T>
+template <class F>
 inline void panels(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const XRows& x, int64_t m_rows,
                    float* y, int64_t ldy) {
   const int64_t tiles = (m_rows + kTile - 1) / kTile;
   thread_local Panel pn;
   for (int64_t t0 = n0; t0 < n1; t0 += kRows) {
     const int valid = static_cast<int>(std::min<int64_t>(kRows, n1 - t0));
-    pn.decode<T>(w + t0 * row_bytes, row_bytes, valid, x.k);
+    pn.decode<F>(w + t0 * row_bytes, row_bytes, valid, x.k);
     pn.fa.assign(static_cast<size_t>(tiles * kTile * kRows), 0.0f);
-    for (int64_t b = 0; b < x.k / 256; ++b)  // the panel's block (8 or 16 KB) stays in L1 while every tile meets it
+    for (int64_t b = 0; b < (x.k + 255) / 256; ++b)  // the panel's span (8 or 16 KB) stays in L1 while every tile meets it
       for (int64_t t = 0; t < tiles; ++t)
-        tile<T>(pn.codes.data(), pn.dv.data(), pn.mv.data(), x, t * kTile, b, pn.fa.data());
+        F::span(pn.codes.data(), pn.dv.data(), pn.mv.data(), x, t * kTile, b, pn.fa.data());
     pn.store(m_rows, valid, y + t0, ldy);
   }
 }
 
 }  // namespace g16
 
-// Weight rows [n0, n1) of a repacked K-quant against all m_rows activation rows (quantized to kGemmFull);
-// y is (m_rows, ldy).
+// Weight rows [n0, n1) of a repacked K-quant or a 32-block format (gemm16_reads) against all m_rows activation
+// rows (quantized to kGemmFull); y is (m_rows, ldy).
 inline void gemm_q16(int type, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const XRows& x,
                      int64_t m_rows, float* y, int64_t ldy) {
+  using namespace g16;
   switch (type) {
-    case Q4_KR: return g16::panels<Q4_KR>(w, row_bytes, n0, n1, x, m_rows, y, ldy);
-    case Q5_KR: return g16::panels<Q5_KR>(w, row_bytes, n0, n1, x, m_rows, y, ldy);
-    case Q6_KR: return g16::panels<Q6_KR>(w, row_bytes, n0, n1, x, m_rows, y, ldy);
+    case Q4_KR: return panels<KQuant<Q4_KR>>(w, row_bytes, n0, n1, x, m_rows, y, ldy);
+    case Q5_KR: return panels<KQuant<Q5_KR>>(w, row_bytes, n0, n1, x, m_rows, y, ldy);
+    case Q6_KR: return panels<KQuant<Q6_KR>>(w, row_bytes, n0, n1, x, m_rows, y, ldy);
+    case Q4_0: return panels<Blocks32<q16::B4_0>>(w, row_bytes, n0, n1, x, m_rows, y, ldy);
+    case Q4_1: return panels<Blocks32<q16::B4_1>>(w, row_bytes, n0, n1, x, m_rows, y, ldy);
+    case Q5_0: return panels<Blocks32<q16::B5_0>>(w, row_bytes, n0, n1, x, m_rows, y, ldy);
+    case Q5_1: return panels<Blocks32<q16::B5_1>>(w, row_bytes, n0, n1, x, m_rows, y, ldy);
+    case Q8_0: return panels<Blocks32<q16::B8_0>>(w, row_bytes, n0, n1, x, m_rows, y, ldy);
     default: return;
   }
 }
