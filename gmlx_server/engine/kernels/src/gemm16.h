@@ -81,10 +81,11 @@ inline q16::V lane_scales(__m128i eight) {  // lanes 0..15 and 16..31 alike: sca
 constexpr int kRows = 2 * kLanes;  // weight rows a panel holds
 
 // Elements one int32 lane may sum before it is flushed to fp32: |code x sub-block scale| is at most 945
-// (Q4_K), 1953 (Q5_K) or 4096 (Q6_K), activation codes at most kGemmFull; the products stay below 2^31.
-constexpr int flush_elements(int type) { return type == Q4_KR ? 128 : type == Q5_KR ? 64 : 32; }
-static_assert(945LL * kGemmFull * 128 < (1LL << 31) && 1953LL * kGemmFull * 64 < (1LL << 31) &&
-              4096LL * kGemmFull * 32 < (1LL << 31));
+// (Q4_K), 1953 (Q5_K) or 4096 (Q6_K), activation codes at most kGemmFull; the products stay below 2^31. Each
+// flush costs a conversion and an FMA a lane, so Q4_K's whole block is one.
+constexpr int flush_elements(int type) { return type == Q4_KR ? 256 : type == Q5_KR ? 128 : 64; }
+static_assert(945LL * kGemmFull * 256 < (1LL << 31) && 1953LL * kGemmFull * 128 < (1LL << 31) &&
+              4096LL * kGemmFull * 64 < (1LL << 31));
 
 // One row's blocks as scaled int16 codes (out, in the activations' order), its block scales into dv[b * kRows + r],
 // Q4_K/Q5_K's min terms (-dmin x min of sub-block s) into mv[(b * 8 + s) * kRows + r].
@@ -135,6 +136,7 @@ inline void decode_row(const uint8_t* w, int64_t nb, int r, int16_t* out, float*
 template <int FL>
 __attribute__((always_inline)) inline void products(const int32_t* panel32, const int32_t* xt, int64_t p0,
                                                     WI (&a)[kTile][2]) {
+#pragma GCC unroll 16
   for (int c = 0; c < kTile; ++c) a[c][0] = a[c][1] = izero();
   const int32_t* pw = panel32 + p0 * kRows;
   const int32_t* px = xt + p0 * kTile;
@@ -149,6 +151,17 @@ __attribute__((always_inline)) inline void products(const int32_t* panel32, cons
   }
 }
 
+// The same, not inlined, for the K-quants' long flushes: inlined beside their flushes GCC spilled the weights to the
+// stack (0.6x with Q4_K's one flush a block). The call costs the 32-blocks' short ones more than it saves.
+template <int FL>
+__attribute__((noinline)) void products_apart(const int32_t* panel32, const int32_t* xt, int64_t p0,
+                                              WI (&out)[kTile][2]) {
+  WI a[kTile][2];
+  products<FL>(panel32, xt, p0, a);
+#pragma GCC unroll 16
+  for (int c = 0; c < kTile; ++c) out[c][0] = a[c][0], out[c][1] = a[c][1];
+}
+
 // Block b of the kTile activation rows r0.. (a tile, x.q interleaved: Isa::gemm_tile) against a decoded panel,
 // added to their fp32 sums fa (kRows a row).
 template <int T>
@@ -157,28 +170,32 @@ inline void tile(const int32_t* panel32, const float* dv, const float* mv, const
   constexpr int FL = flush_elements(T) / 2;  // code pairs a flush
   const int32_t* xt = reinterpret_cast<const int32_t*>(x.q) + r0 * (x.k / 2);
   const int64_t xb = x.k / 256, xs = x.k / 32;
-  const WF d[2] = {fload(dv + b * kRows), fload(dv + b * kRows + kLanes)};
   for (int64_t p0 = 128 * b; p0 < 128 * (b + 1); p0 += FL) {
     WI a[kTile][2];
-    products<FL>(panel32, xt, p0, a);
+    products_apart<FL>(panel32, xt, p0, a);
+    // loaded after the products: held through them, they pushed the weights out of the registers (0.6x)
+    const WF d[2] = {fload(dv + b * kRows), fload(dv + b * kRows + kLanes)};
     for (int c = 0; c < kTile; ++c) {
       float* f = fa + (r0 + c) * kRows;
       const WF s = fset1(x.d[(r0 + c) * xb + b]);
       for (int h = 0; h < 2; ++h) fstore(f + kLanes * h, fmadd(cvt(a[c][h]), fmul(d[h], s), fload(f + kLanes * h)));
     }
   }
-  if constexpr (T != Q6_KR) {
-    for (int c = 0; c < kTile; ++c) {
-      float* f = fa + (r0 + c) * kRows;
-      WF f0 = fload(f), f1 = fload(f + kLanes);
-      for (int s = 0; s < 8; ++s) {
+  if constexpr (T != Q6_KR) {  // the min terms: sub-blocks outside, so the rows' FMAs do not wait on each other
+    WF f[kTile][2];
+#pragma GCC unroll 16
+    for (int c = 0; c < kTile; ++c) f[c][0] = fload(fa + (r0 + c) * kRows), f[c][1] = fload(fa + (r0 + c) * kRows + kLanes);
+    for (int s = 0; s < 8; ++s) {
+      const WF m0 = fload(mv + (b * 8 + s) * kRows), m1 = fload(mv + (b * 8 + s) * kRows + kLanes);
+#pragma GCC unroll 16
+      for (int c = 0; c < kTile; ++c) {
         const WF xsum = fset1(x.s[(r0 + c) * xs + 8 * b + s]);
-        f0 = fmadd(fload(mv + (b * 8 + s) * kRows), xsum, f0);
-        f1 = fmadd(fload(mv + (b * 8 + s) * kRows + kLanes), xsum, f1);
+        f[c][0] = fmadd(m0, xsum, f[c][0]);
+        f[c][1] = fmadd(m1, xsum, f[c][1]);
       }
-      fstore(f, f0);
-      fstore(f + kLanes, f1);
     }
+#pragma GCC unroll 16
+    for (int c = 0; c < kTile; ++c) fstore(fa + (r0 + c) * kRows, f[c][0]), fstore(fa + (r0 + c) * kRows + kLanes, f[c][1]);
   }
 }
 
@@ -222,6 +239,7 @@ inline void tile32(const int32_t* panel32, const float* dv, const float* mv, con
 // 32-block format's last one may be shorter) of a tile.
 template <int T>
 struct KQuant {
+  static constexpr int kScaled = 256;  // elements a dv entry scales
   static void decode(const uint8_t* w, int64_t k, int r, int16_t* out, float* dv, float* mv) {
     decode_row<T>(w, k / 256, r, out, dv, mv);
   }
@@ -232,6 +250,7 @@ struct KQuant {
 };
 template <class B>
 struct Blocks32 {
+  static constexpr int kScaled = 32;
   static void decode(const uint8_t* w, int64_t k, int r, int16_t* out, float* dv, float* mv) {
     decode_row32<B>(w, k / 32, r, out, dv, mv);
   }
@@ -248,10 +267,11 @@ struct Panel {
   std::vector<int32_t> codes;
   std::vector<float> dv, mv, fa;
 
-  // Rows [0, valid) of w into the panel; the rows after them zero.
+  // Rows [0, valid) of w into the panel; the rows after them zero. A span (256 elements) of every row at a time, so
+  // that the interleaving reads what was just decoded from L1 (whole rows first: 5% of the product).
   template <class F>
   void decode(const uint8_t* w, int64_t row_bytes, int valid, int64_t k) {
-    rows.resize(static_cast<size_t>(kRows * k));
+    rows.resize(static_cast<size_t>(kRows * 256));
     codes.resize(static_cast<size_t>(kRows * k / 2));
     dv.resize(static_cast<size_t>(k / 32 * kRows));  // a scale a block: 256 elements, or 32
     mv.resize(static_cast<size_t>(k / 32 * kRows));
@@ -260,10 +280,17 @@ struct Panel {
       std::fill(dv.begin(), dv.end(), 0.0f);
       std::fill(mv.begin(), mv.end(), 0.0f);
     }
-    for (int r = 0; r < valid; ++r) F::decode(w + r * row_bytes, k, r, rows.data() + r * k, dv.data(), mv.data());
     const int32_t* from = reinterpret_cast<const int32_t*>(rows.data());
-    for (int64_t p = 0; p < k / 2; ++p)
-      for (int r = 0; r < kRows; ++r) codes[p * kRows + r] = from[r * (k / 2) + p];
+    for (int64_t e0 = 0; e0 < k; e0 += 256) {
+      const int64_t len = std::min<int64_t>(256, k - e0);
+      for (int r = 0; r < valid; ++r)
+        F::decode(w + r * row_bytes + row_bytes * e0 / k, len, r, rows.data() + r * 256,
+                  dv.data() + e0 / F::kScaled * kRows, mv.data() + e0 / 32 * kRows);
+      int32_t* to = codes.data() + e0 / 2 * kRows;
+      for (int64_t p = 0; p < len / 2; ++p)
+#pragma GCC unroll 32
+        for (int r = 0; r < kRows; ++r) to[p * kRows + r] = from[r * 128 + p];
+    }
   }
 
   // The sums' first `valid` columns into y (m_rows rows, ldy apart): two stores a row (memcpy's rep movs took

@@ -29,8 +29,8 @@ struct XRows {
 };
 
 // The largest activation code of the few-row int16 kernels (qdot.h), and of the many-row product (gemm16.h):
-// 14 bits there, so that an int32 lane sums a run of products without overflow.
-constexpr int kRowsFull = 32767, kGemmFull = 16383;
+// 13 bits there, so that an int32 lane sums a whole block of products without overflow.
+constexpr int kRowsFull = 32767, kGemmFull = 8191;
 
 struct Isa {
   const char* name;
