@@ -159,6 +159,7 @@ def test_int16_sums_hold_the_largest_products(ext: ModuleType, every_isa: list[s
        seed=st.integers(0, 2**32 - 1))
 @example(n=7, blocks_per_row=3, m=1, threads=2, seed=1)  # one row: the K-quants' own one-row kernels
 @example(n=5, blocks_per_row=2, m=2, threads=1, seed=2)
+@example(n=33, blocks_per_row=20, m=50, threads=2, seed=3)  # the GEMM over spans, a 32-block format's last one short
 def test_matmul_matches_float64_reference(ext: ModuleType, every_isa: list[str], name: str, n: int,
                                           blocks_per_row: int, m: int, threads: int, seed: int) -> None:
     rng = np.random.default_rng(seed)
