@@ -157,6 +157,7 @@ NB_MODULE(_gguf_kernels, m) {
   m.def("int16_gemm", [] { return gk::active_isa().gemm_q16 != nullptr; },
         "whether the active ISA multiplies many rows by repacked K-quants in int16 (activations to GEMM_FULL)");
   m.attr("GEMM_FULL") = gk::kGemmFull;
+  m.attr("GEMM_ROWS") = gk::kGemmRows;
   m.def("set_sgemm", &gk::set_sgemm, "on"_a);
   m.def("set_activations", &gk::set_activations, "mode"_a);
   m.def("activations", &gk::activations);

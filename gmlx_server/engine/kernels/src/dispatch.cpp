@@ -428,7 +428,7 @@ void matmul(int type, const uint8_t* w, int64_t n, int64_t k, const float* x, in
   const Isa& s = isa();
   Pool& p = pool();
   int mode = g_mode.load(std::memory_order_relaxed);
-  if (m >= kSgemmRows && s.gemm_q16 != nullptr && base::gemm16_reads(type) && (mode == kAuto || mode == kInt16))
+  if (m >= kGemmRows && s.gemm_q16 != nullptr && base::gemm16_reads(type) && (mode == kAuto || mode == kInt16))
     return run_gemm16(p, s, type, w, rb, n, k, x, m, y);
   if (m >= kSgemmRows && g_sgemm_ok.load(std::memory_order_relaxed) && global_sgemm() != nullptr)
     return matmul_sgemm(global_sgemm(), type, w, rb, n, k, x, m, y);
