@@ -155,7 +155,8 @@ NB_MODULE(_gguf_kernels, m) {
   m.def("set_threads", &gk::set_threads, "n"_a);
   m.def("sgemm_available", &gk::sgemm_available);
   m.def("int16_gemm", [] { return gk::active_isa().gemm_q16 != nullptr; },
-        "whether the active ISA multiplies many rows by repacked K-quants in int16 (activations to GEMM_FULL)");
+        "whether the active ISA multiplies many rows (GEMM_ROWS on) by repacked K-quants and 32-element blocks in "
+        "int16 (activations to GEMM_FULL)");
   m.attr("GEMM_FULL") = gk::kGemmFull;
   m.attr("GEMM_ROWS") = gk::kGemmRows;
   m.def("set_sgemm", &gk::set_sgemm, "on"_a);

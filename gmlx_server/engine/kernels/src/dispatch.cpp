@@ -399,8 +399,8 @@ void run_q16(Pool& p, const Isa& s, int type, const uint8_t* w, int64_t rb, int6
   });
 }
 
-// Many rows against a repacked K-quant or a 32-block format (Isa::gemm_q16): the codes interleaved tile by tile (Isa::gemm_tile), then
-// chunks of whole 32-row panels.
+// Many rows against a repacked K-quant or a 32-block format (Isa::gemm_q16): the codes interleaved tile by tile
+// (Isa::gemm_tile), then chunks of whole 32-row panels.
 void run_gemm16(Pool& p, const Isa& s, int type, const uint8_t* w, int64_t rb, int64_t n, int64_t k, const float* x,
                 int64_t m, float* y) {
   const int64_t g = s.gemm_tile, tiles = (m + g - 1) / g, pairs = k / 2;

@@ -184,7 +184,10 @@ inline void tile(const int32_t* panel32, const float* dv, const float* mv, const
   if constexpr (T != Q6_KR) {  // the min terms: sub-blocks outside, so the rows' FMAs do not wait on each other
     WF f[kTile][2];
 #pragma GCC unroll 16
-    for (int c = 0; c < kTile; ++c) f[c][0] = fload(fa + (r0 + c) * kRows), f[c][1] = fload(fa + (r0 + c) * kRows + kLanes);
+    for (int c = 0; c < kTile; ++c) {
+      f[c][0] = fload(fa + (r0 + c) * kRows);
+      f[c][1] = fload(fa + (r0 + c) * kRows + kLanes);
+    }
     for (int s = 0; s < 8; ++s) {
       const WF m0 = fload(mv + (b * 8 + s) * kRows), m1 = fload(mv + (b * 8 + s) * kRows + kLanes);
 #pragma GCC unroll 16
@@ -195,7 +198,10 @@ inline void tile(const int32_t* panel32, const float* dv, const float* mv, const
       }
     }
 #pragma GCC unroll 16
-    for (int c = 0; c < kTile; ++c) fstore(fa + (r0 + c) * kRows, f[c][0]), fstore(fa + (r0 + c) * kRows + kLanes, f[c][1]);
+    for (int c = 0; c < kTile; ++c) {
+      fstore(fa + (r0 + c) * kRows, f[c][0]);
+      fstore(fa + (r0 + c) * kRows + kLanes, f[c][1]);
+    }
   }
 }
 
@@ -235,13 +241,13 @@ inline void tile32(const int32_t* panel32, const float* dv, const float* mv, con
   }
 }
 
-// The two families behind one interface for the panel loop: a row's decode, and span b (256 elements; a
-// 32-block format's last one may be shorter) of a tile.
+// The two families behind one interface for the panel loop: len elements of a row decoded (one span), and span b
+// (256 elements; a 32-block format's last one may be shorter) of a tile.
 template <int T>
 struct KQuant {
   static constexpr int kScaled = 256;  // elements a dv entry scales
-  static void decode(const uint8_t* w, int64_t k, int r, int16_t* out, float* dv, float* mv) {
-    decode_row<T>(w, k / 256, r, out, dv, mv);
+  static void decode(const uint8_t* w, int64_t len, int r, int16_t* out, float* dv, float* mv) {
+    decode_row<T>(w, len / 256, r, out, dv, mv);
   }
   static void span(const int32_t* pc, const float* dv, const float* mv, const XRows& x, int64_t r0, int64_t b,
                    float* fa) {
@@ -251,8 +257,8 @@ struct KQuant {
 template <class B>
 struct Blocks32 {
   static constexpr int kScaled = 32;
-  static void decode(const uint8_t* w, int64_t k, int r, int16_t* out, float* dv, float* mv) {
-    decode_row32<B>(w, k / 32, r, out, dv, mv);
+  static void decode(const uint8_t* w, int64_t len, int r, int16_t* out, float* dv, float* mv) {
+    decode_row32<B>(w, len / 32, r, out, dv, mv);
   }
   static void span(const int32_t* pc, const float* dv, const float* mv, const XRows& x, int64_t r0, int64_t b,
                    float* fa) {
@@ -312,7 +318,7 @@ inline void panels(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, 
     const int valid = static_cast<int>(std::min<int64_t>(kRows, n1 - t0));
     pn.decode<F>(w + t0 * row_bytes, row_bytes, valid, x.k);
     pn.fa.assign(static_cast<size_t>(tiles * kTile * kRows), 0.0f);
-    for (int64_t b = 0; b < (x.k + 255) / 256; ++b)  // the panel's span (8 or 16 KB) stays in L1 while every tile meets it
+    for (int64_t b = 0; b < (x.k + 255) / 256; ++b)  // the panel's span (16 KB) stays in L1 while every tile meets it
       for (int64_t t = 0; t < tiles; ++t)
         F::span(pn.codes.data(), pn.dv.data(), pn.mv.data(), x, t * kTile, b, pn.fa.data());
     pn.store(m_rows, valid, y + t0, ldy);

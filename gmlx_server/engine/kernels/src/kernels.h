@@ -50,8 +50,8 @@ struct Isa {
   void (*quantize_row)(const float* x, int64_t k, XBlock* out);
   void (*quantize_q16)(const float* x, int64_t k, int group, const uint8_t* order, int64_t row, const XRows& out,
                        int full);
-  // many activation rows against a repacked K-quant (gemm16.h; rows quantized to kGemmFull): null where the ISA
-  // has none, and sgemm on dequantized panels does that work
+  // many activation rows against a repacked K-quant or a 32-block format (gemm16.h; rows quantized to kGemmFull):
+  // null where the ISA has none, and sgemm on dequantized panels does that work
   void (*gemm_q16)(int type, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const XRows& x,
                    int64_t m_rows, float* y, int64_t ldy);
   // activation rows of one tile of that product: its codes come interleaved tile by tile (rows padded with zeros
