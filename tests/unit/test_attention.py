@@ -102,7 +102,7 @@ def test_a_models_attention_modules_call_gmlx_and_mlx_vlm_keeps_its_own() -> Non
 
 # Gemma 3's logits move by up to ~4e-4 for any change in attention rounding: mx.fast's own differ that much
 # from a float64 attention's. So Gemma is held to 1e-3, and to being no farther from float64 than mx.fast.
-# The matmuls run on fp32 activations meanwhile: the int16 ones (the prefill GEMM's 8191 levels) turn
+# The matmuls run on fp32 activations meanwhile: the int16 ones (the prefill GEMM's 16383 levels) turn
 # attention's last-bit differences into whole rounding steps, which then measure the matmuls, not attention.
 LOGIT_TOL = {"smollm2": 1e-4, "gemma": 1e-3}
 

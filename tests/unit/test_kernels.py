@@ -8,7 +8,7 @@ is checked tightly against a float64 product with the same rounded activations (
 differ) and against the exact activations within the bound that rounding implies; the fp32 path, and from 48 rows
 on dequantized panels of W through a preloaded sgemm (the suite preloads OpenBLAS), against the exact product; auto
 within the int16 bound. From GEMM_ROWS (24) rows on, where the ISA has the int16 GEMM (AVX-512 VNNI, AVX-VNNI), the
-repacked K-quants and the 32-element blocks take it in int16 and auto, with activations rounded to 8191 levels
+repacked K-quants and the 32-element blocks take it in int16 and auto, with activations rounded to 16383 levels
 (GEMM_FULL) so that its int32 lanes can sum longer runs.
 """
 

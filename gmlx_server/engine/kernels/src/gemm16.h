@@ -81,11 +81,10 @@ inline q16::V lane_scales(__m128i eight) {  // lanes 0..15 and 16..31 alike: sca
 constexpr int kRows = 2 * kLanes;  // weight rows a panel holds
 
 // Elements one int32 lane may sum before it is flushed to fp32: |code x sub-block scale| is at most 945
-// (Q4_K), 1953 (Q5_K) or 4096 (Q6_K), activation codes at most kGemmFull; the products stay below 2^31. Each
-// flush costs a conversion and an FMA a lane, so Q4_K's whole block is one.
-constexpr int flush_elements(int type) { return type == Q4_KR ? 256 : type == Q5_KR ? 128 : 64; }
-static_assert(945LL * kGemmFull * 256 < (1LL << 31) && 1953LL * kGemmFull * 128 < (1LL << 31) &&
-              4096LL * kGemmFull * 64 < (1LL << 31));
+// (Q4_K), 1953 (Q5_K) or 4096 (Q6_K), activation codes at most kGemmFull; the products stay below 2^31.
+constexpr int flush_elements(int type) { return type == Q4_KR ? 128 : type == Q5_KR ? 64 : 32; }
+static_assert(945LL * kGemmFull * 128 < (1LL << 31) && 1953LL * kGemmFull * 64 < (1LL << 31) &&
+              4096LL * kGemmFull * 32 < (1LL << 31));
 
 // One row's blocks as scaled int16 codes (out, in the activations' order), its block scales into dv[b * kRows + r],
 // Q4_K/Q5_K's min terms (-dmin x min of sub-block s) into mv[(b * 8 + s) * kRows + r].
@@ -152,7 +151,7 @@ __attribute__((always_inline)) inline void products(const int32_t* panel32, cons
 }
 
 // The same, not inlined, for the K-quants' long flushes: inlined beside their flushes GCC spilled the weights to the
-// stack (0.6x with Q4_K's one flush a block). The call costs the 32-blocks' short ones more than it saves.
+// stack (0.6x with a flush of a whole Q4_K block). The call costs the 32-blocks' short ones more than it saves.
 template <int FL>
 __attribute__((noinline)) void products_apart(const int32_t* panel32, const int32_t* xt, int64_t p0,
                                               WI (&out)[kTile][2]) {
