@@ -25,8 +25,8 @@ from gmlx_plan.memory import PREFILL_CHUNK
 from gmlx_plan.queueing import Rates, step_time
 
 # A chunk of fewer tokens multiplies through the kernels' per-row tiles (gmlx_server/engine/kernels/src/dispatch.cpp,
-# kSgemmRows), about 1.7x the seconds a token of a longer chunk takes (sgemm), with a smaller fixed cost. With VNNI,
-# the int16 GEMM starts at 24 rows (kernels.h, kGemmRows): there the short chunks' fit spans both kernels.
+# kSgemmRows), about 1.7x the seconds a token of a longer chunk takes (sgemm, or with VNNI the int16 GEMM from the
+# same bound), with a smaller fixed cost
 FEW_ROWS = 48  # the kernels' kSgemmRows (src/dispatch.cpp; tests/unit/test_kernel_sources.py holds them equal)
 CACHE_BLOCK = 64  # the prompt cache's block: a partial reuse shares at least one (gmlx_server's prompt_cache)
 Span = tuple[int, int, float]  # computed prompt tokens [start, end) and the seconds they took

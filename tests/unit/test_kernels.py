@@ -1,13 +1,13 @@
 """The CPU kernels against float64 references on random GGUF blocks of every format they read.
 
-Below 48 rows (24 for the GEMM's formats with VNNI) the kernels keep fp32 activations (weights decoded to fp32,
+Below 48 rows the kernels keep fp32 activations (weights decoded to fp32,
 products summed in fp32), or round activations to int16 (scale max|x| / 32767 per 32, or per 256 for the K-quants,
 round half to even) or to int8 per 32 as llama.cpp does (scale max|x| / 127) and sum codes times activations
 exactly in integers; "auto" (the default) takes int16 up to a per-format row count and fp32 beyond. A rounded path
 is checked tightly against a float64 product with the same rounded activations (only fp32 scaling and sums may
 differ) and against the exact activations within the bound that rounding implies; the fp32 path, and from 48 rows
 on dequantized panels of W through a preloaded sgemm (the suite preloads OpenBLAS), against the exact product; auto
-within the int16 bound. From GEMM_ROWS (24) rows on, where the ISA has the int16 GEMM (AVX-512 VNNI, AVX-VNNI), the
+within the int16 bound. From GEMM_ROWS (48) rows on, where the ISA has the int16 GEMM (AVX-512 VNNI, AVX-VNNI), the
 repacked K-quants and the 32-element blocks take it in int16 and auto, with activations rounded to 16383 levels
 (GEMM_FULL) so that its int32 lanes can sum longer runs.
 """
@@ -146,7 +146,7 @@ def test_int16_sums_hold_the_largest_products(ext: ModuleType, every_isa: list[s
     ext.set_activations("int16")
     for isa in every_isa:
         ext.set_isa(isa)
-        for m in (1, 2, 3, 4, 5, 8, 24, 48, 61):  # 24 on: the int16 GEMM where the ISA has it (its flush intervals)
+        for m in (1, 2, 3, 4, 5, 8, 24, 48, 61):  # 48 on: the int16 GEMM where the ISA has it (its flush intervals)
             for sign in (1.0, -1.0):
                 x = np.full((m, k), sign, dtype=np.float32)
                 y = np.array(ext.matmul(mx.array(x), stored, type_id, k))

@@ -32,9 +32,10 @@ struct XRows {
 // 14 bits there, so that an int32 lane sums a run of products without overflow (13 bits, a whole Q4_K block a
 // run, flipped a near-tied greedy token between a prompt-cache hit and its cold run).
 constexpr int kRowsFull = 32767, kGemmFull = 16383;
-// From this many activation rows on, the formats the int16 GEMM reads take it (gemm16.h), where the ISA has one: at
-// 24-47 rows 1.2-2.1x the few-row kernels on Zen 4 (bench/kernel_speed.py), at 16 0.9-1.4x, at 8 0.6-0.9x.
-constexpr int64_t kGemmRows = 24;
+// From this many activation rows on, the formats the int16 GEMM reads take it (gemm16.h), where the ISA has one. At
+// 24-47 rows it ran 1.2-2.1x the few-row kernels on Zen 4, but its rounding then moved a short prompt's logprobs
+// past 1e-3 against a prompt-cache hit's fp32 tail (test_tools_structured_sdk): it starts where sgemm does.
+constexpr int64_t kGemmRows = 48;
 
 struct Isa {
   const char* name;
