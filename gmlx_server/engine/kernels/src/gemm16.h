@@ -172,7 +172,6 @@ inline void tile(const int32_t* panel32, const float* dv, const float* mv, const
   for (int64_t p0 = 128 * b; p0 < 128 * (b + 1); p0 += FL) {
     WI a[kTile][2];
     products_apart<FL>(panel32, xt, p0, a);
-    // loaded after the products: held through them, they pushed the weights out of the registers (0.6x)
     const WF d[2] = {fload(dv + b * kRows), fload(dv + b * kRows + kLanes)};
     for (int c = 0; c < kTile; ++c) {
       float* f = fa + (r0 + c) * kRows;
